@@ -1,0 +1,1 @@
+"""Turning MLflow runs into pictures (see issue 7)."""

@@ -1,0 +1,264 @@
+"""``fedray``: run | validate | list | ui."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import simulator
+from simulator import registry
+from simulator.scenario import LoadedScenario, RunPoint, ScenarioError, load
+
+EXIT_INVALID = 2
+
+
+def _tags(sc: Any, backend: Any) -> dict[str, str]:
+    return {
+        "aggregator": sc.aggregator["name"],
+        "preaggregators": ",".join(p["name"] for p in sc.preaggregators) or "none",
+        "meta": sc.meta["name"] if sc.meta else "none",
+        "attack": sc.attack["name"] if sc.attack else "none",
+        "n": str(sc.clients.total),
+        "f": str(sc.clients.byzantine),
+        "dataset": sc.data.dataset["name"],
+        "model": sc.model["name"],
+        "fedray.version": simulator.__version__,
+        "mlflow.source.git.commit": _commit(),
+        "backend": backend.name,
+        "ray_nodes": str(backend.num_nodes()),
+    }
+
+
+_COMMIT: list[str] = []
+
+
+def _commit() -> str:
+    from simulator.tracking import git_commit
+
+    if not _COMMIT:
+        _COMMIT.append(git_commit())
+    return _COMMIT[0]
+
+
+def run_loaded(
+    loaded: LoadedScenario,
+    backend_name: str | None = None,
+    address: str | None = None,
+    tracking_uri: str | None = None,
+    quiet: bool = False,
+    workers: int | None = None,
+    ray_init: dict | None = None,
+) -> dict[str, Any]:
+    """Run every point of a loaded scenario and track it in MLflow.
+
+    Returns ``{"parent_run_id", "experiment_id", "tracking_uri", "runs": [{run_id, label,
+    values, seed, final_test_accuracy}]}``.
+    """
+    from simulator.engine import Engine
+    from simulator.runtime.backend import make_backend
+    from simulator.tracking import Tracker, default_uri, flatten, write_metrics
+
+    sc = loaded.scenario
+    backend = make_backend(backend_name or sc.runtime.backend, address, **(ray_init or {}))
+    uri = tracking_uri or default_uri()
+    tracker = Tracker(uri, sc.name)
+    base_tags = _tags(sc, backend)
+    parent = tracker.create_run(sc.name, {**base_tags, "fedray.kind": "scenario",
+                                          "sweep": ",".join(sc.sweep) or "none"},
+                                description=sc.description)
+    out: dict[str, Any] = {"parent_run_id": parent, "experiment_id": tracker.experiment_id,
+                           "tracking_uri": uri, "runs": []}
+    status = "FAILED"
+    try:
+        tracker.log_params(parent, flatten(sc.model_dump(mode="json", exclude={"sweep"})) |
+                           {f"sweep.{k}": yaml.safe_dump(v, default_flow_style=True).strip()
+                            for k, v in sc.sweep.items()})
+        with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
+            given = Path(tmp) / "given" / loaded.path.name
+            given.parent.mkdir()
+            given.write_text(loaded.text)
+            tracker.log_artifact(parent, given, "scenario")
+            resolved = Path(tmp) / "resolved.yaml"
+            resolved.write_text(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False))
+            tracker.log_artifact(parent, resolved, "scenario")
+            for i, point in enumerate(loaded.points):
+                out["runs"].append(_run_point(point, backend, tracker, parent, Path(tmp) / str(i),
+                                              quiet, workers, Engine, flatten, write_metrics))
+        status = "FINISHED"
+        return out
+    finally:
+        tracker.end(parent, status)
+        backend.shutdown()
+
+
+def _run_point(point: RunPoint, backend, tracker, parent, tmp: Path, quiet, workers,
+               Engine, flatten, write_metrics) -> dict[str, Any]:
+    import torch
+
+    from simulator.progress import Progress
+
+    sc = point.scenario
+    desc = sc.description + (f"\n\nSweep point: {point.values}" if point.values else "") + \
+        f"\nSeed: {point.seed}"
+    run_id = tracker.create_run(point.label, {**_tags(sc, backend), "seed": str(point.seed),
+                                              "fedray.kind": "point"},
+                                parent_id=parent, description=desc.strip())
+    tracker.log_params(run_id, flatten(sc.model_dump(mode="json", exclude={"sweep"})))
+    progress = Progress(point.label, sc.rounds, quiet)
+    status = "FAILED"
+    rows: list[dict[str, float]] = []
+
+    def on_round(r: int, m: dict[str, float]) -> None:
+        rows.append(m)
+        tracker.log_round(run_id, r, m)
+        progress.update(r, m)
+
+    try:
+        engine = Engine(sc, backend, workers)
+        result = engine.run(on_round)
+        tmp.mkdir(parents=True, exist_ok=True)
+        tracker.log_artifact(run_id, write_metrics(result.metrics, tmp / "metrics.parquet"))
+        (tmp / "scenario.yaml").write_text(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False))
+        tracker.log_artifact(run_id, tmp / "scenario.yaml")
+        torch.save(result.model_state, tmp / "model.pt")
+        tracker.log_artifact(run_id, tmp / "model.pt", "model")
+        status = "FINISHED"
+        return {"run_id": run_id, "label": point.label, "values": point.values, "seed": point.seed,
+                "final_test_accuracy": result.final("test_accuracy"), "workers": engine.n_workers}
+    finally:
+        if status != "FINISHED" and rows:  # keep what was computed
+            try:
+                tmp.mkdir(parents=True, exist_ok=True)
+                tracker.log_artifact(run_id, write_metrics(rows, tmp / "metrics.parquet"))
+            except Exception:  # noqa: BLE001
+                pass
+        tracker.end(run_id, status)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        loaded = load(args.scenario, args.set)
+    except ScenarioError as e:
+        print("\n".join(e.lines), file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        out = run_loaded(loaded, args.backend, args.address, args.tracking_uri, args.quiet, args.workers)
+    except Exception as e:  # noqa: BLE001 - data/plugin errors raised while building the run
+        from simulator.data import DataError
+
+        if isinstance(e, (DataError, ValueError)) and not isinstance(e, KeyError):
+            print(f"{args.scenario}: {e}", file=sys.stderr)
+            return EXIT_INVALID
+        raise
+    for r in out["runs"]:
+        print(f"{r['label']}: final test accuracy {r['final_test_accuracy']:.4f}  (run {r['run_id']})")
+    print(f"MLflow parent run: {out['parent_run_id']}  experiment: {loaded.scenario.name}")
+    print(f"tracking URI: {out['tracking_uri']}")
+    ui = "fedray ui" if args.tracking_uri is None and "MLFLOW_TRACKING_URI" not in os.environ else \
+        f"fedray ui --tracking-uri {out['tracking_uri']}"
+    print(f"open the MLflow UI with: {ui}   (then http://127.0.0.1:5000)")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    bad = 0
+    for f in args.scenarios:
+        try:
+            loaded = load(f, args.set)
+        except ScenarioError as e:
+            print("\n".join(e.lines), file=sys.stderr)
+            bad += 1
+            continue
+        print(f"{f}: ok ({len(loaded.points)} run{'s' if len(loaded.points) != 1 else ''})")
+    return EXIT_INVALID if bad else 0
+
+
+LIST_KINDS = ("aggregators", "preaggregators", "meta", "attacks", "topologies", "datasets",
+              "models", "optimizers", "partitioners")
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    kinds = [args.kind] if args.kind else list(LIST_KINDS)
+    for kind in kinds:
+        names = registry.available(kind)
+        if args.kind:
+            print("\n".join(names))
+        else:
+            print(f"{kind}: {', '.join(names) or '(none installed)'}")
+    return 0
+
+
+def ui_command(tracking_uri: str, host: str, port: int) -> list[str]:
+    """The ``mlflow ui`` command line ``fedray ui`` runs."""
+    from simulator.tracking import artifact_root
+
+    mlflow = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
+    cmd = [mlflow, "ui", "--backend-store-uri", tracking_uri, "--host", host, "--port", str(port),
+           "--workers", "1"]
+    root = artifact_root(tracking_uri)
+    if root:
+        cmd += ["--default-artifact-root", root]
+    return cmd
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from simulator.tracking import default_uri
+
+    cmd = ui_command(args.tracking_uri or default_uri(), args.host, args.port)
+    print(f"MLflow UI on http://{args.host}:{args.port}  ({' '.join(cmd)})", file=sys.stderr)
+    os.execv(cmd[0], cmd) if os.path.isabs(cmd[0]) else os.execvp(cmd[0], cmd)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedray", description=__doc__)
+    p.add_argument("--version", action="version", version=f"fedray {simulator.__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run a scenario file (every sweep point x seed)")
+    r.add_argument("scenario")
+    r.add_argument("--backend", choices=["ray", "inline"], default=None,
+                   help="default: the scenario's runtime.backend (ray)")
+    r.add_argument("--address", default=None, help="an existing Ray cluster: auto or HOST:PORT")
+    r.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///./mlflow.db)")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field by dotted path, e.g. --set rounds=50 (repeatable)")
+    r.add_argument("--workers", type=int, default=None, help="number of ClientWorker actors")
+    r.add_argument("--quiet", action="store_true", help="plain progress lines, no bar")
+    r.set_defaults(func=cmd_run)
+
+    v = sub.add_parser("validate", help="validate scenario files; exit 2 if any is invalid")
+    v.add_argument("scenarios", nargs="+")
+    v.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    v.set_defaults(func=cmd_validate)
+
+    ls = sub.add_parser("list", help="list registered plugins")
+    ls.add_argument("kind", nargs="?", choices=LIST_KINDS)
+    ls.set_defaults(func=cmd_list)
+
+    u = sub.add_parser("ui", help="the MLflow UI over the tracking store")
+    u.add_argument("--tracking-uri", default=None)
+    u.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only)")
+    u.add_argument("--port", type=int, default=5000)
+    u.set_defaults(func=cmd_ui)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

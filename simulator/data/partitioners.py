@@ -1,0 +1,88 @@
+"""Partitioners: split training sample indices over clients.
+
+``partition(y, num_clients, rng, clients) -> list of index arrays`` (one per client).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import numpy as np
+from annotated_types import Ge, Gt
+
+from simulator.data.datasets import DataError
+
+
+class IID:
+    """Uniformly random, equal-size (to within one sample) split."""
+
+    def __call__(self, y, num_clients, rng, clients=None):
+        return [np.sort(p) for p in np.array_split(rng.permutation(len(y)), num_clients)]
+
+
+class Dirichlet:
+    """Label skew by a Dirichlet prior (Hsu, Qi, Brown 2019): for each class, the share of
+    its samples given to each client is drawn from Dir(alpha). Small alpha -> few classes per
+    client. Redrawn (up to 100 times) until every client holds at least ``min_size`` samples."""
+
+    def __init__(self, alpha: Annotated[float, Gt(0)] = 0.5, min_size: Annotated[int, Ge(1)] = 1) -> None:
+        self.alpha, self.min_size = alpha, min_size
+
+    def __call__(self, y, num_clients, rng, clients=None):
+        if len(y) < self.min_size * num_clients:
+            raise DataError(
+                f"data.partitioner.min_size: {num_clients} clients x {self.min_size} needs "
+                f"{self.min_size * num_clients} samples, the dataset has {len(y)}"
+            )
+        classes = np.unique(y)
+        for _ in range(100):
+            parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+            for c in classes:
+                idx = rng.permutation(np.flatnonzero(y == c))
+                p = rng.dirichlet(np.full(num_clients, self.alpha))
+                cuts = (np.cumsum(p)[:-1] * len(idx)).astype(np.int64)
+                for k, chunk in enumerate(np.split(idx, cuts)):
+                    parts[k].append(chunk)
+            out = [np.sort(np.concatenate(p)) for p in parts]
+            if min(len(p) for p in out) >= self.min_size:
+                return out
+        raise DataError(
+            f"data.partitioner: no Dirichlet(alpha={self.alpha}) draw in 100 gave every one of "
+            f"{num_clients} clients >= {self.min_size} samples; raise alpha or lower min_size"
+        )
+
+
+class Shards:
+    """Pathological non-IID split of McMahan et al. (AISTATS 2017): sort by label, cut into
+    ``k * num_clients`` shards, give each client ``k`` random shards, so each client sees at
+    most ``k`` classes."""
+
+    def __init__(self, k: Annotated[int, Ge(1)] = 2) -> None:
+        self.k = k
+
+    def __call__(self, y, num_clients, rng, clients=None):
+        n_shards = self.k * num_clients
+        if n_shards > len(y):
+            raise DataError(f"data.partitioner.k: {n_shards} shards exceed the {len(y)} samples")
+        order = np.lexsort((rng.random(len(y)), y))
+        shards = np.array_split(order, n_shards)
+        assign = rng.permutation(n_shards).reshape(num_clients, self.k)
+        return [np.sort(np.concatenate([shards[s] for s in row])) for row in assign]
+
+
+class Natural:
+    """The dataset's own clients (Synthetic's clients, a Parquet file's client column)."""
+
+    def __call__(self, y, num_clients, rng, clients=None):
+        if clients is None:
+            raise DataError("data.partitioner: 'natural' needs a dataset with a client column "
+                            "(synthetic, or parquet with client: COLUMN)")
+        ids = np.unique(clients)
+        if len(ids) != num_clients:
+            raise DataError(
+                f"clients.total: must equal the dataset's {len(ids)} natural clients with "
+                f"partitioner 'natural', got {num_clients}"
+            )
+        order = np.argsort(clients, kind="stable")
+        counts = np.bincount(np.searchsorted(ids, clients), minlength=len(ids))
+        return np.split(order, np.cumsum(counts)[:-1])

@@ -1,0 +1,153 @@
+"""The round loop, shared by every backend.
+
+Per round: sample clients (seeded, without replacement), broadcast the global model once
+(one object-store put), train the sampled clients on the ClientWorker pool, let the Adversary
+replace the Byzantine clients' rows, aggregate on the Server (pre-aggregators -> aggregator ->
+meta-aggregator), step the server optimizer, evaluate every ``evaluation.every`` rounds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from simulator import data as fdata
+from simulator import registry
+from simulator.runtime.actors import Adversary, ClientWorker, Server
+from simulator.runtime.backend import Backend
+from simulator.scenario import Scenario
+from simulator.seeding import numpy_rng
+
+RoundCallback = Callable[[int, dict[str, float]], None]
+
+
+@dataclass
+class RunResult:
+    metrics: list[dict[str, float]]  # one row per round, deterministic values only
+    final_params: np.ndarray
+    model_state: dict[str, Any]
+    timings: list[dict[str, float]] = field(default_factory=list)  # wall-clock, per round
+
+    def final(self, key: str) -> float:
+        for row in reversed(self.metrics):
+            if key in row:
+                return row[key]
+        return float("nan")
+
+
+def byzantine_clients(seed: int, total: int, f: int) -> np.ndarray:
+    """The fixed set of Byzantine client ids of a run (seeded)."""
+    return np.sort(numpy_rng(seed, "byzantine").choice(total, size=f, replace=False))
+
+
+def sample_clients(seed: int, round_: int, total: int, k: int) -> np.ndarray:
+    """The ``k`` clients of a round, drawn without replacement, sorted by id."""
+    if k >= total:
+        return np.arange(total)
+    return np.sort(numpy_rng(seed, "sample", round_).choice(total, size=k, replace=False))
+
+
+_data_cache: dict[tuple, fdata.FederatedData] = {}
+
+
+def load_data(sc: Scenario) -> fdata.FederatedData:
+    """The scenario's federated data (cached per dataset/partition/seed within a process)."""
+    seed = sc.seeds[0]
+    key = (repr(sc.data.model_dump()), sc.clients.total, seed)
+    if key not in _data_cache:
+        _data_cache.clear()
+        _data_cache[key] = fdata.build(
+            sc.data.dataset, sc.data.partitioner, sc.clients.total, seed, sc.data.test_fraction
+        )
+    return _data_cache[key]
+
+
+class Engine:
+    """Runs one single-seed scenario (a sweep point) on a backend."""
+
+    def __init__(self, scenario: Scenario, backend: Backend, workers: int | None = None) -> None:
+        if len(scenario.seeds) != 1 or scenario.sweep:
+            raise ValueError("Engine runs one point: expand the sweep and seeds first")
+        self.sc = scenario
+        self.backend = backend
+        self.seed = scenario.seeds[0]
+        self.n_workers = workers or scenario.runtime.workers or backend.default_workers()
+        self.data = load_data(scenario)
+        self.byzantine = set(byzantine_clients(self.seed, scenario.clients.total, scenario.clients.byzantine).tolist())
+        self._handles: list[Any] = []
+
+    def _spawn(self) -> None:
+        b, sc, data = self.backend, self.sc, self.data
+        table_ref = b.put(data.table)
+        local = sc.local.model_dump()
+        self.workers = [
+            b.spawn(ClientWorker, table_ref, data.offsets, data.input_shape, data.num_classes,
+                    sc.model, local, self.seed, role="worker")
+            for _ in range(self.n_workers)
+        ]
+        eval_ref = b.put((data.x_test, data.y_test, data.x_train_eval, data.y_train_eval))
+        self.server = b.spawn(Server, sc.model_dump(mode="json"), data.input_shape,
+                              data.num_classes, eval_ref, role="server")
+        self.adversary = (
+            b.spawn(Adversary, sc.attack, self.seed, role="adversary") if sc.attack else None
+        )
+        self.omniscient = bool(
+            sc.attack and getattr(registry.get("attacks", sc.attack["name"]), "omniscient", False)
+        )
+        self._handles = [*self.workers, self.server] + ([self.adversary] if self.adversary else [])
+
+    def _train(self, round_: int, clients: list[int], params_ref: Any) -> list[Any]:
+        """One train call per worker that owns some of ``clients`` (client k -> worker k % W)."""
+        per: dict[int, list[int]] = {}
+        for c in clients:
+            per.setdefault(c % self.n_workers, []).append(c)
+        return [self.backend.call(self.workers[w], "train", round_, ids, params_ref)
+                for w, ids in sorted(per.items())]
+
+    def run_round(self, round_: int) -> tuple[dict[str, float], dict[str, float]]:
+        b, sc = self.backend, self.sc
+        t0 = time.perf_counter()
+        sampled = sample_clients(self.seed, round_, sc.clients.total, sc.clients.sampled).tolist()
+        honest = [c for c in sampled if c not in self.byzantine]
+        byz = [c for c in sampled if c in self.byzantine]
+        params_ref = b.call(self.server, "params")  # stored once, read by every worker
+        honest_refs = self._train(round_, honest, params_ref)
+        byz_ref = None
+        if byz:
+            if self.omniscient:
+                seen_order, seen_refs = honest, honest_refs
+            else:
+                seen_order, seen_refs = byz, self._train(round_, byz, params_ref)
+            byz_ref = b.call(self.adversary, "attack_rows", round_, len(byz), seen_order,
+                             self.dim, *seen_refs)
+        step_ref = b.call(self.server, "step", round_, honest, byz_ref, *honest_refs)
+        evaluate = (round_ + 1) % sc.evaluation.every == 0 or round_ + 1 == sc.rounds
+        eval_ref = b.call(self.server, "evaluate") if evaluate else None
+        metrics = dict(b.get(step_ref))
+        if eval_ref is not None:
+            metrics.update(b.get(eval_ref))
+        timings = {k: metrics.pop(k) for k in list(metrics) if k.endswith("_seconds")}
+        timings["round_seconds"] = time.perf_counter() - t0
+        metrics = {"sampled": float(len(sampled)), "byzantine_sampled": float(len(byz)), **metrics}
+        return metrics, timings
+
+    def run(self, on_round: RoundCallback | None = None) -> RunResult:
+        self._spawn()
+        try:
+            self.dim = int(len(self.backend.get(self.backend.call(self.server, "params"))))
+            rows, timings = [], []
+            for r in range(self.sc.rounds):
+                m, t = self.run_round(r)
+                rows.append(m)
+                timings.append(t)
+                if on_round is not None:
+                    on_round(r, m)
+            final = np.asarray(self.backend.get(self.backend.call(self.server, "params")))
+            state = self.backend.get(self.backend.call(self.server, "state_dict"))
+            return RunResult(rows, final, state, timings)
+        finally:
+            self.backend.release(self._handles)

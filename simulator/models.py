@@ -1,0 +1,98 @@
+"""Small torch models addressed by name; input shape and class count come from the dataset.
+
+A model plugin's constructor takes ``input_shape`` and ``num_classes`` (listed in ``CONTEXT``,
+supplied by the engine) and then its own scenario keys.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated
+
+import torch
+from annotated_types import Ge, Len
+from torch import nn
+
+CONTEXT = ("input_shape", "num_classes")
+
+
+class LogisticRegression(nn.Module):
+    """Multinomial logistic regression: one linear layer on the flattened input."""
+
+    CONTEXT = CONTEXT
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class MLP(nn.Module):
+    """Fully connected network with ReLU hidden layers of the given widths."""
+
+    CONTEXT = CONTEXT
+
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        hidden: Annotated[list[Annotated[int, Ge(1)]], Len(1, 8)] = [64],  # noqa: B006
+    ) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Flatten()]
+        width = math.prod(input_shape)
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            width = h
+        layers.append(nn.Linear(width, num_classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class CNN(nn.Module):
+    """Two 3x3 convolution blocks (ReLU, 2x2 max-pool when the map is large enough), then a
+    hidden fully connected layer. Needs image input ``(C, H, W)``."""
+
+    CONTEXT = CONTEXT
+
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        channels: Annotated[list[Annotated[int, Ge(1)]], Len(1, 4)] = [16, 32],  # noqa: B006
+        hidden: Annotated[int, Ge(1)] = 64,
+    ) -> None:
+        super().__init__()
+        if len(input_shape) != 3:
+            raise ValueError(
+                f"model: cnn needs image input (C, H, W); the dataset gives shape {tuple(input_shape)}"
+            )
+        c, h, w = input_shape
+        layers: list[nn.Module] = []
+        for out in channels:
+            layers += [nn.Conv2d(c, out, 3, padding=1), nn.ReLU()]
+            if min(h, w) >= 4:
+                layers.append(nn.MaxPool2d(2))
+                h, w = h // 2, w // 2
+            c = out
+        layers += [nn.Flatten(), nn.Linear(c * h * w, hidden), nn.ReLU(), nn.Linear(hidden, num_classes)]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def build_model(spec: dict, input_shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
+    """Instantiate the model plugin ``spec = {"name": ..., **params}`` with weights drawn from
+    ``seed`` (the process's global torch RNG is left as it was)."""
+    from simulator import registry
+
+    cls = registry.get("models", spec["name"])
+    params = {k: v for k, v in spec.items() if k != "name"}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return cls(tuple(input_shape), num_classes, **params)

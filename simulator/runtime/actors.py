@@ -1,0 +1,237 @@
+"""The actor classes. Plain Python classes: the ray backend wraps them with ``ray.remote``,
+the inline backend calls them in-process, so both run exactly the same code.
+
+Across the Ray boundary parameters and updates travel as float32 NumPy arrays (zero-copy
+reads from the object store); ``ray.get`` gives read-only views, so nothing here updates an
+argument in place.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch import nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from simulator.data import client_arrays
+from simulator.models import build_model
+from simulator.scenario import instantiate
+from simulator.seeding import torch_generator
+
+EVAL_BATCH = 4096
+
+
+def _single_thread() -> None:
+    # Same arithmetic in every process (driver, actors) whatever the core count:
+    # BLAS results can differ in the last bits between thread counts.
+    torch.set_num_threads(1)
+
+
+def evaluate_model(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of ``model`` on ``(x, y)``."""
+    if len(y) == 0:
+        return float("nan"), float("nan")
+    correct, loss = 0, 0.0
+    model.eval()
+    with torch.no_grad():
+        for lo in range(0, len(y), EVAL_BATCH):
+            xb = torch.from_numpy(np.array(x[lo : lo + EVAL_BATCH]))  # copy: ray views are read-only
+            yb = torch.from_numpy(np.array(y[lo : lo + EVAL_BATCH]))
+            out = model(xb)
+            loss += float(nn.functional.cross_entropy(out, yb, reduction="sum"))
+            correct += int((out.argmax(1) == yb).sum())
+    return correct / len(y), loss / len(y)
+
+
+class ClientWorker:
+    """Trains many virtual clients, one after another, on one model instance.
+
+    A client is a slice of the partition table (``offsets[k]:offsets[k+1]``) plus its random
+    stream ``(seed, round, client)``; its computation in a round is a pure function of those and
+    the global model, which makes a retry after a fault exact.
+    """
+
+    def __init__(
+        self,
+        table: pa.Table,
+        offsets: np.ndarray,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        model_spec: dict,
+        local: dict,
+        seed: int,
+    ) -> None:
+        _single_thread()
+        self.x, self.y = client_arrays(table, tuple(input_shape))
+        self._table = table  # keeps the zero-copy buffers alive
+        self.offsets = np.asarray(offsets)
+        self.model = build_model(model_spec, input_shape, num_classes, seed)
+        self.params = list(self.model.parameters())
+        self.local = local
+        self.seed = seed
+
+    def _batches(self, n: int, g: torch.Generator) -> list[torch.Tensor]:
+        bs = min(self.local["batch_size"], n)
+        if self.local.get("steps") is not None:
+            out: list[torch.Tensor] = []
+            while len(out) < self.local["steps"]:
+                perm = torch.randperm(n, generator=g)
+                out += [perm[i : i + bs] for i in range(0, n - bs + 1, bs)]
+            return out[: self.local["steps"]]
+        out = []
+        for _ in range(self.local.get("epochs") or 1):
+            perm = torch.randperm(n, generator=g)
+            out += [perm[i : i + bs] for i in range(0, n, bs)]
+        return out
+
+    def train_client(self, round_: int, client: int, start: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """Local SGD of one client from ``start``; returns (update = local - start, mean loss)."""
+        vector_to_parameters(start.clone(), self.params)  # params become views of the copy
+        lo, hi = int(self.offsets[client]), int(self.offsets[client + 1])
+        x = torch.from_numpy(np.array(self.x[lo:hi]))
+        y = torch.from_numpy(np.array(self.y[lo:hi]))
+        g = torch_generator(self.seed, "local", round_, client)
+        opt = torch.optim.SGD(
+            self.params,
+            lr=self.local["lr"],
+            momentum=self.local["momentum"],
+            weight_decay=self.local["weight_decay"],
+        )
+        self.model.train()
+        total = 0.0
+        batches = self._batches(hi - lo, g)
+        for idx in batches:
+            opt.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(self.model(x[idx]), y[idx])
+            loss.backward()
+            opt.step()
+            total += float(loss.detach())
+        with torch.no_grad():
+            update = parameters_to_vector(self.params) - start
+        return update, total / max(len(batches), 1)
+
+    def train(self, round_: int, clients: list[int], global_params: np.ndarray) -> dict[str, Any]:
+        """Train ``clients`` from ``global_params``; rows of ``updates`` follow ``clients``."""
+        t0 = time.perf_counter()
+        start = torch.from_numpy(np.array(global_params, dtype=np.float32))
+        updates = np.empty((len(clients), start.numel()), dtype=np.float32)
+        losses = np.empty(len(clients), dtype=np.float64)
+        for i, c in enumerate(clients):
+            u, losses[i] = self.train_client(round_, int(c), start)
+            updates[i] = u.numpy()
+        return {
+            "clients": np.asarray(clients, dtype=np.int64),
+            "updates": updates,
+            "losses": losses,
+            "seconds": time.perf_counter() - t0,
+        }
+
+
+def stack_updates(order: list[int] | np.ndarray, results: tuple[dict, ...], d: int) -> np.ndarray:
+    """The ``(len(order), d)`` matrix of the results' rows, in ``order`` of client ids."""
+    order = np.asarray(order, dtype=np.int64)
+    out = np.empty((len(order), d), dtype=np.float32)
+    if len(order) == 0:
+        return out
+    pos = {int(c): i for i, c in enumerate(order)}
+    for r in results:
+        if len(r["clients"]):
+            out[[pos[int(c)] for c in r["clients"]]] = r["updates"]
+    return out
+
+
+class Adversary:
+    """Produces the Byzantine rows of a round with the scenario's attack plugin."""
+
+    def __init__(self, attack_spec: dict, seed: int) -> None:
+        _single_thread()
+        self.attack = instantiate("attacks", attack_spec)
+        self.omniscient = bool(getattr(self.attack, "omniscient", False))
+        self.seed = seed
+
+    def attack_rows(self, round_: int, f: int, order: list[int], d: int, *results: dict) -> np.ndarray:
+        """``f`` Byzantine rows. ``results`` hold the honest updates of the round (omniscient
+        attack) or the Byzantine clients' own honest updates, stacked in ``order``."""
+        seen = torch.from_numpy(stack_updates(order, results, d))
+        rows = self.attack(seen, f, torch_generator(self.seed, "attack", round_))
+        if tuple(rows.shape) != (f, d):
+            raise ValueError(f"attack: returned shape {tuple(rows.shape)}, expected {(f, d)}")
+        return rows.to(torch.float32).numpy()
+
+
+class Server:
+    """Owns the global model, the aggregation pipeline (pre-aggregators -> aggregator ->
+    meta-aggregator), the server optimizer, and evaluation on the held-out data."""
+
+    def __init__(
+        self,
+        scenario: dict,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        eval_data: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    ) -> None:
+        _single_thread()
+        seed = scenario["seeds"][0]
+        self.model = build_model(scenario["model"], input_shape, num_classes, seed)
+        self.x = parameters_to_vector(self.model.parameters()).detach().clone()
+        self.pre = [instantiate("preaggregators", s) for s in scenario["preaggregators"]]
+        self.aggregator = instantiate("aggregators", scenario["aggregator"])
+        self.meta = instantiate("meta", scenario["meta"]) if scenario.get("meta") else None
+        self.optimizer = instantiate("optimizers", scenario["server"]["optimizer"])
+        self.x_test, self.y_test, self.x_tr, self.y_tr = eval_data
+
+    @property
+    def dim(self) -> int:
+        return int(self.x.numel())
+
+    def params(self) -> np.ndarray:
+        return self.x.numpy().copy()
+
+    def aggregate(self, updates: torch.Tensor) -> torch.Tensor:
+        """The pipeline on an ``(n, d)`` matrix."""
+        for p in self.pre:
+            updates = p(updates)
+        if self.meta is not None:
+            return self.meta(updates, self.aggregator)
+        return self.aggregator(updates)
+
+    def step(
+        self, round_: int, honest_order: list[int], byzantine: np.ndarray | None, *results: dict
+    ) -> dict[str, float]:
+        """Aggregate the round's updates (honest rows in ``honest_order``, then the Byzantine
+        rows), step the global model, and return the round's server-side metrics."""
+        t0 = time.perf_counter()
+        honest = torch.from_numpy(stack_updates(honest_order, results, self.dim))
+        rows = honest if byzantine is None or len(byzantine) == 0 else torch.cat(
+            [honest, torch.from_numpy(np.asarray(byzantine, dtype=np.float32))]
+        )
+        agg = self.aggregate(rows)
+        honest_mean = honest.mean(dim=0)
+        finite = bool(torch.isfinite(agg).all())
+        if finite:
+            self.x = self.optimizer.step(self.x, agg)
+        losses = np.concatenate([r["losses"] for r in results]) if results else np.zeros(0)
+        return {
+            "honest_update_norm": float(torch.linalg.vector_norm(honest_mean)),
+            "aggregate_norm": float(torch.linalg.vector_norm(agg)) if finite else float("inf"),
+            "aggregation_error": float(torch.linalg.vector_norm(agg - honest_mean)) if finite else float("inf"),
+            "nonfinite_aggregate": 0.0 if finite else 1.0,
+            "client_loss": float(losses.mean()) if len(losses) else float("nan"),
+            "server_seconds": time.perf_counter() - t0,
+            "train_seconds": float(sum(r["seconds"] for r in results)),
+        }
+
+    def evaluate(self) -> dict[str, float]:
+        vector_to_parameters(self.x.clone(), self.model.parameters())
+        acc, loss = evaluate_model(self.model, self.x_test, self.y_test)
+        _, train_loss = evaluate_model(self.model, self.x_tr, self.y_tr)
+        return {"test_accuracy": acc, "test_loss": loss, "train_loss": train_loss}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The global model as a torch state_dict (for the final-model artifact)."""
+        vector_to_parameters(self.x.clone(), self.model.parameters())
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}

@@ -1,0 +1,125 @@
+"""Backends host the actor classes: ``ray`` (actors on a Ray cluster, objects in the object
+store) or ``inline`` (the same classes in this process). The engine speaks only this
+interface, so both run the same round loop."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+ROLE_OPTIONS: dict[str, dict[str, Any]] = {
+    # A worker takes a CPU and is spread over nodes; a dead one is restarted and its call
+    # retried (a client's computation is a pure function of seed, round and client).
+    "worker": {"num_cpus": 1, "scheduling_strategy": "SPREAD", "max_restarts": 3, "max_task_retries": -1},
+    "server": {"num_cpus": 0},
+    "adversary": {"num_cpus": 0},
+}
+
+
+class Backend(Protocol):
+    name: str
+
+    def spawn(self, cls: type, *args: Any, role: str) -> Any: ...
+    def call(self, handle: Any, method: str, *args: Any) -> Any: ...
+    def get(self, ref: Any) -> Any: ...
+    def put(self, value: Any) -> Any: ...
+    def default_workers(self) -> int: ...
+    def num_nodes(self) -> int: ...
+    def release(self, handles: list[Any]) -> None: ...
+    def shutdown(self) -> None: ...
+
+
+class InlineBackend:
+    """Everything in this process; calls run at once and "references" are the values."""
+
+    name = "inline"
+
+    def spawn(self, cls: type, *args: Any, role: str) -> Any:
+        return cls(*args)
+
+    def call(self, handle: Any, method: str, *args: Any) -> Any:
+        return getattr(handle, method)(*args)
+
+    def get(self, ref: Any) -> Any:
+        return ref
+
+    def put(self, value: Any) -> Any:
+        return value
+
+    def default_workers(self) -> int:
+        return 1
+
+    def num_nodes(self) -> int:
+        return 1
+
+    def release(self, handles: list[Any]) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        return None
+
+
+class RayBackend:
+    """Actors on Ray: a local instance started here, or an existing cluster by address."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, **init_kwargs: Any) -> None:
+        import ray
+
+        self.ray = ray
+        self._owns = False
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
+            kwargs.update(init_kwargs)
+            if address is None:
+                # a fresh local instance; never silently join a cluster from the environment
+                os.environ.pop("RAY_ADDRESS", None)
+                ray.init(**kwargs)
+            else:
+                kwargs.pop("include_dashboard", None)
+                ray.init(address=address, **kwargs)
+            self._owns = True
+        self._classes: dict[tuple[type, str], Any] = {}
+
+    def spawn(self, cls: type, *args: Any, role: str) -> Any:
+        key = (cls, role)
+        if key not in self._classes:
+            self._classes[key] = self.ray.remote(cls).options(**ROLE_OPTIONS[role])
+        return self._classes[key].remote(*args)
+
+    def call(self, handle: Any, method: str, *args: Any) -> Any:
+        return getattr(handle, method).remote(*args)
+
+    def get(self, ref: Any) -> Any:
+        return self.ray.get(ref)
+
+    def put(self, value: Any) -> Any:
+        return self.ray.put(value)
+
+    def default_workers(self) -> int:
+        return max(1, int(self.ray.cluster_resources().get("CPU", 1)))
+
+    def num_nodes(self) -> int:
+        return sum(1 for n in self.ray.nodes() if n.get("Alive"))
+
+    def release(self, handles: list[Any]) -> None:
+        for h in handles:
+            try:
+                self.ray.kill(h)
+            except Exception:  # noqa: BLE001 - already dead is fine
+                pass
+
+    def shutdown(self) -> None:
+        if self._owns and self.ray.is_initialized():
+            self.ray.shutdown()
+
+
+def make_backend(name: str, address: str | None = None, **init_kwargs: Any) -> Backend:
+    if name == "inline":
+        if address:
+            raise ValueError("--address: only with --backend ray")
+        return InlineBackend()
+    if name == "ray":
+        return RayBackend(address, **init_kwargs)
+    raise ValueError(f"runtime.backend: must be one of 'ray' or 'inline', got {name!r}")

@@ -1,0 +1,567 @@
+"""Scenario files: pydantic v2 models, loading, validation with located errors, sweeps.
+
+Validation runs in three passes, each collecting every error it finds:
+
+1. structure — pydantic models with ``extra="forbid"`` (unknown keys get a suggestion);
+2. plugins — each ``{name: ..., key: value}`` block is looked up in the registry and its keys
+   validated against a model derived from the plugin's constructor signature;
+3. cross-field rules — sampled <= total, Byzantine < total, the aggregator's own constraints
+   for the number of rows it will receive, ...
+
+Every error is one line, ``file:line: dotted.path: message``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import difflib
+import inspect
+import itertools
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from annotated_types import Ge, Gt, Lt
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from simulator import registry
+
+Loc = tuple[Any, ...]
+PluginSpec = dict[str, Any]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Data(Strict):
+    dataset: PluginSpec
+    partitioner: PluginSpec = {"name": "iid"}
+    test_fraction: Annotated[float, Gt(0), Lt(1)] = 0.2
+
+
+class Clients(Strict):
+    total: Annotated[int, Ge(1)]
+    per_round: Annotated[int, Ge(1)] | None = None
+    byzantine: Annotated[int, Ge(0)] = 0
+
+    @property
+    def sampled(self) -> int:
+        return self.total if self.per_round is None else self.per_round
+
+
+class Local(Strict):
+    """Local training of each sampled client in a round: ``epochs`` passes over its data or
+    ``steps`` minibatch steps (default: one epoch), plain SGD with optional momentum (reset
+    every round) and weight decay."""
+
+    epochs: Annotated[int, Ge(1)] | None = None
+    steps: Annotated[int, Ge(1)] | None = None
+    batch_size: Annotated[int, Ge(1)] = 32
+    lr: Annotated[float, Gt(0)] = 0.05
+    momentum: Annotated[float, Ge(0), Lt(1)] = 0.0
+    weight_decay: Annotated[float, Ge(0)] = 0.0
+
+
+class Server(Strict):
+    optimizer: PluginSpec = {"name": "sgd"}
+
+
+class Evaluation(Strict):
+    every: Annotated[int, Ge(1)] = 1
+
+
+class Runtime(Strict):
+    backend: Literal["ray", "inline"] = "ray"
+    workers: Annotated[int, Ge(1)] | None = None
+
+
+class Scenario(Strict):
+    """A whole experiment. ``sweep`` maps dotted paths to value lists (grid product);
+    every point runs once per entry of ``seeds``."""
+
+    name: str = ""
+    description: str = ""
+    rounds: Annotated[int, Gt(0)]
+    seeds: list[int] = [0]
+    data: Data
+    model: PluginSpec
+    clients: Clients
+    local: Local = Local()
+    aggregator: PluginSpec = {"name": "mean"}
+    preaggregators: list[PluginSpec] = []
+    meta: PluginSpec | None = None
+    attack: PluginSpec | None = None
+    server: Server = Server()
+    evaluation: Evaluation = Evaluation()
+    runtime: Runtime = Runtime()
+    sweep: dict[str, list[Any]] = {}
+
+    def points(self) -> list[RunPoint]:
+        """Every (sweep point, seed) of this scenario, each as a single-run scenario."""
+        return expand(self.model_dump(mode="json"))[0]
+
+
+@dataclass(frozen=True)
+class RunPoint:
+    values: dict[str, Any]  # the sweep values of this point ({} without a sweep)
+    seed: int
+    scenario: Scenario  # sweep removed, seeds == [seed]
+
+    @property
+    def label(self) -> str:
+        parts = []
+        for k, v in self.values.items():
+            last = k.split(".")[-1]
+            parts.append(_short(v) if last == "name" else f"{last}={_short(v)}")
+        return " ".join([*parts, f"seed={self.seed}"])
+
+
+def _short(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@dataclass
+class Problem:
+    loc: Loc
+    message: str
+    line: int | None = None
+    sweep_key: str | None = None  # the sweep entry that produced this problem, if any
+
+    def format(self, source: str | None) -> str:
+        path = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in self.loc)
+        path = path.replace(".[", "[") or "scenario"
+        where = f"{source}:{self.line}: " if source and self.line else (f"{source}: " if source else "")
+        return f"{where}{path}: {self.message}"
+
+
+class ScenarioError(ValueError):
+    """Every problem found in a scenario, one formatted line each."""
+
+    def __init__(self, problems: list[Problem], source: str | None = None) -> None:
+        self.problems = problems
+        self.source = source
+        self.lines = list(dict.fromkeys(p.format(source) for p in problems))
+        super().__init__("\n".join(self.lines))
+
+
+def _suggest(word: str, choices: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _unwrap_model(tp: Any) -> type[BaseModel] | None:
+    """The pydantic model class inside ``tp`` (through Optional/Annotated/list), if any."""
+    origin = typing.get_origin(tp)
+    if inspect.isclass(tp) and issubclass(tp, BaseModel):
+        return tp
+    for arg in typing.get_args(tp) if origin is not None else ():
+        m = _unwrap_model(arg)
+        if m is not None:
+            return m
+    return None
+
+
+def _fields_at(model: type[BaseModel], loc: Loc) -> list[str]:
+    cur: type[BaseModel] | None = model
+    for part in loc:
+        if cur is None:
+            return []
+        if isinstance(part, int):
+            continue
+        f = cur.model_fields.get(part)
+        cur = _unwrap_model(f.annotation) if f is not None else None
+    return list(cur.model_fields) if cur is not None else []
+
+
+_OPS = {
+    "greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<=",
+}
+
+
+def _message(err: dict, root: type[BaseModel], loc: Loc) -> str:
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    got = err.get("input")
+    if kind == "extra_forbidden":
+        return "unknown key" + (_suggest(str(loc[-1]), _fields_at(root, loc[:-1])) or
+                                f"; allowed: {', '.join(_fields_at(root, loc[:-1]))}")
+    if kind == "missing":
+        return "required"
+    for k, op in _OPS.items():
+        if kind == k:
+            bound = next(iter(ctx.values())) if ctx else "?"
+            return f"must be {op} {bound}, got {got!r}"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected')}, got {got!r}"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return f"must be an integer, got {got!r}"
+    if kind in ("float_type", "float_parsing"):
+        return f"must be a number, got {got!r}"
+    if kind in ("string_type",):
+        return f"must be a string, got {got!r}"
+    if kind in ("bool_type", "bool_parsing"):
+        return f"must be true or false, got {got!r}"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return f"must be a mapping, got {got!r}"
+    if kind == "list_type":
+        return f"must be a list, got {got!r}"
+    if kind in ("too_short", "too_long"):
+        return err["msg"].replace("List", "list") + f", got {got!r}"
+    return err["msg"]
+
+
+def _pydantic_problems(e: ValidationError, root: type[BaseModel], prefix: Loc = ()) -> list[Problem]:
+    out = []
+    for err in e.errors(include_url=False):
+        loc = tuple(err["loc"])
+        out.append(Problem(prefix + loc, _message(err, root, loc)))
+    return out
+
+
+# --------------------------------------------------------------------------- plugins
+
+
+_SKIP = {"self"}
+
+
+def plugin_params_model(cls: Any) -> type[BaseModel]:
+    """A pydantic model of a plugin's scenario keys, derived from its constructor signature
+    (type hints with annotated_types constraints, defaults). Context arguments the engine
+    supplies (``cls.CONTEXT``) are not scenario keys."""
+    init = cls.__init__ if inspect.isclass(cls) else cls
+    skip = _SKIP | set(getattr(cls, "CONTEXT", ()))
+    try:
+        hints = typing.get_type_hints(init, include_extras=True)
+    except Exception:  # noqa: BLE001 - unresolvable hints: fall back to no type checks
+        hints = {}
+    fields: dict[str, Any] = {}
+    if init is not object.__init__:
+        for p in inspect.signature(init).parameters.values():
+            if p.name in skip or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                continue
+            tp = hints.get(p.name, Any)
+            fields[p.name] = (tp, ... if p.default is p.empty else p.default)
+    return create_model(f"{getattr(cls, '__name__', 'plugin')}Params",
+                        __config__=ConfigDict(extra="forbid"), **fields)
+
+
+def instantiate(kind: str, spec: PluginSpec, **context: Any) -> Any:
+    """Build the plugin a validated spec names."""
+    params = {k: v for k, v in spec.items() if k != "name"}
+    return registry.get(kind, spec["name"])(**context, **params)
+
+
+def _check_plugin(kind: str, spec: Any, loc: Loc, problems: list[Problem]) -> PluginSpec | None:
+    if not isinstance(spec, dict):
+        problems.append(Problem(loc, f"must be a mapping with a 'name', got {spec!r}"))
+        return None
+    name = spec.get("name")
+    if not isinstance(name, str):
+        problems.append(Problem(loc + ("name",), "required: the registered name of a "
+                                f"{kind[:-1] if kind.endswith('s') else kind}; available: "
+                                f"{', '.join(registry.available(kind)) or 'none installed'}"))
+        return None
+    try:
+        cls = registry.get(kind, name)
+    except registry.UnknownPlugin as e:
+        problems.append(Problem(loc + ("name",), str(e)))
+        return None
+    model = plugin_params_model(cls)
+    params = {k: v for k, v in spec.items() if k != "name"}
+    try:
+        validated = model.model_validate(params)
+    except ValidationError as e:
+        for err in e.errors(include_url=False):
+            key = err["loc"][0] if err["loc"] else ""
+            sub = tuple(err["loc"])
+            if err["type"] == "extra_forbidden":
+                allowed = list(model.model_fields)
+                msg = f"unknown key for {kind[:-1]} {name!r}" + (
+                    _suggest(str(key), allowed) or f"; allowed: {', '.join(allowed) or 'none'}")
+            else:
+                msg = _message(err, model, sub)
+            problems.append(Problem(loc + sub, msg))
+        return None
+    return {"name": name, **validated.model_dump(mode="json")}
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _cross_field(sc: Scenario, problems: list[Problem]) -> None:
+    c = sc.clients
+    if c.per_round is not None and c.per_round > c.total:
+        problems.append(Problem(("clients", "per_round"),
+                                f"must be <= clients.total ({c.total}), got {c.per_round}"))
+    if c.byzantine >= c.total:
+        problems.append(Problem(("clients", "byzantine"),
+                                f"must be < clients.total ({c.total}), got {c.byzantine}"))
+    if c.byzantine > 0 and sc.attack is None:
+        problems.append(Problem(("attack",), f"required when clients.byzantine > 0 (got "
+                                f"{c.byzantine}); available: {', '.join(registry.available('attacks'))}"))
+    if sc.local.epochs is not None and sc.local.steps is not None:
+        problems.append(Problem(("local", "steps"), "give local.epochs or local.steps, not both"))
+    if len(set(sc.seeds)) != len(sc.seeds) or not sc.seeds:
+        problems.append(Problem(("seeds",), f"must be a non-empty list of distinct integers, got {sc.seeds}"))
+    n = min(c.sampled, c.total)
+    try:
+        for i, spec in enumerate(sc.preaggregators):
+            pre = instantiate("preaggregators", spec)
+            if hasattr(pre, "check"):
+                try:
+                    pre.check(n)
+                except ValueError as e:
+                    problems.append(Problem(("preaggregators", i) + _param_loc(e), str(e)))
+            n = pre.output_rows(n) if hasattr(pre, "output_rows") else n
+        agg = instantiate("aggregators", sc.aggregator)
+        if hasattr(agg, "check"):
+            try:
+                agg.check(n)
+            except ValueError as e:
+                problems.append(Problem(("aggregator",) + _param_loc(e), _strip_param(e)))
+        if sc.meta is not None:
+            meta = instantiate("meta", sc.meta)
+            if hasattr(meta, "check"):
+                try:
+                    meta.check(n)
+                except ValueError as e:
+                    problems.append(Problem(("meta",) + _param_loc(e), _strip_param(e)))
+        ds = instantiate("datasets", sc.data.dataset)
+        if hasattr(ds, "check"):
+            try:
+                ds.check()
+            except ValueError as e:
+                problems.append(Problem(("data", "dataset") + _param_loc(e), _strip_param(e)))
+    except registry.UnknownPlugin:  # already reported by the plugin pass
+        pass
+
+
+def _param_loc(e: Exception) -> Loc:
+    """A plugin's check() message starts with its parameter name: 'f: must be ...'."""
+    head, sep, _ = str(e).partition(": ")
+    return (head,) if sep and head.isidentifier() else ()
+
+
+def _strip_param(e: Exception) -> str:
+    head, sep, rest = str(e).partition(": ")
+    return rest if sep and head.isidentifier() else str(e)
+
+
+_PLUGIN_FIELDS: list[tuple[Loc, str]] = [
+    (("data", "dataset"), "datasets"),
+    (("data", "partitioner"), "partitioners"),
+    (("model",), "models"),
+    (("aggregator",), "aggregators"),
+    (("meta",), "meta"),
+    (("attack",), "attacks"),
+    (("server", "optimizer"), "optimizers"),
+]
+
+
+_PLUGIN_DEFAULTS: dict[Loc, PluginSpec] = {
+    ("server", "optimizer"): {"name": "sgd"},
+    ("data", "partitioner"): {"name": "iid"},
+    ("aggregator",): {"name": "mean"},
+}
+
+
+def _get(d: Any, loc: Loc) -> Any:
+    for p in loc:
+        if isinstance(d, dict) and p in d:
+            d = d[p]
+        elif isinstance(d, list) and isinstance(p, int) and p < len(d):
+            d = d[p]
+        else:
+            return None
+    return d
+
+
+def set_path(d: dict, dotted: str, value: Any) -> None:
+    """Set ``d[a][b][c] = value`` for ``dotted = "a.b.c"``, creating mappings as needed."""
+    parts = dotted.split(".")
+    cur = d
+    for p in parts[:-1]:
+        if not isinstance(cur.get(p), dict):
+            cur[p] = {}
+        cur = cur[p]
+    cur[parts[-1]] = value
+
+
+def validate_point(raw: dict) -> Scenario:
+    """Validate one scenario mapping (no sweep expansion); raises ScenarioError."""
+    if not isinstance(raw, dict):
+        raise ScenarioError([Problem((), f"must be a mapping of keys, got {type(raw).__name__}")])
+    problems: list[Problem] = []
+    try:
+        Scenario.model_validate(raw)
+    except ValidationError as e:
+        problems += _pydantic_problems(e, Scenario)
+    # plugin blocks are validated even when other parts of the structure failed
+    resolved = copy.deepcopy(raw)
+    for loc, kind in _PLUGIN_FIELDS:
+        spec = _get(raw, loc)
+        if spec is None:
+            spec = _PLUGIN_DEFAULTS.get(loc)
+            if spec is None or (len(loc) > 1 and not isinstance(raw.get(loc[0], {}), dict)):
+                continue
+        problems = [p for p in problems if p.loc[: len(loc)] != loc or p.message == "required"]
+        out = _check_plugin(kind, spec, loc, problems)
+        if out is not None:
+            parent = resolved
+            for part in loc[:-1]:
+                parent = parent.setdefault(part, {})
+            parent[loc[-1]] = out
+    pre = raw.get("preaggregators")
+    if isinstance(pre, list):
+        for i, spec in enumerate(pre):
+            out = _check_plugin("preaggregators", spec, ("preaggregators", i), problems)
+            if out is not None:
+                resolved["preaggregators"][i] = out
+    if problems:
+        raise ScenarioError(problems)
+    sc = Scenario.model_validate(resolved)
+    _cross_field(sc, problems)
+    if problems:
+        raise ScenarioError(problems)
+    return sc
+
+
+def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
+    """Validate a scenario mapping and expand its sweep grid x seeds into run points.
+
+    Returns the points and the validated base scenario. Raises ScenarioError listing every
+    problem of the base and of each sweep point.
+    """
+    if not isinstance(raw, dict):
+        raise ScenarioError([Problem((), f"must be a mapping of keys, got {type(raw).__name__}")])
+    sweep = raw.get("sweep") or {}
+    problems: list[Problem] = []
+    if not isinstance(sweep, dict):
+        raise ScenarioError([Problem(("sweep",), f"must map dotted paths to lists, got {sweep!r}")])
+    for k, v in sweep.items():
+        if not isinstance(v, list) or not v:
+            problems.append(Problem(("sweep", k), f"must be a non-empty list of values, got {v!r}"))
+    if problems:
+        raise ScenarioError(problems)
+    base_raw = {k: v for k, v in raw.items() if k != "sweep"}
+    keys = list(sweep)
+    points: list[RunPoint] = []
+    base: Scenario | None = None
+    per_point: dict[tuple[Loc, str], list[tuple[Problem, str]]] = {}
+    n_points = 0
+    for combo in itertools.product(*(sweep[k] for k in keys)) if keys else [()]:
+        n_points += 1
+        point = copy.deepcopy(base_raw)
+        values = dict(zip(keys, combo))
+        for k, v in values.items():
+            set_path(point, k, v)
+        try:
+            sc = validate_point(point)
+        except ScenarioError as e:
+            where = ", ".join(f"{k}={_short(v)}" for k, v in values.items())
+            for p in e.problems:
+                dotted = ".".join(map(str, p.loc))
+                p.sweep_key = next((k for k in keys if dotted == k or dotted.startswith(k + ".")
+                                    or k.startswith(dotted + ".")), None)
+                per_point.setdefault((p.loc, p.message), []).append((p, where))
+            continue
+        base = base or sc
+        for seed in sc.seeds:
+            points.append(RunPoint(values, seed, sc.model_copy(update={"seeds": [seed]})))
+    for group in per_point.values():
+        if len(group) == n_points or not keys:  # the same problem at every point: say it once
+            problems.append(group[0][0])
+        else:
+            for p, where in group:
+                p.message += f" (sweep point {where})"
+                problems.append(p)
+    if problems:
+        raise ScenarioError(problems)
+    assert base is not None
+    full = Scenario.model_validate({**base.model_dump(mode="json"), "sweep": sweep})
+    return points, full
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _line_of(root: yaml.Node | None, loc: Loc) -> int | None:
+    node, line = root, None
+    if node is not None:
+        line = node.start_mark.line + 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if k.value == str(part):
+                    node, line = v, k.start_mark.line + 1
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+@dataclass
+class LoadedScenario:
+    path: Path
+    text: str
+    raw: dict
+    scenario: Scenario
+    points: list[RunPoint] = field(default_factory=list)
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``key.path=value`` from ``--set``; the value is read as YAML (``rounds=5`` -> 5)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise ScenarioError([Problem(("--set",), f"expected KEY=VALUE, got {item!r}")])
+    return key.strip(), yaml.safe_load(value) if value.strip() else None
+
+
+def load(path: str | Path, overrides: list[str] | None = None) -> LoadedScenario:
+    """Read, validate and expand a scenario file; ``overrides`` are ``--set`` items."""
+    path = Path(path)
+    source = str(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ScenarioError([Problem((), f"cannot read: {e.strerror}")], source) from None
+    try:
+        raw = yaml.safe_load(text)
+        root = yaml.compose(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        msg = str(getattr(e, "problem", None) or e).strip()
+        raise ScenarioError([Problem((), f"not valid YAML: {msg}", mark.line + 1 if mark else None)],
+                            source) from None
+    if raw is None:
+        raw = {}
+    if isinstance(raw, dict):
+        raw.setdefault("name", path.stem)
+        for item in overrides or []:
+            k, v = parse_override(item)
+            set_path(raw, k, v)
+    try:
+        points, sc = expand(raw)
+    except ScenarioError as e:
+        for p in e.problems:
+            loc = ("sweep", p.sweep_key) if p.sweep_key else p.loc
+            p.line = _line_of(root, loc) if loc else None
+        raise ScenarioError(e.problems, source) from None
+    return LoadedScenario(path, text, raw, sc, points)
+
+
+def json_schema() -> dict:
+    """JSON Schema of a scenario file (plugin blocks are open mappings with a ``name``)."""
+    return Scenario.model_json_schema()
