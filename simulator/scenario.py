@@ -521,6 +521,23 @@ class LoadedScenario:
     points: list[RunPoint] = field(default_factory=list)
 
 
+def _resolve_paths(raw: dict, base: Path) -> None:
+    """Relative file paths in plugin blocks (a plugin lists them in ``PATH_PARAMS``) are
+    relative to the scenario file's directory, wherever ``fedray`` is started from."""
+    for loc, kind in _PLUGIN_FIELDS:
+        spec = _get(raw, loc)
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            continue
+        try:
+            cls = registry.get(kind, spec["name"])
+        except registry.UnknownPlugin:
+            continue
+        for key in getattr(cls, "PATH_PARAMS", ()):
+            value = spec.get(key)
+            if isinstance(value, str) and value and not Path(value).is_absolute():
+                spec[key] = str((base / value).resolve())
+
+
 def parse_override(item: str) -> tuple[str, Any]:
     """``key.path=value`` from ``--set``; the value is read as YAML (``rounds=5`` -> 5)."""
     key, sep, value = item.partition("=")
@@ -552,6 +569,8 @@ def load(path: str | Path, overrides: list[str] | None = None) -> LoadedScenario
         for item in overrides or []:
             k, v = parse_override(item)
             set_path(raw, k, v)
+    if isinstance(raw, dict):
+        _resolve_paths(raw, path.parent)
     try:
         points, sc = expand(raw)
     except ScenarioError as e:

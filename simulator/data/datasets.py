@@ -126,7 +126,10 @@ class Digits:
 class ParquetDataset:
     """A user's Parquet file: numeric feature columns (or one fixed-size list column), an
     integer label column and, optionally, a client column for the ``natural`` partitioner.
-    ``test_path`` gives a separate test file; otherwise ``test_fraction`` is held out."""
+    ``test_path`` gives a separate test file; otherwise ``test_fraction`` is held out.
+    Relative paths are relative to the scenario file's directory."""
+
+    PATH_PARAMS = ("path", "test_path")
 
     def __init__(
         self,

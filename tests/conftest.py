@@ -1,0 +1,65 @@
+"""Shared fixtures: one Ray instance per session, one migrated MLflow DB copied per test."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def ray_backend():
+    """A RayBackend on one local Ray instance shared by the session's tests."""
+    import ray
+
+    from simulator.runtime.backend import RayBackend
+
+    backend = RayBackend(num_cpus=2, object_store_memory=256 * 1024**2)
+    yield backend
+    ray.shutdown()
+
+
+class SharedRay:
+    """The session's RayBackend, with shutdown() a no-op so runs can't stop it."""
+
+    def __init__(self, backend):
+        self._b = backend
+
+    def __getattr__(self, name):
+        return getattr(self._b, name)
+
+    def shutdown(self):
+        return None
+
+
+@pytest.fixture()
+def shared_ray(ray_backend):
+    return SharedRay(ray_backend)
+
+
+@pytest.fixture(scope="session")
+def _mlflow_template(tmp_path_factory) -> Path:
+    # Creating a fresh SQLite store runs every migration (3-4.5 s): do it once per session.
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
+    return db
+
+
+@pytest.fixture()
+def mlflow_uri(_mlflow_template, tmp_path, monkeypatch) -> str:
+    """A fresh, migrated embedded store in this test's tmp dir (also the cwd)."""
+    db = tmp_path / "mlflow.db"
+    shutil.copy(_mlflow_template, db)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return f"sqlite:///{db}"
+
+
+def write_scenario(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
