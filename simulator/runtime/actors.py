@@ -131,16 +131,21 @@ class ClientWorker:
         }
 
 
-def stack_updates(order: list[int] | np.ndarray, results: tuple[dict, ...], d: int) -> np.ndarray:
-    """The ``(len(order), d)`` matrix of the results' rows, in ``order`` of client ids."""
+def stack_updates(
+    order: list[int] | np.ndarray, results: tuple[dict, ...], d: int, key: str = "updates"
+) -> np.ndarray:
+    """The results' rows of ``key`` (``(len(order), d)`` updates, or per-client values when
+    ``d == 0``) in ``order`` of client ids, whichever worker computed them: the layout, and so
+    every floating-point sum over it, does not depend on the number of workers."""
     order = np.asarray(order, dtype=np.int64)
-    out = np.empty((len(order), d), dtype=np.float32)
+    shape = (len(order), d) if d else (len(order),)
+    out = np.empty(shape, dtype=np.float32 if d else np.float64)
     if len(order) == 0:
         return out
     pos = {int(c): i for i, c in enumerate(order)}
     for r in results:
         if len(r["clients"]):
-            out[[pos[int(c)] for c in r["clients"]]] = r["updates"]
+            out[[pos[int(c)] for c in r["clients"]]] = r[key]
     return out
 
 
@@ -214,7 +219,7 @@ class Server:
         finite = bool(torch.isfinite(agg).all())
         if finite:
             self.x = self.optimizer.step(self.x, agg)
-        losses = np.concatenate([r["losses"] for r in results]) if results else np.zeros(0)
+        losses = stack_updates(honest_order, results, 0, key="losses")
         return {
             "honest_update_norm": float(torch.linalg.vector_norm(honest_mean)),
             "aggregate_norm": float(torch.linalg.vector_norm(agg)) if finite else float("inf"),

@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from simulator import data as fdata
+from simulator.data.datasets import DataError, Digits, GaussianMixture, ParquetDataset, Synthetic
+from simulator.data.partitioners import IID, Dirichlet, Natural, Shards
+
+
+def classes_per_client(y, parts):
+    return [len(np.unique(y[p])) for p in parts]
+
+
+def test_synthetic_is_heterogeneous_and_seeded():
+    a = Synthetic(alpha=1.0, beta=1.0).load(30, seed=3, test_fraction=0.2)
+    b = Synthetic(alpha=1.0, beta=1.0).load(30, seed=3, test_fraction=0.2)
+    np.testing.assert_array_equal(a.x_train, b.x_train)
+    assert a.input_shape == (60,) and a.num_classes == 10
+    counts = np.bincount(a.clients_train, minlength=30)
+    assert counts.min() >= 40  # 50 minimum samples, 20% held out
+    # clients' input means differ (v_k ~ N(B_k, 1)): far more than sampling noise
+    means = np.stack([a.x_train[a.clients_train == k].mean(0) for k in range(30)])
+    assert means.std(0).mean() > 0.5
+    # iid-in-model case (alpha=beta=0) is less heterogeneous across clients than alpha=beta=1
+    h = Synthetic(alpha=0.0, beta=0.0).load(30, seed=3, test_fraction=0.2)
+    mh = np.stack([h.x_train[h.clients_train == k].mean(0) for k in range(30)])
+    assert mh.std(0).mean() < means.std(0).mean()
+
+
+def test_digits_and_gaussian_mixture_shapes():
+    d = Digits().load(10, seed=0, test_fraction=0.25)
+    assert d.x_train.shape[1:] == (1, 8, 8) and len(d.y_train) + len(d.y_test) == 1797
+    assert abs(len(d.y_test) - 449) <= 1 and d.x_train.max() <= 1.0
+    g = GaussianMixture(samples=1000, dimension=5, classes=3).load(10, seed=0, test_fraction=0.1)
+    assert g.x_train.shape == (900, 5) and set(np.unique(g.y_train)) == {0, 1, 2}
+
+
+def test_iid_sizes_differ_by_at_most_one():
+    y = np.arange(103) % 10
+    parts = IID()(y, 10, np.random.default_rng(0))
+    sizes = [len(p) for p in parts]
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == 103
+    assert len(np.unique(np.concatenate(parts))) == 103
+
+
+def test_dirichlet_small_alpha_skews_labels():
+    y = np.repeat(np.arange(10), 200)
+    skewed = Dirichlet(alpha=0.05)(y, 20, np.random.default_rng(0))
+    flat = Dirichlet(alpha=100.0)(y, 20, np.random.default_rng(0))
+    assert np.mean(classes_per_client(y, skewed)) < 5
+    assert np.mean(classes_per_client(y, flat)) == 10
+    assert sum(len(p) for p in skewed) == 2000
+
+
+def test_shards_give_at_most_k_classes():
+    y = np.repeat(np.arange(10), 100)
+    parts = Shards(k=2)(y, 50, np.random.default_rng(1))
+    assert max(classes_per_client(y, parts)) <= 2
+    assert sorted(np.concatenate(parts).tolist()) == list(range(1000))
+
+
+def test_natural_needs_a_client_column_and_matching_count():
+    y = np.zeros(6, dtype=np.int64)
+    parts = Natural()(y, 3, None, np.array([2, 0, 1, 0, 2, 2]))
+    assert [p.tolist() for p in parts] == [[1, 3], [2], [0, 4, 5]]
+    with pytest.raises(DataError, match="clients.total: must equal the dataset's 3 natural clients"):
+        Natural()(y, 4, None, np.array([2, 0, 1, 0, 2, 2]))
+    with pytest.raises(DataError, match="needs a dataset with a client column"):
+        Natural()(y, 3, None, None)
+
+
+def test_parquet_dataset_with_client_column(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 300
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.table({
+        "f0": rng.normal(size=n), "f1": rng.normal(size=n), "f2": rng.normal(size=n),
+        "label": rng.integers(0, 3, n), "user": np.repeat(np.arange(6), 50),
+    }), path)
+    fd = fdata.build({"name": "parquet", "path": str(path), "client": "user", "label": "label",
+                      "features": None, "test_path": None},
+                     {"name": "natural"}, 6, seed=0, test_fraction=0.2)
+    assert fd.input_shape == (3,) and fd.num_classes == 3
+    assert fd.num_clients == 6 and fd.client_sizes().sum() + len(fd.y_test) == n
+    x, y = fdata.client_arrays(fd.table, fd.input_shape)
+    assert x.shape == (240, 3)
+    with pytest.raises(DataError, match="column 'nope' not in"):
+        ParquetDataset(str(path), label="nope").load(6, 0, 0.2)
+
+
+def test_partition_table_round_trips_and_reads_zero_copy():
+    x = np.arange(24, dtype=np.float32).reshape(6, 1, 2, 2)
+    y = np.arange(6)
+    parts = [np.array([4, 1]), np.array([0]), np.array([5, 2, 3])]
+    table, offsets = fdata.partition_table(x, y, parts)
+    assert offsets.tolist() == [0, 2, 3, 6]
+    xs, ys = fdata.client_arrays(table, (1, 2, 2))
+    np.testing.assert_array_equal(ys, [4, 1, 0, 5, 2, 3])
+    np.testing.assert_array_equal(xs[0], x[4])
+    assert not xs.flags.writeable  # a view of the Arrow buffer, not a copy
+    assert table.column("client").to_pylist() == [0, 0, 1, 2, 2, 2]
+
+
+def test_empty_client_is_an_error():
+    with pytest.raises(DataError, match="clients got no sample"):
+        fdata.build({"name": "digits"}, {"name": "iid"}, 2000, seed=0, test_fraction=0.2)

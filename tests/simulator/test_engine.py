@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from simulator.engine import Engine, byzantine_clients, sample_clients
+from simulator.runtime.backend import InlineBackend
+from simulator.scenario import load
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SMALL = """\
+name: small
+rounds: 4
+data:
+  dataset: {name: digits}
+model: {name: logreg}
+clients: {total: 12, per_round: 6}
+local: {steps: 3, batch_size: 16, lr: 0.2}
+"""
+
+
+def point(tmp_path, text=SMALL, overrides=()):
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    return load(p, list(overrides)).points[0].scenario
+
+
+def test_sampling_is_seeded_without_replacement():
+    a = sample_clients(0, 3, 100, 10)
+    assert len(set(a.tolist())) == 10 and a.tolist() == sample_clients(0, 3, 100, 10).tolist()
+    assert a.tolist() != sample_clients(0, 4, 100, 10).tolist()
+    assert sample_clients(0, 3, 5, 5).tolist() == [0, 1, 2, 3, 4]
+    assert len(byzantine_clients(1, 20, 4)) == 4
+
+
+def test_same_seed_twice_gives_identical_metrics(tmp_path):
+    sc = point(tmp_path)
+    a = Engine(sc, InlineBackend()).run()
+    b = Engine(sc, InlineBackend()).run()
+    assert a.metrics == b.metrics
+    np.testing.assert_array_equal(a.final_params, b.final_params)
+    c = Engine(point(tmp_path, overrides=["seeds=[1]"]), InlineBackend()).run()
+    assert c.metrics != a.metrics
+
+
+def test_any_number_of_workers_gives_identical_metrics(tmp_path):
+    sc = point(tmp_path, overrides=["clients.byzantine=2", "attack={name: gaussian}",
+                                    "aggregator={name: median}"])
+    one = Engine(sc, InlineBackend(), workers=1).run()
+    three = Engine(sc, InlineBackend(), workers=3).run()
+    assert one.metrics == three.metrics
+
+
+def test_inline_and_ray_give_identical_metrics(tmp_path, shared_ray):
+    sc = point(tmp_path, overrides=["clients.byzantine=2", "attack={name: sign_flip}",
+                                    "aggregator={name: cwtm, f: 2}"])
+    inline = Engine(sc, InlineBackend()).run()
+    on_ray = Engine(sc, shared_ray, workers=2).run()
+    assert inline.metrics == on_ray.metrics
+    np.testing.assert_array_equal(inline.final_params, on_ray.final_params)
+    assert any(m["byzantine_sampled"] > 0 for m in inline.metrics)
+
+
+def test_quickstart_fedavg_reaches_90_percent(tmp_path):
+    loaded = load(ROOT / "scenarios" / "quickstart.yaml")
+    result = Engine(loaded.points[0].scenario, InlineBackend()).run()
+    assert result.final("test_accuracy") >= 0.90
+    assert len(result.metrics) == loaded.scenario.rounds
+    first, last = result.metrics[0], result.metrics[-1]
+    assert last["test_loss"] < first["test_loss"] and last["train_loss"] < first["train_loss"]
+    assert all(m["aggregation_error"] == 0.0 for m in result.metrics)  # mean of honest = honest mean
+
+
+def test_fedavg_with_zero_local_lr_effect_is_exact_mean(tmp_path):
+    """With mean aggregation and server lr 1 the global model moves by the mean update."""
+    sc = point(tmp_path, overrides=["rounds=1"])
+    from simulator.runtime.actors import ClientWorker, Server, stack_updates
+
+    eng = Engine(sc, InlineBackend())
+    eng._spawn()
+    x0 = eng.server.params()
+    sampled = sample_clients(0, 0, 12, 6).tolist()
+    res = eng.workers[0].train(0, sampled, x0)
+    eng.server.step(0, sampled, None, res)
+    np.testing.assert_allclose(eng.server.params(), x0 + res["updates"].mean(0), rtol=0, atol=1e-6)
+    assert isinstance(eng.server, Server) and isinstance(eng.workers[0], ClientWorker)
+    np.testing.assert_array_equal(stack_updates(sampled[::-1], (res,), len(x0))[0], res["updates"][-1])
+
+
+def test_gaussian_attack_breaks_mean_but_not_median(tmp_path):
+    over = ["rounds=8", "clients.byzantine=2", "attack={name: gaussian, sigma: 100}",
+            "clients.per_round=12", "local.steps=5"]
+    mean = Engine(point(tmp_path, overrides=over + ["aggregator={name: mean}"]), InlineBackend()).run()
+    med = Engine(point(tmp_path, overrides=over + ["aggregator={name: median}"]), InlineBackend()).run()
+    assert mean.final("test_accuracy") < 0.3
+    assert med.final("test_accuracy") > 0.8
+    assert mean.metrics[-1]["aggregation_error"] > 10 * med.metrics[-1]["aggregation_error"]
+    assert all(m["byzantine_sampled"] == 2 for m in mean.metrics)
+
+
+def test_nonfinite_aggregate_is_reported_and_model_kept(tmp_path):
+    # a NaN attack: mean's aggregate is NaN, the step is skipped and the metric says so
+    sc = point(tmp_path, overrides=["rounds=2", "clients.byzantine=1",
+                                    "attack={name: gaussian, mu: .nan}", "clients.per_round=12"])
+    res = Engine(sc, InlineBackend()).run()
+    assert [m["nonfinite_aggregate"] for m in res.metrics] == [1.0, 1.0]
+    assert np.isfinite(res.final_params).all()
+    assert res.metrics[-1]["test_accuracy"] == res.metrics[0]["test_accuracy"]
+
+
+def test_eval_every_k_rounds_and_last(tmp_path):
+    res = Engine(point(tmp_path, overrides=["rounds=5", "evaluation.every=2"]), InlineBackend()).run()
+    assert ["test_accuracy" in m for m in res.metrics] == [False, True, False, True, True]

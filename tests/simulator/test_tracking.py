@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from simulator.cli import run_loaded
+from simulator.scenario import load
+from simulator.tracking import Tracker, flatten
+
+SWEEP = """\
+name: sweep-test
+description: two aggregators x two seeds
+rounds: 3
+seeds: [0, 1]
+data:
+  dataset: {name: digits}
+model: {name: logreg}
+clients: {total: 10, per_round: 5}
+local: {steps: 2, batch_size: 16, lr: 0.2}
+sweep:
+  aggregator.name: [mean, median]
+runtime: {backend: inline}
+"""
+
+
+def test_sweep_leaves_one_parent_and_four_children(tmp_path, mlflow_uri):
+    p = tmp_path / "sweep.yaml"
+    p.write_text(SWEEP)
+    out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True)
+    client = MlflowClient(mlflow_uri)
+    exp = client.get_experiment_by_name("sweep-test")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 5
+    parent = client.get_run(out["parent_run_id"])
+    assert parent.data.tags["mlflow.note.content"] == "two aggregators x two seeds"
+    assert parent.data.params["sweep.aggregator.name"] == "[mean, median]"
+    children = client.search_runs(
+        [exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert len(children) == 4
+    assert sorted(r.data.tags["mlflow.runName"] for r in children) == [
+        "mean seed=0", "mean seed=1", "median seed=0", "median seed=1"]
+    for r in children:
+        assert r.info.status == "FINISHED"
+        hist = client.get_metric_history(r.info.run_id, "test_accuracy")
+        assert [m.step for m in hist] == [0, 1, 2]
+        assert r.data.tags["aggregator"] == r.data.params["aggregator.name"]
+        assert r.data.tags["backend"] == "inline" and r.data.tags["n"] == "10"
+        assert r.data.params["clients.per_round"] == "5"
+    # findable by their params
+    found = client.search_runs([exp.experiment_id],
+                               filter_string="params.`aggregator.name` = 'median' and params.`seeds` = '[1]'")
+    assert [r.data.tags["mlflow.runName"] for r in found] == ["median seed=1"]
+    by_id = {r["run_id"]: r for r in out["runs"]}
+    for r in children:
+        acc = r.data.metrics["test_accuracy"]
+        assert acc == pytest.approx(by_id[r.info.run_id]["final_test_accuracy"])
+
+
+def test_artifacts_metrics_parquet_and_model(tmp_path, mlflow_uri):
+    p = tmp_path / "one.yaml"
+    p.write_text(SWEEP.replace("seeds: [0, 1]", "seeds: [3]").replace(
+        "sweep:\n  aggregator.name: [mean, median]\n", ""))
+    out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True)
+    client = MlflowClient(mlflow_uri)
+    child = out["runs"][0]["run_id"]
+    names = {a.path for a in client.list_artifacts(child)} | {
+        a.path for a in client.list_artifacts(child, "model")}
+    assert {"metrics.parquet", "scenario.yaml", "model/model.pt"} <= names
+    assert {a.path for a in client.list_artifacts(out["parent_run_id"], "scenario")} == {
+        "scenario/one.yaml", "scenario/resolved.yaml"}
+    local = client.download_artifacts(child, "metrics.parquet", str(tmp_path))
+    table = pq.read_table(local)
+    assert table.num_rows == 3 and table.column("round").to_pylist() == [0, 1, 2]
+    hist = client.get_metric_history(child, "test_loss")
+    assert table.column("test_loss").to_pylist() == pytest.approx([m.value for m in hist])
+    model_path = client.download_artifacts(child, "model/model.pt", str(tmp_path))
+    state = torch.load(model_path, weights_only=True)
+    assert state["net.1.weight"].shape == (10, 64)
+    # artifacts of the embedded store live beside the DB
+    assert (tmp_path / "mlartifacts").is_dir()
+
+
+def test_failed_log_batch_is_kept_and_resent(mlflow_uri):
+    tracker = Tracker(mlflow_uri, "outage")
+    run = tracker.create_run("r", {})
+    real = tracker.client.log_batch
+    calls = {"n": 0}
+
+    def flaky(run_id, metrics=(), params=(), tags=()):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ConnectionError("tracking server down")
+        return real(run_id, metrics=metrics, params=params, tags=tags)
+
+    tracker.client.log_batch = flaky
+    tracker.log_round(run, 0, {"a": 1.0})  # fails, kept
+    tracker.log_round(run, 1, {"a": 2.0})  # sends both
+    tracker.end(run)
+    hist = MlflowClient(mlflow_uri).get_metric_history(run, "a")
+    assert sorted((m.step, m.value) for m in hist) == [(0, 1.0), (1, 2.0)]
+
+
+def test_flatten():
+    assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": "x", "e": None}) == {
+        "a.b": "1", "a.c": "[1, 2]", "d": "x", "e": "null"}
