@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from simulator.cli import main, ui_command
+
+ROOT = Path(__file__).resolve().parents[2]
+FEDRAY = [sys.executable, "-m", "simulator.cli"]
+INVALID = ROOT / "tests" / "scenarios" / "invalid"
+
+
+def fedray(*args, cwd=None, env=None):
+    return subprocess.run([*FEDRAY, *args], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, **(env or {})}, timeout=600)
+
+
+def test_validate_exit_codes_and_every_error_printed():
+    ok = fedray("validate", str(ROOT / "scenarios" / "quickstart.yaml"))
+    assert ok.returncode == 0 and "quickstart.yaml: ok (1 run)" in ok.stdout
+    files = sorted(INVALID.glob("*.yaml"))
+    bad = fedray("validate", str(ROOT / "scenarios" / "quickstart.yaml"), *map(str, files))
+    assert bad.returncode == 2
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == len(files)  # one line per invalid file, none dropped
+    for f in files:
+        assert any(line.startswith(f"{f}:") for line in lines)
+
+
+def test_list_kinds(capsys):
+    assert main(["list", "partitioners"]) == 0
+    assert capsys.readouterr().out.split() == ["dirichlet", "iid", "natural", "shards"]
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "aggregators: cwtm, mean, median" in out and "topologies: (none installed)" in out
+
+
+def test_run_inline_prints_accuracy_run_id_and_ui_hint(tmp_path, mlflow_uri):
+    r = fedray("run", str(ROOT / "scenarios" / "quickstart.yaml"), "--backend", "inline",
+               "--set", "rounds=3", "--quiet", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "seed=0: final test accuracy 0." in r.stdout
+    assert "MLflow parent run: " in r.stdout and "fedray ui" in r.stdout
+    assert "seed=0: round 3/3 acc" in r.stderr  # plain progress lines without a TTY
+    assert (tmp_path / "mlflow.db").is_file()  # the embedded default store in the cwd
+    from mlflow.tracking import MlflowClient
+
+    exp = MlflowClient(mlflow_uri).get_experiment_by_name("quickstart")
+    assert len(MlflowClient(mlflow_uri).search_runs([exp.experiment_id])) == 2
+
+
+def test_run_invalid_exits_2_without_running(tmp_path):
+    r = fedray("run", str(INVALID / "rounds_zero.yaml"), cwd=tmp_path)
+    assert r.returncode == 2 and "rounds: must be > 0, got 0" in r.stderr
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_tracking_uri_from_environment(tmp_path, mlflow_uri):
+    other = tmp_path / "elsewhere.db"
+    import shutil
+
+    shutil.copy(mlflow_uri[len("sqlite:///"):], other)
+    r = fedray("run", str(ROOT / "scenarios" / "quickstart.yaml"), "--backend", "inline",
+               "--set", "rounds=1", "--quiet", cwd=tmp_path,
+               env={"MLFLOW_TRACKING_URI": f"sqlite:///{other}"})
+    assert r.returncode == 0, r.stderr
+    assert f"tracking URI: sqlite:///{other}" in r.stdout
+
+
+def test_ui_command_binds_loopback_by_default():
+    cmd = ui_command("sqlite:////x/mlflow.db", "127.0.0.1", 5000)
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    assert cmd[cmd.index("--default-artifact-root") + 1] == "file:///x/mlartifacts"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _listening_addresses(port: int) -> set[str]:
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            addr, p = local.rsplit(":", 1)
+            if int(p, 16) == port and state == "0A":
+                out.add(addr)
+    return out
+
+
+def test_fedray_ui_serves_on_127_0_0_1_only(mlflow_uri, tmp_path):
+    port = _free_port()
+    proc = subprocess.Popen([*FEDRAY, "ui", "--port", str(port)], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 90
+        body = None
+        while time.time() < deadline and body is None:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
+            except OSError:
+                time.sleep(0.5)
+        assert body == b"OK"
+        assert _listening_addresses(port) == {"0100007F"}  # 127.0.0.1, nothing else
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
