@@ -93,19 +93,21 @@ class Engine:
         self.server = b.spawn(Server, sc.model_dump(mode="json"), data.input_shape,
                               data.num_classes, eval_ref, role="server")
         self.adversary = (
-            b.spawn(Adversary, sc.attack, self.seed, role="adversary") if sc.attack else None
+            b.spawn(Adversary, sc.attack, self.seed, sc.model_dump(mode="json"), role="adversary")
+            if sc.attack else None
         )
-        self.omniscient = bool(
-            sc.attack and getattr(registry.get("attacks", sc.attack["name"]), "omniscient", False)
-        )
+        attack_cls = registry.get("attacks", sc.attack["name"]) if sc.attack else None
+        self.omniscient = bool(getattr(attack_cls, "omniscient", False))
+        self.poison = sc.attack if getattr(attack_cls, "data_poisoning", False) else None
         self._handles = [*self.workers, self.server] + ([self.adversary] if self.adversary else [])
 
-    def _train(self, round_: int, clients: list[int], params_ref: Any) -> list[Any]:
+    def _train(self, round_: int, clients: list[int], params_ref: Any,
+               poison: dict | None = None) -> list[Any]:
         """One train call per worker that owns some of ``clients`` (client k -> worker k % W)."""
         per: dict[int, list[int]] = {}
         for c in clients:
             per.setdefault(c % self.n_workers, []).append(c)
-        return [self.backend.call(self.workers[w], "train", round_, ids, params_ref)
+        return [self.backend.call(self.workers[w], "train", round_, ids, params_ref, poison)
                 for w, ids in sorted(per.items())]
 
     def run_round(self, round_: int) -> tuple[dict[str, float], dict[str, float]]:
@@ -121,7 +123,7 @@ class Engine:
             if self.omniscient:
                 seen_order, seen_refs = honest, honest_refs
             else:
-                seen_order, seen_refs = byz, self._train(round_, byz, params_ref)
+                seen_order, seen_refs = byz, self._train(round_, byz, params_ref, self.poison)
             byz_ref = b.call(self.adversary, "attack_rows", round_, len(byz), seen_order,
                              self.dim, *seen_refs)
         step_ref = b.call(self.server, "step", round_, honest, byz_ref, *honest_refs)

@@ -2,15 +2,129 @@
 
 Each aggregator is a small class whose constructor arguments are exactly its keys in a
 scenario file (``aggregator: {name: cwtm, f: 2}``). ``check(n)`` states the constraints that
-depend on how many rows it will receive, with a message naming the parameter.
+depend on how many rows it will receive, with a message naming the parameter. A rule that
+needs randomness sets ``RANDOM = True`` and is called as ``rule(x, generator)``. A stateful
+rule (centered clipping) keeps its state in attributes exposed by ``state_dict()`` /
+``load_state_dict()``, as torch.optim does.
+
+Conventions shared by every rule here:
+
+* the input matrix is never modified in place;
+* pairwise geometry (Krum, MDA, NNM, CAF, SMEA, ...) comes from one float64 Gram matrix of the
+  rows centred on their coordinate-wise median, so it costs one ``(n, d) x (d, n)`` product and
+  is translation invariant up to rounding;
+* a row with a NaN or infinite entry is at infinite distance from every other row, so
+  distance-based rules never select it while at most ``f`` rows are non-finite; coordinate-wise
+  rules sort NaN above every number and so trim it like a huge value.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import itertools
+import math
+from typing import Annotated, Literal
 
+import numpy as np
 import torch
-from annotated_types import Ge
+from annotated_types import Ge, Gt
+
+# ---------------------------------------------------------------------------- shared maths
+
+
+def finite_rows(x: torch.Tensor) -> torch.Tensor:
+    """Boolean ``(n,)`` mask of the rows whose entries are all finite."""
+    return torch.isfinite(x).all(dim=1)
+
+
+def coordinate_median(x: torch.Tensor) -> torch.Tensor:
+    """Coordinate-wise median, the mean of the two middle values for even ``n`` (NaN sorts last)."""
+    n = x.shape[0]
+    s = torch.sort(x, dim=0).values
+    if n % 2 == 1:
+        return s[n // 2].clone()
+    return (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def gram(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(G, ok)``: the float64 Gram matrix of the rows centred on the median of the finite rows
+    (non-finite rows replaced by zero in ``G``) and the finite-row mask."""
+    ok = finite_rows(x)
+    y = torch.where(ok[:, None], x, torch.zeros((), dtype=x.dtype))
+    if bool(ok.any()):
+        y = y - coordinate_median(x[ok])
+        y = torch.where(ok[:, None], y, torch.zeros((), dtype=x.dtype))
+    y = y.double()
+    g = y @ y.T
+    return (g + g.T) / 2, ok  # exactly symmetric: d(i, j) and d(j, i) are the same number
+
+
+def squared_distances(x: torch.Tensor) -> torch.Tensor:
+    """``(n, n)`` float64 squared Euclidean distances; ``inf`` to and from non-finite rows
+    (0 on the diagonal)."""
+    g, ok = gram(x)
+    sq = torch.diagonal(g)
+    d = (sq[:, None] + sq[None, :] - 2 * g).clamp_min(0)
+    bad = ~ok
+    d[bad, :] = math.inf
+    d[:, bad] = math.inf
+    d.fill_diagonal_(0.0)
+    return d
+
+
+def rank(scores: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Indices ordering ``scores`` ascending, exact ties broken by the rows' content (their
+    float64 sum, then their first entry) rather than their position, so that a selection does
+    not depend on the order of the clients."""
+    x64 = torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype)).double()
+    keys = (x64[:, 0].numpy(), x64.sum(dim=1).numpy(), scores.double().numpy())
+    return torch.from_numpy(np.lexsort(keys))
+
+
+def mean_around_median(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Per coordinate, the mean of the ``k`` values closest to the coordinate-wise median."""
+    med = coordinate_median(x)
+    dev = (x - med).abs()
+    dev = torch.where(torch.isnan(dev), torch.full((), math.inf, dtype=x.dtype), dev)
+    idx = torch.sort(dev, dim=0, stable=True).indices[:k]
+    return torch.gather(x, 0, idx).mean(dim=0)
+
+
+def krum_scores(d2: torch.Tensor, f: int) -> torch.Tensor:
+    """Krum's score of each row: the sum of its squared distances to its ``n - f - 2`` nearest
+    other rows (Blanchard et al. 2017)."""
+    n = d2.shape[0]
+    k = max(n - f - 2, 0)
+    s = torch.sort(d2, dim=1).values[:, 1 : 1 + k]  # column 0 is the row itself
+    return s.sum(dim=1)
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise ValueError(message)
+
+
+def _check_half(f: int, n: int) -> None:
+    _require(2 * f < n, f"f: must be < n/2 = {n / 2:g}, got {f}")
+
+
+def _subsets(n: int, k: int, chunk: int = 16384):
+    """All ``k``-subsets of ``range(n)`` in lexicographic order, as ``(c, k)`` int64 chunks."""
+    it = itertools.combinations(range(n), k)
+    while True:
+        block = list(itertools.islice(it, chunk))
+        if not block:
+            return
+        yield torch.tensor(block, dtype=torch.int64)
+
+
+def _check_subsets(f: int, n: int, limit: int, rule: str) -> None:
+    _check_half(f, n)
+    c = math.comb(n, f)
+    _require(c <= limit, f"f: {rule} enumerates C(n, f) = C({n}, {f}) = {c} subsets, more than "
+             f"max_subsets = {limit}; lower f or the clients per round, or raise max_subsets")
+
+
+# ---------------------------------------------------------------------------- averaging
 
 
 class Mean:
@@ -34,11 +148,7 @@ class CoordinateWiseMedian:
     """
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.shape[0]
-        s = torch.sort(x, dim=0).values
-        if n % 2 == 1:
-            return s[n // 2].clone()
-        return (s[n // 2 - 1] + s[n // 2]) / 2
+        return coordinate_median(x)
 
     def check(self, n: int) -> None:
         return None
@@ -53,11 +163,359 @@ class CoordinateWiseTrimmedMean:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
-        if 2 * self.f >= n:
-            raise ValueError(f"f: must be < n/2 = {n / 2:g}, got {self.f}")
+        self.check(n)
         s = torch.sort(x, dim=0).values
         return s[self.f : n - self.f].mean(dim=0)
 
     def check(self, n: int) -> None:
-        if 2 * self.f >= n:
-            raise ValueError(f"f: must be < n/2 = {n / 2:g}, got {self.f}")
+        _check_half(self.f, n)
+
+
+class MeaMed:
+    """Mean around the median (Xie, Koyejo, Gupta, "Generalized Byzantine-tolerant SGD", 2018):
+    per coordinate, the mean of the n - f values closest to the coordinate-wise median."""
+
+    def __init__(self, f: Annotated[int, Ge(0)] = 0) -> None:
+        self.f = f
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.check(x.shape[0])
+        return mean_around_median(x, x.shape[0] - self.f)
+
+    def check(self, n: int) -> None:
+        _check_half(self.f, n)
+
+
+# ---------------------------------------------------------------------------- geometric
+
+
+class GeometricMedian:
+    """Geometric median by the smoothed Weiszfeld algorithm of RFA (Pillutla, Kakade,
+    Harchaoui, "Robust Aggregation for Federated Learning", IEEE TSP 2022, Algorithm 2).
+
+    ``z <- sum_i w_i x_i / sum_i w_i`` with ``w_i = 1 / max(nu, ||x_i - z||)``, at most
+    ``iterations`` times, stopping when ``||z_new - z|| <= tol * ||z||``. ``init`` is the
+    starting point: the coordinate-wise median (default; translation equivariant), the mean, or
+    zero (ByzFL's choice). Non-finite rows get weight 0.
+    """
+
+    def __init__(
+        self,
+        nu: Annotated[float, Gt(0)] = 1e-6,
+        iterations: Annotated[int, Ge(1)] = 100,
+        tol: Annotated[float, Ge(0)] = 1e-6,
+        init: Literal["median", "mean", "zero"] = "median",
+    ) -> None:
+        self.nu, self.iterations, self.tol, self.init = nu, iterations, tol, init
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        xs = x[finite_rows(x)]
+        if xs.shape[0] == 0:
+            return torch.full_like(x[0], math.nan)
+        z = {"median": coordinate_median, "mean": lambda a: a.mean(dim=0),
+             "zero": lambda a: torch.zeros_like(a[0])}[self.init](xs)
+        for _ in range(self.iterations):
+            dist = torch.linalg.vector_norm(xs - z, dim=1)
+            w = 1.0 / dist.clamp_min(self.nu)
+            new = (w[:, None] * xs).sum(dim=0) / w.sum()
+            step = float(torch.linalg.vector_norm(new - z))
+            z = new
+            if step <= self.tol * float(torch.linalg.vector_norm(z)):
+                break
+        return z
+
+    def check(self, n: int) -> None:
+        return None
+
+
+class MultiKrum:
+    """Multi-Krum (Blanchard, El Mhamdi, Guerraoui, Stainer, NeurIPS 2017): score each row by
+    the sum of squared distances to its n - f - 2 nearest other rows, average the ``m`` rows of
+    lowest score (``m`` defaults to n - f). Requires n > 2f + 2.
+
+    ByzFL scores with the *mean* over n - f - 1 neighbours instead; we follow the paper.
+    """
+
+    def __init__(self, f: Annotated[int, Ge(0)] = 0, m: Annotated[int, Ge(1)] | None = None) -> None:
+        self.f, self.m = f, m
+
+    def _m(self, n: int) -> int:
+        return n - self.f if self.m is None else self.m
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        self.check(n)
+        scores = krum_scores(squared_distances(x), self.f)
+        best = rank(scores, x)[: self._m(n)]
+        return x[best].mean(dim=0)
+
+    def check(self, n: int) -> None:
+        _require(n > 2 * self.f + 2, f"f: Krum needs n > 2f + 2; n = {n} allows f <= "
+                 f"{max((n - 3) // 2, 0)}, got {self.f}")
+        _require(self._m(n) <= n, f"m: must be <= n = {n}, got {self.m}")
+
+
+class Krum(MultiKrum):
+    """Krum (Blanchard et al., NeurIPS 2017): the single row of lowest Krum score
+    (Multi-Krum with m = 1)."""
+
+    def __init__(self, f: Annotated[int, Ge(0)] = 0) -> None:
+        super().__init__(f, m=1)
+
+
+class Bulyan:
+    """Bulyan (El Mhamdi, Guerraoui, Rouault, "The Hidden Vulnerability of Distributed Learning
+    in Byzantium", ICML 2018) over Krum: select theta = n - 2f rows by repeatedly taking the
+    Krum winner of the remaining rows, then per coordinate average the beta = theta - 2f
+    selected values closest to the selection's median. Requires n >= 4f + 3."""
+
+    def __init__(self, f: Annotated[int, Ge(0)] = 0) -> None:
+        self.f = f
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        n, f = x.shape[0], self.f
+        self.check(n)
+        d2 = squared_distances(x)
+        alive = torch.ones(n, dtype=torch.bool)
+        chosen = []
+        for _ in range(n - 2 * f):
+            idx = torch.nonzero(alive).squeeze(1)
+            scores = krum_scores(d2[idx][:, idx], f)
+            win = int(idx[int(rank(scores, x[idx])[0])])
+            chosen.append(win)
+            alive[win] = False
+        sel = x[torch.tensor(sorted(chosen))]
+        return mean_around_median(sel, n - 4 * f)
+
+    def check(self, n: int) -> None:
+        _require(n >= 4 * self.f + 3, f"f: Bulyan needs n >= 4f + 3; n = {n} allows f <= "
+                 f"{max((n - 3) // 4, 0)}, got {self.f}")
+
+
+class MinimumDiameterAveraging:
+    """Minimum diameter averaging (El Mhamdi, Guerraoui, Guirguis, Hoang, Rouault, "Genuinely
+    Distributed Byzantine Machine Learning", PODC 2020): the mean of the subset of n - f rows
+    whose largest pairwise distance is smallest.
+
+    Exact, by enumerating all C(n, f) subsets (vectorised in chunks); ``max_subsets`` bounds the
+    work and ``check`` rejects larger problems before a run starts.
+    """
+
+    def __init__(self, f: Annotated[int, Ge(0)] = 0,
+                 max_subsets: Annotated[int, Ge(1)] = 2_000_000) -> None:
+        self.f, self.max_subsets = f, max_subsets
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        self.check(n)
+        d2 = squared_distances(x)
+        best, best_val = None, math.inf
+        for s in _subsets(n, n - self.f):
+            diam = d2[s[:, :, None], s[:, None, :]].amax(dim=(1, 2))
+            i = int(torch.argmin(diam))
+            if float(diam[i]) < best_val or best is None:
+                best, best_val = s[i], float(diam[i])
+        return x[best].mean(dim=0)
+
+    def check(self, n: int) -> None:
+        _check_subsets(self.f, n, self.max_subsets, "MDA")
+
+
+class MoNNA:
+    """MoNNA (Farhadkhani, Guerraoui, Gupta, Hoang, Pinot, Stephan, "Robust Collaborative
+    Learning with Linear Gradient Overhead", ICML 2023): the mean of the n - f rows nearest to a
+    trusted reference row, row ``reference`` of the matrix (the peer's own vector in D-SGD).
+
+    Invariant only under permutations that keep the reference row in place.
+    """
+
+    def __init__(self, f: Annotated[int, Ge(0)] = 0, reference: Annotated[int, Ge(0)] = 0) -> None:
+        self.f, self.reference = f, reference
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        self.check(n)
+        d2 = squared_distances(x)[self.reference]
+        keep = rank(d2, x)[: n - self.f]
+        return x[keep].mean(dim=0)
+
+    def check(self, n: int) -> None:
+        _check_half(self.f, n)
+        _require(self.reference < n, f"reference: must be < n = {n}, got {self.reference}")
+
+
+# ---------------------------------------------------------------------------- spectral
+
+
+def _centred_gram(g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Gram matrix of the rows centred on their ``w``-weighted mean (``w`` sums to 1)."""
+    gw = g @ w
+    return g - gw[:, None] - gw[None, :] + (w @ gw)
+
+
+class CovarianceAgnosticFilter:
+    """Covariance-bound agnostic filter, CAF (Allouah, Guerraoui, Stephan, "Towards Trustworthy
+    Federated Learning with Untrusted Participants", ICML 2025).
+
+    Weights ``c = 1``; while ``sum c > n - 2f``: weighted mean ``mu_c``, top eigenpair
+    ``(lambda, v)`` of the weighted covariance, ``tau_i = ((x_i - mu_c) . v)^2``,
+    ``c_i <- c_i (1 - tau_i / max_j tau_j)``; return the ``mu_c`` of smallest ``lambda`` seen.
+
+    The eigenpair is exact, from the ``n x n`` weighted Gram matrix (the d x d covariance shares
+    its nonzero spectrum), where ByzFL runs one power iteration from a random vector.
+    """
+
+    def __init__(self, f: Annotated[int, Ge(0)] = 0) -> None:
+        self.f = f
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        self.check(n)
+        g, ok = gram(x)
+        c = ok.double()  # non-finite rows start with weight 0
+        best_lam, best_w = math.inf, None
+        while float(c.sum()) > n - 2 * self.f:
+            w = c / c.sum()
+            gc = _centred_gram(g, w)
+            sw = w.sqrt()
+            lam, u = torch.linalg.eigh(sw[:, None] * gc * sw[None, :])
+            lam_max, u_max = float(lam[-1]), u[:, -1]
+            if lam_max < best_lam:
+                best_lam, best_w = lam_max, w
+            if lam_max <= 0:
+                break
+            proj = gc @ (sw * u_max) / math.sqrt(lam_max)  # (x_i - mu_c) . v
+            tau = torch.where(c > 0, proj**2, torch.zeros((), dtype=torch.float64))
+            c = c * (1 - tau / tau.max())
+        if best_w is None:  # 2f = 0 and nothing to filter: the mean of the finite rows
+            best_w = c / c.sum()
+        w = best_w.to(x.dtype)
+        return (w[ok][:, None] * x[ok]).sum(dim=0)
+
+    def check(self, n: int) -> None:
+        _check_half(self.f, n)
+
+
+class SmallestMaxEigenvalueAveraging:
+    """Smallest maximum eigenvalue averaging, SMEA (Allouah, Guerraoui, Gupta, Pinot, Stephan,
+    "On the Privacy-Robustness-Utility Trilemma in Distributed Learning", ICML 2023): the mean
+    of the subset of n - f rows whose empirical covariance has the smallest top eigenvalue.
+
+    Exact: all C(n, f) subsets, each eigenvalue from its ``(n - f) x (n - f)`` centred Gram
+    matrix (batched ``eigvalsh``); ``max_subsets`` bounds the work.
+    """
+
+    def __init__(self, f: Annotated[int, Ge(0)] = 0,
+                 max_subsets: Annotated[int, Ge(1)] = 200_000) -> None:
+        self.f, self.max_subsets = f, max_subsets
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        self.check(n)
+        g, ok = gram(x)
+        k = n - self.f
+        h = torch.eye(k, dtype=torch.float64) - 1.0 / k
+        best, best_val = None, math.inf
+        for s in _subsets(n, k, chunk=4096):
+            gs = h @ g[s[:, :, None], s[:, None, :]] @ h
+            lam = torch.linalg.eigvalsh(gs)[:, -1] / k
+            lam = torch.where(ok[s].all(dim=1), lam, torch.full((), math.inf, dtype=torch.float64))
+            i = int(torch.argmin(lam))
+            if float(lam[i]) < best_val or best is None:
+                best, best_val = s[i], float(lam[i])
+        return x[best].mean(dim=0)
+
+    def check(self, n: int) -> None:
+        _check_subsets(self.f, n, self.max_subsets, "SMEA")
+
+
+class DivideAndConquer:
+    """Divide-and-conquer, DnC (Shejwalkar & Houmansadr, "Manipulating the Byzantine: Optimizing
+    Model Poisoning Attacks and Defenses for Federated Learning", NDSS 2021, Algorithm 3).
+
+    ``iterations`` times: sample ``subsample_dim`` coordinates without replacement, centre the
+    rows' sub-vectors, take the top right singular vector ``v``, score ``s_i = ((x_i - mu) . v)^2``
+    and keep the n - ``filter_frac`` * f rows of lowest score; return the mean of the rows kept in
+    every iteration. Defaults are the paper's (``filter_frac = 1``, b = 10,000 sampled
+    coordinates, 5 iterations was the authors' setting for large models).
+    """
+
+    RANDOM = True
+
+    def __init__(
+        self,
+        f: Annotated[int, Ge(0)] = 0,
+        iterations: Annotated[int, Ge(1)] = 5,
+        subsample_dim: Annotated[int, Ge(1)] = 10_000,
+        filter_frac: Annotated[float, Ge(0)] = 1.0,
+    ) -> None:
+        self.f, self.iterations = f, iterations
+        self.subsample_dim, self.filter_frac = subsample_dim, filter_frac
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        n, d = x.shape
+        self.check(n)
+        ok = finite_rows(x)
+        keep_n = n - int(self.filter_frac * self.f)
+        good = ok.clone()
+        xs = torch.where(ok[:, None], x, torch.zeros((), dtype=x.dtype)).double()
+        for _ in range(self.iterations):
+            cols = torch.randperm(d, generator=generator)[: min(self.subsample_dim, d)]
+            sub = xs[:, cols]
+            mu = sub[ok].mean(dim=0)
+            c = torch.where(ok[:, None], sub - mu, torch.zeros((), dtype=torch.float64))
+            _, _, vh = torch.linalg.svd(c, full_matrices=False)
+            score = (c @ vh[0]) ** 2
+            score = torch.where(ok, score, torch.full((), math.inf, dtype=torch.float64))
+            kept = torch.zeros(n, dtype=torch.bool)
+            kept[torch.sort(score, stable=True).indices[:keep_n]] = True
+            good &= kept
+        if not bool(good.any()):
+            good = ok
+        return x[good].mean(dim=0)
+
+    def check(self, n: int) -> None:
+        _require(int(self.filter_frac * self.f) < n, f"f: filter_frac * f must be < n = {n}, "
+                 f"got {self.filter_frac:g} * {self.f}")
+
+
+# ---------------------------------------------------------------------------- stateful
+
+
+class CenteredClipping:
+    """Centered clipping (Karimireddy, He, Jaggi, "Learning from History for Byzantine Robust
+    Optimization", ICML 2021): from the previous aggregate ``v`` (zero at the start),
+    ``iterations`` times ``v <- v + (1/n) sum_i clip_tau(x_i - v)``.
+
+    The centre is the rule's state (``state_dict()``). A non-finite row contributes nothing
+    (its clipped difference has no direction); it still counts in the 1/n.
+    """
+
+    def __init__(self, tau: Annotated[float, Gt(0)] = 1.0,
+                 iterations: Annotated[int, Ge(1)] = 1) -> None:
+        self.tau, self.iterations = tau, iterations
+        self.centre: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        ok = finite_rows(x)
+        v = torch.zeros_like(x[0]) if self.centre is None else self.centre.to(x.dtype)
+        xs = torch.where(ok[:, None], x, torch.zeros((), dtype=x.dtype))
+        for _ in range(self.iterations):
+            diff = xs - v
+            norm = torch.linalg.vector_norm(diff, dim=1, keepdim=True)
+            scale = torch.clamp(self.tau / norm.clamp_min(torch.finfo(x.dtype).tiny), max=1.0)
+            scale = torch.where(ok[:, None], scale, torch.zeros((), dtype=x.dtype))
+            v = v + (diff * scale).sum(dim=0) / x.shape[0]
+        self.centre = v.clone()
+        return v
+
+    def check(self, n: int) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, torch.Tensor | None]:
+        return {"centre": None if self.centre is None else self.centre.clone()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor | None]) -> None:
+        c = state["centre"]
+        self.centre = None if c is None else c.clone()
+

@@ -1,26 +1,137 @@
-"""Pre-aggregators: ``(n, d)`` -> ``(m, d)``, applied in a chain before the aggregator."""
+"""Pre-aggregators: ``(n, d)`` -> ``(m, d)``, applied in a chain before the aggregator.
+
+Same contract as the aggregators: constructor arguments are the scenario keys, the input is
+never modified in place, ``RANDOM = True`` rules are called as ``rule(x, generator)``,
+``output_rows(n)`` says how many rows come out, ``check(n)`` validates against the rows in.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 import torch
-from annotated_types import Gt
+from annotated_types import Ge, Gt
+
+from strategies.aggregators import finite_rows, squared_distances
+
+
+def clip_rows(x: torch.Tensor, threshold: torch.Tensor | float) -> torch.Tensor:
+    """A copy of ``x`` with every row of norm above ``threshold`` rescaled to that norm.
+
+    A non-finite row has no direction to keep and becomes the zero row (norm 0 <= threshold).
+    """
+    ok = finite_rows(x)
+    xs = torch.where(ok[:, None], x, torch.zeros((), dtype=x.dtype))
+    norms = torch.linalg.vector_norm(xs, dim=1, keepdim=True)
+    th = torch.as_tensor(threshold, dtype=x.dtype)
+    scale = torch.clamp(th / norms.clamp_min(torch.finfo(x.dtype).tiny), max=1.0)
+    return xs * scale
 
 
 class StaticClipping:
-    """Rescale every row whose Euclidean norm exceeds ``c`` to norm ``c``.
-
-    Returns a new matrix: the input is never modified in place.
-    """
+    """Rescale every row whose Euclidean norm exceeds ``c`` to norm ``c``."""
 
     def __init__(self, c: Annotated[float, Gt(0)] = 1.0) -> None:
         self.c = c
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        norms = torch.linalg.vector_norm(x, dim=1, keepdim=True)
-        scale = torch.clamp(self.c / norms.clamp_min(torch.finfo(x.dtype).tiny), max=1.0)
-        return x * scale
+        return clip_rows(x, self.c)
 
     def output_rows(self, n: int) -> int:
         return n
+
+
+class AdaptiveRobustClipping:
+    """Adaptive robust clipping, ARC (Allouah, Guerraoui, Gupta, Jellouli, Rizk, Stephan,
+    "Boosting Robustness by Clipping Gradients in Distributed Learning", 2024): clip the
+    k = floor(2 (f/n) (n - f)) rows of largest norm to the norm of the (k+1)-th largest.
+
+    Unlike ByzFL's ``ARC`` (which writes into its argument) a new matrix is returned.
+    """
+
+    def __init__(self, f: Annotated[int, Ge(0)] = 0) -> None:
+        self.f = f
+
+    def clipped(self, n: int) -> int:
+        return math.floor(2 * self.f / n * (n - self.f)) if n else 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        self.check(n)
+        k = self.clipped(n)
+        if k == 0:
+            return x.clone()
+        norms = torch.linalg.vector_norm(x, dim=1)
+        norms = torch.where(torch.isfinite(norms), norms, torch.full((), math.inf, dtype=x.dtype))
+        threshold = torch.sort(norms).values[n - k - 1]
+        return clip_rows(x, threshold)
+
+    def check(self, n: int) -> None:
+        if not 2 * self.f < n:
+            raise ValueError(f"f: must be < n/2 = {n / 2:g}, got {self.f}")
+
+    def output_rows(self, n: int) -> int:
+        return n
+
+
+class NearestNeighborMixing:
+    """Nearest-neighbour mixing, NNM (Allouah, Farhadkhani, Guerraoui, Gupta, Pinot, Stephan,
+    "Fixing by Mixing: A Recipe for Optimal Byzantine ML under Heterogeneity", AISTATS 2023):
+    each row is replaced by the mean of its n - f nearest rows (itself included).
+
+    Computed as one ``(n, n) @ (n, d)`` product with the 0/1 neighbour matrix.
+    """
+
+    def __init__(self, f: Annotated[int, Ge(0)] = 0) -> None:
+        self.f = f
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        self.check(n)
+        d2 = squared_distances(x)
+        nn_idx = torch.sort(d2, dim=1, stable=True).indices[:, : n - self.f]
+        mix = torch.zeros((n, n), dtype=x.dtype)
+        mix.scatter_(1, nn_idx, 1.0 / (n - self.f))
+        ok = finite_rows(x)
+        # Zero the non-finite rows so that 0 * inf cannot leak into rows that do not use them;
+        # rows that do mix one (the non-finite rows themselves, which are their own nearest
+        # neighbour, and any row once more than f rows are non-finite) come out NaN, for the
+        # aggregator to discard.
+        xs = torch.where(ok[:, None], x, torch.zeros((), dtype=x.dtype))
+        out = mix @ xs
+        bad_used = (mix[:, ~ok] > 0).any(dim=1) if bool((~ok).any()) else None
+        if bad_used is not None and bool(bad_used.any()):
+            out[bad_used] = math.nan
+        return out
+
+    def check(self, n: int) -> None:
+        if not self.f < n:
+            raise ValueError(f"f: must be < n = {n}, got {self.f}")
+
+    def output_rows(self, n: int) -> int:
+        return n
+
+
+class Bucketing:
+    """Bucketing (Karimireddy, He, Jaggi, "Byzantine-Robust Learning on Heterogeneous Datasets
+    via Bucketing", ICLR 2022): shuffle the rows, return the means of consecutive buckets of
+    ``s`` rows (the last bucket holds the remainder), ceil(n / s) rows in all."""
+
+    RANDOM = True
+
+    def __init__(self, s: Annotated[int, Ge(1)] = 2) -> None:
+        self.s = s
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        n = x.shape[0]
+        perm = torch.randperm(n, generator=generator)
+        bucket = torch.empty(n, dtype=torch.int64)
+        bucket[perm] = torch.arange(n) // self.s
+        m = self.output_rows(n)
+        sums = torch.zeros((m, x.shape[1]), dtype=x.dtype).index_add_(0, bucket, x)
+        counts = torch.bincount(bucket, minlength=m).to(x.dtype)
+        return sums / counts[:, None]
+
+    def output_rows(self, n: int) -> int:
+        return math.ceil(n / self.s)

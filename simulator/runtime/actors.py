@@ -17,8 +17,10 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from simulator import registry
 from simulator.data import client_arrays
 from simulator.models import build_model
+from simulator.runtime.pipeline import Pipeline
 from simulator.scenario import instantiate
 from simulator.seeding import torch_generator
 
@@ -73,6 +75,7 @@ class ClientWorker:
         self.params = list(self.model.parameters())
         self.local = local
         self.seed = seed
+        self.num_classes = num_classes
 
     def _batches(self, n: int, g: torch.Generator) -> list[torch.Tensor]:
         bs = min(self.local["batch_size"], n)
@@ -88,12 +91,16 @@ class ClientWorker:
             out += [perm[i : i + bs] for i in range(0, n, bs)]
         return out
 
-    def train_client(self, round_: int, client: int, start: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """Local SGD of one client from ``start``; returns (update = local - start, mean loss)."""
+    def train_client(self, round_: int, client: int, start: torch.Tensor,
+                     poison: Any = None) -> tuple[torch.Tensor, float]:
+        """Local SGD of one client from ``start``; returns (update = local - start, mean loss).
+        ``poison`` is a data-poisoning attack whose ``poison_labels`` rewrites the labels."""
         vector_to_parameters(start.clone(), self.params)  # params become views of the copy
         lo, hi = int(self.offsets[client]), int(self.offsets[client + 1])
         x = torch.from_numpy(np.array(self.x[lo:hi]))
         y = torch.from_numpy(np.array(self.y[lo:hi]))
+        if poison is not None:
+            y = poison.poison_labels(y, self.num_classes)
         g = torch_generator(self.seed, "local", round_, client)
         opt = torch.optim.SGD(
             self.params,
@@ -114,14 +121,17 @@ class ClientWorker:
             update = parameters_to_vector(self.params) - start
         return update, total / max(len(batches), 1)
 
-    def train(self, round_: int, clients: list[int], global_params: np.ndarray) -> dict[str, Any]:
-        """Train ``clients`` from ``global_params``; rows of ``updates`` follow ``clients``."""
+    def train(self, round_: int, clients: list[int], global_params: np.ndarray,
+              poison: dict | None = None) -> dict[str, Any]:
+        """Train ``clients`` from ``global_params``; rows of ``updates`` follow ``clients``.
+        ``poison``: the spec of a data-poisoning attack these (Byzantine) clients run."""
         t0 = time.perf_counter()
+        attack = instantiate("attacks", poison) if poison else None
         start = torch.from_numpy(np.array(global_params, dtype=np.float32))
         updates = np.empty((len(clients), start.numel()), dtype=np.float32)
         losses = np.empty(len(clients), dtype=np.float64)
         for i, c in enumerate(clients):
-            u, losses[i] = self.train_client(round_, int(c), start)
+            u, losses[i] = self.train_client(round_, int(c), start, attack)
             updates[i] = u.numpy()
         return {
             "clients": np.asarray(clients, dtype=np.int64),
@@ -152,16 +162,24 @@ def stack_updates(
 class Adversary:
     """Produces the Byzantine rows of a round with the scenario's attack plugin."""
 
-    def __init__(self, attack_spec: dict, seed: int) -> None:
+    def __init__(self, attack_spec: dict, seed: int, scenario: dict | None = None) -> None:
         _single_thread()
-        self.attack = instantiate("attacks", attack_spec)
-        self.omniscient = bool(getattr(self.attack, "omniscient", False))
         self.seed = seed
+        self._round = 0
+        context = {}
+        if "aggregate" in getattr(registry.get("attacks", attack_spec["name"]), "CONTEXT", ()):
+            # Optimal attacks simulate the scenario's pipeline on a copy (stateful rules from
+            # the adversary's own, never-advanced state: it does not see the server's).
+            pipeline = Pipeline.from_scenario(scenario)
+            context["aggregate"] = lambda x: pipeline.simulate(x, self._round)
+        self.attack = instantiate("attacks", attack_spec, **context)
+        self.omniscient = bool(getattr(self.attack, "omniscient", False))
 
     def attack_rows(self, round_: int, f: int, order: list[int], d: int, *results: dict) -> np.ndarray:
         """``f`` Byzantine rows. ``results`` hold the honest updates of the round (omniscient
         attack) or the Byzantine clients' own honest updates, stacked in ``order``."""
         seen = torch.from_numpy(stack_updates(order, results, d))
+        self._round = round_
         rows = self.attack(seen, f, torch_generator(self.seed, "attack", round_))
         if tuple(rows.shape) != (f, d):
             raise ValueError(f"attack: returned shape {tuple(rows.shape)}, expected {(f, d)}")
@@ -183,9 +201,7 @@ class Server:
         seed = scenario["seeds"][0]
         self.model = build_model(scenario["model"], input_shape, num_classes, seed)
         self.x = parameters_to_vector(self.model.parameters()).detach().clone()
-        self.pre = [instantiate("preaggregators", s) for s in scenario["preaggregators"]]
-        self.aggregator = instantiate("aggregators", scenario["aggregator"])
-        self.meta = instantiate("meta", scenario["meta"]) if scenario.get("meta") else None
+        self.pipeline = Pipeline.from_scenario(scenario)
         self.optimizer = instantiate("optimizers", scenario["server"]["optimizer"])
         self.x_test, self.y_test, self.x_tr, self.y_tr = eval_data
 
@@ -195,14 +211,6 @@ class Server:
 
     def params(self) -> np.ndarray:
         return self.x.numpy().copy()
-
-    def aggregate(self, updates: torch.Tensor) -> torch.Tensor:
-        """The pipeline on an ``(n, d)`` matrix."""
-        for p in self.pre:
-            updates = p(updates)
-        if self.meta is not None:
-            return self.meta(updates, self.aggregator)
-        return self.aggregator(updates)
 
     def step(
         self, round_: int, honest_order: list[int], byzantine: np.ndarray | None, *results: dict
@@ -214,7 +222,7 @@ class Server:
         rows = honest if byzantine is None or len(byzantine) == 0 else torch.cat(
             [honest, torch.from_numpy(np.asarray(byzantine, dtype=np.float32))]
         )
-        agg = self.aggregate(rows)
+        agg = self.pipeline.aggregate(rows, round_)
         honest_mean = honest.mean(dim=0)
         finite = bool(torch.isfinite(agg).all())
         if finite:
@@ -235,6 +243,18 @@ class Server:
         acc, loss = evaluate_model(self.model, self.x_test, self.y_test)
         _, train_loss = evaluate_model(self.model, self.x_tr, self.y_tr)
         return {"test_accuracy": acc, "test_loss": loss, "train_loss": train_loss}
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Everything the server's future depends on: global model, optimizer state and the
+        state of stateful aggregation rules (centered clipping's centre, ...)."""
+        opt = self.optimizer.state_dict() if hasattr(self.optimizer, "state_dict") else {}
+        return {"x": self.x.clone(), "optimizer": opt, "pipeline": self.pipeline.state_dict()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.x = state["x"].clone()
+        if hasattr(self.optimizer, "load_state_dict"):
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.pipeline.load_state_dict(state["pipeline"])
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The global model as a torch state_dict (for the final-model artifact)."""
