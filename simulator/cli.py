@@ -137,8 +137,9 @@ def _run_point(point: RunPoint, backend, tracker, parent, tmp: Path, quiet, work
             try:
                 tmp.mkdir(parents=True, exist_ok=True)
                 tracker.log_artifact(run_id, write_metrics(rows, tmp / "metrics.parquet"))
-            except Exception:  # noqa: BLE001
-                pass
+            except Exception as e:  # noqa: BLE001 - the run's end must still be recorded
+                print(f"warning: could not log metrics.parquet for run {run_id}: {e}",
+                      file=sys.stderr)
         tracker.end(run_id, status)
 
 
@@ -153,7 +154,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     try:
         out = run_loaded(loaded, args.backend, args.address, args.tracking_uri, args.quiet, args.workers)
-    except Exception as e:  # noqa: BLE001 - data/plugin errors raised while building the run
+    except Exception as e:
         from simulator.data import DataError
 
         if isinstance(e, (DataError, ValueError)) and not isinstance(e, KeyError):

@@ -140,7 +140,7 @@ class Engine:
     def run(self, on_round: RoundCallback | None = None) -> RunResult:
         self._spawn()
         try:
-            self.dim = int(len(self.backend.get(self.backend.call(self.server, "params"))))
+            self.dim = len(self.backend.get(self.backend.call(self.server, "params")))
             rows, timings = [], []
             for r in range(self.sc.rounds):
                 m, t = self.run_round(r)

@@ -9,7 +9,7 @@ A scenario file can only name registered plugins: nothing in YAML is ever import
 from __future__ import annotations
 
 import difflib
-from functools import lru_cache
+from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -35,7 +35,7 @@ def _check_kind(kind: str) -> None:
         raise ValueError(f"unknown plugin kind {kind!r}; allowed: {', '.join(KINDS)}")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _entry_points(kind: str) -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=f"fedray.{kind}")}
 
@@ -52,7 +52,7 @@ def available(kind: str) -> list[str]:
     return sorted(_entry_points(kind))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _loaded(kind: str, name: str) -> Any:
     return _entry_points(kind)[name].load()
 
@@ -63,7 +63,7 @@ def unknown_message(kind: str, name: object) -> str:
     close = difflib.get_close_matches(str(name), names, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     allowed = ", ".join(names) if names else "none installed"
-    return f"unknown {kind[:-1] if kind.endswith('s') else kind} {name!r}{hint}; available: {allowed}"
+    return f"unknown {kind.removesuffix('s')} {name!r}{hint}; available: {allowed}"
 
 
 def get(kind: str, name: str) -> Any:

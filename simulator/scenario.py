@@ -14,10 +14,10 @@ Every error is one line, ``file:line: dotted.path: message``.
 from __future__ import annotations
 
 import copy
-import json
 import difflib
 import inspect
 import itertools
+import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,7 +265,7 @@ def _check_plugin(kind: str, spec: Any, loc: Loc, problems: list[Problem]) -> Pl
     name = spec.get("name")
     if not isinstance(name, str):
         problems.append(Problem(loc + ("name",), "required: the registered name of a "
-                                f"{kind[:-1] if kind.endswith('s') else kind}; available: "
+                                f"{kind.removesuffix('s')}; available: "
                                 f"{', '.join(registry.available(kind)) or 'none installed'}"))
         return None
     try:
@@ -374,9 +374,7 @@ _PLUGIN_DEFAULTS: dict[Loc, PluginSpec] = {
 
 def _get(d: Any, loc: Loc) -> Any:
     for p in loc:
-        if isinstance(d, dict) and p in d:
-            d = d[p]
-        elif isinstance(d, list) and isinstance(p, int) and p < len(d):
+        if isinstance(d, dict) and p in d or isinstance(d, list) and isinstance(p, int) and p < len(d):
             d = d[p]
         else:
             return None

@@ -359,7 +359,9 @@ class CovarianceAgnosticFilter:
 
     Weights ``c = 1``; while ``sum c > n - 2f``: weighted mean ``mu_c``, top eigenpair
     ``(lambda, v)`` of the weighted covariance, ``tau_i = ((x_i - mu_c) . v)^2``,
-    ``c_i <- c_i (1 - tau_i / max_j tau_j)``; return the ``mu_c`` of smallest ``lambda`` seen.
+    ``c_i <- c_i (1 - tau_i / max_j tau_j)``, the max over the points still weighted (as the
+    classical filter does, so every pass zeroes at least one weight and at most n passes run;
+    ByzFL's max also counts zeroed points); return the ``mu_c`` of smallest ``lambda`` seen.
 
     The eigenpair is exact, from the ``n x n`` weighted Gram matrix (the d x d covariance shares
     its nonzero spectrum), where ByzFL runs one power iteration from a random vector.

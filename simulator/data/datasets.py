@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated
 
 import numpy as np
-from annotated_types import Ge, Gt, Lt
+from annotated_types import Ge, Gt
 
 
 class DataError(ValueError):
@@ -32,7 +32,7 @@ class DatasetSplit:
 
 def _holdout(n: int, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     perm = rng.permutation(n)
-    n_test = int(round(n * test_fraction))
+    n_test = round(n * test_fraction)
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 

@@ -4,6 +4,7 @@ interface, so both run the same round loop."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, Protocol
 
@@ -105,10 +106,8 @@ class RayBackend:
 
     def release(self, handles: list[Any]) -> None:
         for h in handles:
-            try:
+            with contextlib.suppress(Exception):  # already dead is fine
                 self.ray.kill(h)
-            except Exception:  # noqa: BLE001 - already dead is fine
-                pass
 
     def shutdown(self) -> None:
         if self._owns and self.ray.is_initialized():

@@ -3,7 +3,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from simulator.engine import Engine, byzantine_clients, sample_clients
 from simulator.runtime.backend import InlineBackend

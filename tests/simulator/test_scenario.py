@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from simulator import scenario
 from simulator.scenario import ScenarioError, load
@@ -122,7 +123,7 @@ def test_plugin_params_model_from_signature():
 
     m = scenario.plugin_params_model(CoordinateWiseTrimmedMean)
     assert list(m.model_fields) == ["f"]
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         m.model_validate({"f": -1})
 
 
