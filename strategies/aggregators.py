@@ -10,12 +10,14 @@ rule (centered clipping) keeps its state in attributes exposed by ``state_dict()
 Conventions shared by every rule here:
 
 * the input matrix is never modified in place;
-* pairwise geometry (Krum, MDA, NNM, CAF, SMEA, ...) comes from one float64 Gram matrix of the
-  rows centred on their coordinate-wise median, so it costs one ``(n, d) x (d, n)`` product and
-  is translation invariant up to rounding;
-* a row with a NaN or infinite entry is at infinite distance from every other row, so
-  distance-based rules never select it while at most ``f`` rows are non-finite; coordinate-wise
-  rules sort NaN above every number and so trim it like a huge value.
+* pairwise geometry (Krum, Bulyan, MDA, NNM, CAF, SMEA, geometric median) comes from one Gram
+  matrix of the rows centred on the finite row of smallest norm: one float32 ``(n, d) x (d, n)``
+  product (as ``torch.cdist`` computes distances), then float64 on the small ``(n, n)`` side.
+  Centring on a data row keeps the cancellation error at the scale of the spread of the rows,
+  not of their norms, and makes the geometry translation invariant;
+* a row with a NaN or infinite entry (or a float32 norm that overflows) is at infinite distance
+  from every other row, so distance-based rules never select it while at most ``f`` rows are
+  non-finite; coordinate-wise rules sort NaN above every number and trim it like a huge value.
 """
 
 from __future__ import annotations
@@ -30,31 +32,55 @@ from annotated_types import Ge, Gt
 
 # ---------------------------------------------------------------------------- shared maths
 
+GRAM_BLOCK = 8192  # columns per block of the Gram product (measured: 1.5x faster than one block)
+
 
 def finite_rows(x: torch.Tensor) -> torch.Tensor:
-    """Boolean ``(n,)`` mask of the rows whose entries are all finite."""
-    return torch.isfinite(x).all(dim=1)
+    """Boolean ``(n,)`` mask of the rows whose entries, and Euclidean norm, are finite (one
+    pass: a NaN or infinite entry makes the norm NaN or infinite)."""
+    return torch.isfinite(torch.linalg.vector_norm(x, dim=1))
+
+
+def partition(x: torch.Tensor, kth: list[int]) -> torch.Tensor:
+    """``x`` partially sorted along the rows: each position in ``kth`` holds the value a full
+    sort would put there, with smaller values before it and larger after (NaN sorts last).
+    NumPy's introselect, about twice as fast as ``torch.sort`` along dim 0."""
+    return torch.from_numpy(np.partition(x.detach().cpu().numpy(), kth, axis=0))
 
 
 def coordinate_median(x: torch.Tensor) -> torch.Tensor:
     """Coordinate-wise median, the mean of the two middle values for even ``n`` (NaN sorts last)."""
     n = x.shape[0]
-    s = torch.sort(x, dim=0).values
     if n % 2 == 1:
-        return s[n // 2].clone()
+        return partition(x, [n // 2])[n // 2].clone()
+    s = partition(x, [n // 2 - 1, n // 2])
     return (s[n // 2 - 1] + s[n // 2]) / 2
 
 
+def mean_of_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Mean of the rows ``idx``: a weighted ``(n,) @ (n, d)`` product (no gathered copy) when
+    every row is finite, a gather otherwise (0 * inf would poison the product)."""
+    if bool(finite_rows(x).all()):
+        w = torch.zeros(x.shape[0], dtype=x.dtype)
+        w[idx] = 1.0 / len(idx)
+        return w @ x
+    return x[idx].mean(dim=0)
+
+
 def gram(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(G, ok)``: the float64 Gram matrix of the rows centred on the median of the finite rows
-    (non-finite rows replaced by zero in ``G``) and the finite-row mask."""
-    ok = finite_rows(x)
-    y = torch.where(ok[:, None], x, torch.zeros((), dtype=x.dtype))
-    if bool(ok.any()):
-        y = y - coordinate_median(x[ok])
-        y = torch.where(ok[:, None], y, torch.zeros((), dtype=x.dtype))
-    y = y.double()
-    g = y @ y.T
+    """``(G, ok)``: the Gram matrix (float64) of the rows centred on the finite row of smallest
+    norm, non-finite rows replaced by zero, and the finite-row mask."""
+    norms = torch.linalg.vector_norm(x, dim=1)
+    ok = torch.isfinite(norms)
+    if not bool(ok.any()):
+        return torch.zeros((x.shape[0], x.shape[0]), dtype=torch.float64), ok
+    ref = int(torch.argmin(torch.where(ok, norms, torch.full((), math.inf, dtype=norms.dtype))))
+    src = x if bool(ok.all()) else torch.where(ok[:, None], x, x[ref])  # bad rows -> 0 below
+    g = torch.zeros((x.shape[0], x.shape[0]), dtype=x.dtype)
+    for lo in range(0, x.shape[1], GRAM_BLOCK):  # centre block by block: stays in cache
+        y = src[:, lo : lo + GRAM_BLOCK] - x[ref, lo : lo + GRAM_BLOCK]
+        g.addmm_(y, y.T)
+    g = g.double()
     return (g + g.T) / 2, ok  # exactly symmetric: d(i, j) and d(j, i) are the same number
 
 
@@ -71,22 +97,38 @@ def squared_distances(x: torch.Tensor) -> torch.Tensor:
     return d
 
 
-def rank(scores: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Indices ordering ``scores`` ascending, exact ties broken by the rows' content (their
-    float64 sum, then their first entry) rather than their position, so that a selection does
-    not depend on the order of the clients."""
-    x64 = torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype)).double()
-    keys = (x64[:, 0].numpy(), x64.sum(dim=1).numpy(), scores.double().numpy())
-    return torch.from_numpy(np.lexsort(keys))
+def row_keys(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Content keys of the rows (their sum, then their first entry) for breaking exact ties."""
+    s = torch.nan_to_num(x.sum(dim=1).double(), nan=0.0)
+    return torch.nan_to_num(x[:, 0].double(), nan=0.0).numpy(), s.numpy()
+
+
+def rank(scores: torch.Tensor, keys: tuple[np.ndarray, np.ndarray]) -> torch.Tensor:
+    """Indices ordering ``scores`` ascending, exact ties broken by the rows' content
+    (``row_keys``) rather than their position, so that a selection does not depend on the
+    order of the clients."""
+    return torch.from_numpy(np.lexsort((*keys, scores.double().numpy())))
 
 
 def mean_around_median(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Per coordinate, the mean of the ``k`` values closest to the coordinate-wise median."""
-    med = coordinate_median(x)
-    dev = (x - med).abs()
-    dev = torch.where(torch.isnan(dev), torch.full((), math.inf, dtype=x.dtype), dev)
-    idx = torch.sort(dev, dim=0, stable=True).indices[:k]
-    return torch.gather(x, 0, idx).mean(dim=0)
+    """Per coordinate, the mean of the ``k`` values closest to the coordinate-wise median.
+
+    Those values are a window of ``k`` consecutive values in sorted order: among the n - k + 1
+    windows, the one whose farthest value from the median is nearest (one sort, one cumulative
+    sum; ties go to the lower window)."""
+    n = x.shape[0]
+    s = torch.sort(x, dim=0).values
+    med = s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+    lo, hi = s[: n - k + 1], s[k - 1 :]
+    cost = torch.maximum(med - lo, hi - med)
+    cost = torch.nan_to_num(cost, nan=math.inf)
+    start = torch.argmin(cost, dim=0, keepdim=True)
+    # non-finite values lie outside every window of finite cost: zero them so that the running
+    # sums stay finite
+    sf = torch.nan_to_num(s.double(), nan=0.0, posinf=0.0, neginf=0.0)
+    c = torch.cat([torch.zeros_like(sf[:1]), sf.cumsum(dim=0)])
+    window = torch.gather(c, 0, start + k) - torch.gather(c, 0, start)
+    return (window[0] / k).to(x.dtype)
 
 
 def krum_scores(d2: torch.Tensor, f: int) -> torch.Tensor:
@@ -164,7 +206,9 @@ class CoordinateWiseTrimmedMean:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
         self.check(n)
-        s = torch.sort(x, dim=0).values
+        if self.f == 0:
+            return x.mean(dim=0)
+        s = partition(x, [self.f - 1, n - self.f])  # rows f..n-f-1 are the middle values
         return s[self.f : n - self.f].mean(dim=0)
 
     def check(self, n: int) -> None:
@@ -195,8 +239,12 @@ class GeometricMedian:
 
     ``z <- sum_i w_i x_i / sum_i w_i`` with ``w_i = 1 / max(nu, ||x_i - z||)``, at most
     ``iterations`` times, stopping when ``||z_new - z|| <= tol * ||z||``. ``init`` is the
-    starting point: the coordinate-wise median (default; translation equivariant), the mean, or
-    zero (ByzFL's choice). Non-finite rows get weight 0.
+    starting point: the mean (default, as RFA's code), the coordinate-wise median, or zero
+    (ByzFL's choice). Non-finite rows get weight 0.
+
+    Every iterate after the first is a weighted average of the rows, so the iterations run on
+    the ``n x n`` Gram matrix (distances ``||x_i - z||^2 = G_ii - 2 (G a)_i + a'Ga`` for
+    ``z = X'a``) and the ``(n, d)`` matrix is read once more at the end.
     """
 
     def __init__(
@@ -204,25 +252,47 @@ class GeometricMedian:
         nu: Annotated[float, Gt(0)] = 1e-6,
         iterations: Annotated[int, Ge(1)] = 100,
         tol: Annotated[float, Ge(0)] = 1e-6,
-        init: Literal["median", "mean", "zero"] = "median",
+        init: Literal["mean", "median", "zero"] = "mean",
     ) -> None:
         self.nu, self.iterations, self.tol, self.init = nu, iterations, tol, init
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        xs = x[finite_rows(x)]
-        if xs.shape[0] == 0:
+        ok = finite_rows(x)
+        xs = x if bool(ok.all()) else x[ok]
+        m = xs.shape[0]
+        if m == 0:
             return torch.full_like(x[0], math.nan)
-        z = {"median": coordinate_median, "mean": lambda a: a.mean(dim=0),
-             "zero": lambda a: torch.zeros_like(a[0])}[self.init](xs)
-        for _ in range(self.iterations):
-            dist = torch.linalg.vector_norm(xs - z, dim=1)
-            w = 1.0 / dist.clamp_min(self.nu)
-            new = (w[:, None] * xs).sum(dim=0) / w.sum()
-            step = float(torch.linalg.vector_norm(new - z))
-            z = new
-            if step <= self.tol * float(torch.linalg.vector_norm(z)):
-                break
-        return z
+        g, _ = gram(xs)
+        # ||z|| for the stopping rule: z = c + Y'a with c the centring row, so
+        # ||z||^2 = ||c||^2 + 2 a'(Y c) + a'Ga
+        c_idx = int(torch.argmin(torch.linalg.vector_norm(xs, dim=1)))
+        c = xs[c_idx]
+        yc = (xs @ c).double() - float(c.double() @ c.double())
+        cc = float(c.double() @ c.double())
+        left = self.iterations
+        if self.init == "mean":
+            a = torch.full((m,), 1.0 / m, dtype=torch.float64)
+        else:
+            z0 = coordinate_median(xs) if self.init == "median" else torch.zeros_like(xs[0])
+            a = self._weights(torch.linalg.vector_norm(xs - z0, dim=1).double())
+            left -= 1
+        diag = torch.diagonal(g)
+        for _ in range(left):
+            ga = g @ a
+            dist = (diag - 2 * ga + a @ ga).clamp_min(0).sqrt()
+            new = self._weights(dist)
+            delta = new - a
+            step = float((delta @ g @ delta).clamp_min(0).sqrt())
+            a = new
+            if self.tol > 0:
+                norm_z = math.sqrt(max(cc + 2 * float(a @ yc) + float(a @ g @ a), 0.0))
+                if step <= self.tol * norm_z:
+                    break
+        return (a.to(xs.dtype) @ xs).to(x.dtype)
+
+    def _weights(self, dist: torch.Tensor) -> torch.Tensor:
+        w = 1.0 / dist.clamp_min(self.nu)
+        return w / w.sum()
 
     def check(self, n: int) -> None:
         return None
@@ -246,8 +316,8 @@ class MultiKrum:
         n = x.shape[0]
         self.check(n)
         scores = krum_scores(squared_distances(x), self.f)
-        best = rank(scores, x)[: self._m(n)]
-        return x[best].mean(dim=0)
+        best = rank(scores, row_keys(x))[: self._m(n)]
+        return mean_of_rows(x, best)
 
     def check(self, n: int) -> None:
         _require(n > 2 * self.f + 2, f"f: Krum needs n > 2f + 2; n = {n} allows f <= "
@@ -276,12 +346,13 @@ class Bulyan:
         n, f = x.shape[0], self.f
         self.check(n)
         d2 = squared_distances(x)
+        k0, k1 = row_keys(x)
         alive = torch.ones(n, dtype=torch.bool)
         chosen = []
         for _ in range(n - 2 * f):
             idx = torch.nonzero(alive).squeeze(1)
             scores = krum_scores(d2[idx][:, idx], f)
-            win = int(idx[int(rank(scores, x[idx])[0])])
+            win = int(idx[int(rank(scores, (k0[idx.numpy()], k1[idx.numpy()]))[0])])
             chosen.append(win)
             alive[win] = False
         sel = x[torch.tensor(sorted(chosen))]
@@ -315,7 +386,7 @@ class MinimumDiameterAveraging:
             i = int(torch.argmin(diam))
             if float(diam[i]) < best_val or best is None:
                 best, best_val = s[i], float(diam[i])
-        return x[best].mean(dim=0)
+        return mean_of_rows(x, best)
 
     def check(self, n: int) -> None:
         _check_subsets(self.f, n, self.max_subsets, "MDA")
@@ -335,9 +406,11 @@ class MoNNA:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
         self.check(n)
-        d2 = squared_distances(x)[self.reference]
-        keep = rank(d2, x)[: n - self.f]
-        return x[keep].mean(dim=0)
+        diff = x - x[self.reference]
+        d2 = torch.linalg.vector_norm(diff, dim=1)
+        d2 = torch.where(finite_rows(x), d2, torch.full((), math.inf, dtype=d2.dtype))
+        keep = rank(d2, row_keys(x))[: n - self.f]
+        return mean_of_rows(x, keep)
 
     def check(self, n: int) -> None:
         _check_half(self.f, n)
@@ -425,7 +498,7 @@ class SmallestMaxEigenvalueAveraging:
             i = int(torch.argmin(lam))
             if float(lam[i]) < best_val or best is None:
                 best, best_val = s[i], float(lam[i])
-        return x[best].mean(dim=0)
+        return mean_of_rows(x, best)
 
     def check(self, n: int) -> None:
         _check_subsets(self.f, n, self.max_subsets, "SMEA")
@@ -474,7 +547,7 @@ class DivideAndConquer:
             good &= kept
         if not bool(good.any()):
             good = ok
-        return x[good].mean(dim=0)
+        return mean_of_rows(x, torch.nonzero(good).squeeze(1))
 
     def check(self, n: int) -> None:
         _require(int(self.filter_frac * self.f) < n, f"f: filter_frac * f must be < n = {n}, "
@@ -501,13 +574,13 @@ class CenteredClipping:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         ok = finite_rows(x)
         v = torch.zeros_like(x[0]) if self.centre is None else self.centre.to(x.dtype)
-        xs = torch.where(ok[:, None], x, torch.zeros((), dtype=x.dtype))
+        xs = x if bool(ok.all()) else torch.where(ok[:, None], x, torch.zeros((), dtype=x.dtype))
         for _ in range(self.iterations):
             diff = xs - v
-            norm = torch.linalg.vector_norm(diff, dim=1, keepdim=True)
+            norm = torch.linalg.vector_norm(diff, dim=1)
             scale = torch.clamp(self.tau / norm.clamp_min(torch.finfo(x.dtype).tiny), max=1.0)
-            scale = torch.where(ok[:, None], scale, torch.zeros((), dtype=x.dtype))
-            v = v + (diff * scale).sum(dim=0) / x.shape[0]
+            scale = torch.where(ok, scale, torch.zeros((), dtype=x.dtype))
+            v = v + (scale @ diff) / x.shape[0]
         self.centre = v.clone()
         return v
 

@@ -87,10 +87,14 @@ def alie_z(n: int, f: int) -> float:
 
 
 class ALittleIsEnough:
-    """A little is enough, ALIE (Baruch, Baruch, Goldberg, NeurIPS 2019): every Byzantine
-    client sends ``mu - z * sigma`` (per-coordinate honest mean and standard deviation, the
-    sample std with n - 1); ``z`` defaults to the paper's value from n (rows in the round) and f.
-    ByzFL's ``ALittleIsEnough(tau)`` sends ``mu + tau * sigma``: ours with ``z = -tau``."""
+    """A little is enough, ALIE (Baruch, Baruch, Goldberg, NeurIPS 2019, Algorithm 3): every
+    Byzantine client sends ``mu_j - z * sigma_j`` per coordinate, with the mean and the standard
+    deviation (1/n, as the paper defines it) of the honest updates; ``z`` defaults to the
+    paper's value from n (rows in the round) and f.
+
+    Where the peer differs, we follow the paper: ByzFL's ``ALittleIsEnough(tau)`` sends
+    ``mu + tau * sigma`` with the n - 1 sample std, which is ours with
+    ``z = -tau * sqrt(n / (n - 1))`` (tested)."""
 
     omniscient = True
 
@@ -99,7 +103,7 @@ class ALittleIsEnough:
 
     def __call__(self, honest: torch.Tensor, f: int, generator: torch.Generator) -> torch.Tensor:
         z = alie_z(honest.shape[0] + f, f) if self.z is None else self.z
-        return _repeat(honest.mean(dim=0) - z * honest.std(dim=0), f)
+        return _repeat(honest.mean(dim=0) - z * honest.std(dim=0, correction=0), f)
 
 
 class Mimic:
@@ -257,11 +261,12 @@ class OptimalIPM(_LineSearch):
 
 
 class OptimalALIE(_LineSearch):
-    """ALIE (``mu - z * sigma``) with z line-searched against the scenario's own aggregation
-    pipeline (as ByzFL's ``Optimal_ALittleIsEnough``, with ALIE's sign convention)."""
+    """ALIE (``mu - z * sigma``, the paper's sign and 1/n std) with z line-searched against the
+    scenario's own aggregation pipeline (as ByzFL's ``Optimal_ALittleIsEnough`` searches its
+    ``mu + tau * sigma``)."""
 
     def row(self, honest: torch.Tensor, f: int, scale: float) -> torch.Tensor:
-        return honest.mean(dim=0) - scale * honest.std(dim=0)
+        return honest.mean(dim=0) - scale * honest.std(dim=0, correction=0)
 
 
 class LabelFlip:

@@ -21,12 +21,13 @@ def clip_rows(x: torch.Tensor, threshold: torch.Tensor | float) -> torch.Tensor:
 
     A non-finite row has no direction to keep and becomes the zero row (norm 0 <= threshold).
     """
-    ok = finite_rows(x)
-    xs = torch.where(ok[:, None], x, torch.zeros((), dtype=x.dtype))
-    norms = torch.linalg.vector_norm(xs, dim=1, keepdim=True)
+    norms = torch.linalg.vector_norm(x, dim=1, keepdim=True)
+    ok = torch.isfinite(norms)
     th = torch.as_tensor(threshold, dtype=x.dtype)
     scale = torch.clamp(th / norms.clamp_min(torch.finfo(x.dtype).tiny), max=1.0)
-    return xs * scale
+    if bool(ok.all()):
+        return x * scale
+    return torch.where(ok, x, torch.zeros((), dtype=x.dtype)) * torch.where(ok, scale, 0.0)
 
 
 class StaticClipping:

@@ -1,22 +1,18 @@
 """Agreement with ByzFL 0.0.11 (EPFL's Byzantine-robust library), the reference implementation,
 on the rules both define the same way; and ByzFL's known in-place mutation, which ours avoid.
 
-ByzFL is installed by the Makefile with --no-deps (its torchvision requirement does not load
-beside the CPU build of torch used here); its aggregators and attacks need only numpy, torch
-and scipy. Its package __init__ also imports its training framework (torchvision), so the
-modules are loaded under a bare package object instead.
+ByzFL is installed by the Makefile with --no-deps; ``benchmarks/peers.py`` says why and how it
+is loaded.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
-import types
+import math
 
 import pytest
 import torch
 
+from benchmarks import peers
 from strategies import aggregators as A
 from strategies import attacks as K
 from strategies import preaggregators as P
@@ -24,21 +20,8 @@ from strategies import preaggregators as P
 
 @pytest.fixture(scope="module")
 def byzfl():
-    spec = importlib.util.find_spec("byzfl")
-    assert spec is not None, "byzfl missing: run `make install` (the Makefile installs it)"
-    saved = {k: v for k, v in sys.modules.items() if k == "byzfl" or k.startswith("byzfl.")}
-    pkg = types.ModuleType("byzfl")
-    pkg.__path__ = list(spec.submodule_search_locations)
-    sys.modules["byzfl"] = pkg
-    try:
-        agg = importlib.import_module("byzfl.aggregators")
-        att = importlib.import_module("byzfl.attacks")
-        names = {k: getattr(m, k) for m in (agg, att) for k in dir(m) if k[0].isupper()}
-        yield types.SimpleNamespace(**names)
-    finally:
-        for k in [k for k in sys.modules if k == "byzfl" or k.startswith("byzfl.")]:
-            del sys.modules[k]
-        sys.modules.update(saved)
+    with peers.byzfl() as lib:
+        yield lib
 
 
 def data(seed=0, n=11, d=30):
@@ -96,7 +79,8 @@ def test_attacks_agree_with_byzfl(byzfl):
     pairs = [
         (K.SignFlip(), byzfl.SignFlipping()),
         (K.InnerProductManipulation(2.0), byzfl.InnerProductManipulation(tau=2.0)),
-        (K.ALittleIsEnough(z=-1.5), byzfl.ALittleIsEnough(tau=1.5)),
+        # ALIE: ByzFL sends mu + tau * std(ddof=1); the paper mu - z * std(1/n)
+        (K.ALittleIsEnough(z=-1.5 * math.sqrt(9 / 8)), byzfl.ALittleIsEnough(tau=1.5)),
         (K.Mimic(3), byzfl.Mimic(epsilon=3)),
     ]
     for ours, theirs in pairs:
@@ -114,3 +98,25 @@ def test_optimal_ipm_agrees_with_byzfl(byzfl):
     theirs = byzfl.Optimal_InnerProductManipulation(
         agg=byzfl.Median(), pre_agg_list=[byzfl.Clipping(c=2.0)], f=3)(honest.clone())
     torch.testing.assert_close(ours[0], theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_alie_differs_from_byzfl_by_the_papers_sign_and_std(byzfl):
+    honest = data(8, n=9)
+    ours = K.ALittleIsEnough(z=1.5)(honest, 1, torch.Generator())[0]
+    theirs = byzfl.ALittleIsEnough(tau=1.5)(honest.clone())
+    mu = honest.mean(0)
+    # opposite side of the mean, and closer to it by the factor sqrt((n - 1) / n)
+    torch.testing.assert_close(mu - ours, (theirs - mu) * math.sqrt(8 / 9), rtol=1e-5, atol=1e-5)
+
+
+def test_robust_selections_agree_with_byzfl_when_the_outliers_are_clear(byzfl):
+    """Multi-Krum and SMEA agree with ByzFL where their definitions select the same rows (ByzFL
+    scores Krum over n - f - 1 neighbours and estimates SMEA's eigenvalues by one random power
+    iteration; ours follow the paper and are exact): two far outliers among eleven rows."""
+    for seed in range(3):
+        x = data(seed)
+        x[-2:] += 100.0
+        torch.testing.assert_close(A.MultiKrum(2)(x), byzfl.MultiKrum(f=2)(x.clone()),
+                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(A.SmallestMaxEigenvalueAveraging(2)(x),
+                                   byzfl.SMEA(f=2)(x.clone()), rtol=1e-5, atol=1e-5)
