@@ -93,9 +93,14 @@ def main() -> None:
         print(f"{'rule':36s} {'fedray s':>10s} {'ByzFL s':>10s} {'ratio':>7s}")
         for name, ours, theirs in cases:
             t_ours = timed(ours, x, a.repeat)
-            # ByzFL's clipping rules write into their argument: give them a copy
-            t_theirs = timed(lambda v: theirs(v.clone() if name in ("arc", "clipping") else v),
-                             x, max(1, a.repeat if name not in ("bulyan",) else 1))
+            # ByzFL's clipping rules write into their argument: they get a copy (timed), which
+            # is what using them safely costs
+            try:
+                t_theirs = timed(lambda v: theirs(v.clone() if name in ("arc", "clipping") else v),
+                                 x, 1 if name == "bulyan" else a.repeat)
+            except (RuntimeError, MemoryError) as e:  # ByzFL's NNM gathers an (n, n-f, d) copy
+                print(f"{name:36s} {t_ours:10.3f} {'failed':>10s} {'-':>7s}  ByzFL: {str(e)[:60]}")
+                continue
             print(f"{name:36s} {t_ours:10.3f} {t_theirs:10.3f} {t_ours / t_theirs:7.2f}")
         for name, ours in extra:
             print(f"{name:36s} {timed(ours, x, a.repeat):10.3f} {'-':>10s} {'-':>7s}")

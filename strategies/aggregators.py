@@ -208,6 +208,12 @@ class CoordinateWiseTrimmedMean:
         self.check(n)
         if self.f == 0:
             return x.mean(dim=0)
+        if bool(finite_rows(x).all()):
+            # sum minus the f largest and the f smallest, in float64 so that huge trimmed
+            # values cannot cancel the precision of the kept ones (faster than a sort)
+            hi = torch.topk(x, self.f, dim=0).values.sum(dim=0, dtype=torch.float64)
+            lo = torch.topk(x, self.f, dim=0, largest=False).values.sum(dim=0, dtype=torch.float64)
+            return ((x.sum(dim=0, dtype=torch.float64) - hi - lo) / (n - 2 * self.f)).to(x.dtype)
         s = partition(x, [self.f - 1, n - self.f])  # rows f..n-f-1 are the middle values
         return s[self.f : n - self.f].mean(dim=0)
 

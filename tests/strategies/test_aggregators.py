@@ -206,3 +206,27 @@ def test_mean_divergence_is_reported_by_the_server_metric(tmp_path):
     robust = Engine(load(p, ["aggregator={name: median}"]).points[0].scenario, InlineBackend()).run()
     assert [m["nonfinite_aggregate"] for m in robust.metrics] == [0.0] * 6
     assert robust.final("test_accuracy") > mean_run.final("test_accuracy") + 0.3
+
+
+def test_trimmed_mean_fast_path_keeps_precision_next_to_huge_rows():
+    g = torch.Generator().manual_seed(5)
+    x = torch.cat([torch.randn((9, 40), generator=g), torch.full((2, 40), 3e7)])
+    ref = torch.sort(x.double(), dim=0).values[2:9].mean(0).float()
+    torch.testing.assert_close(A.CoordinateWiseTrimmedMean(2)(x), ref, rtol=0, atol=1e-6)
+    y = x.clone()
+    y[-1, 0] = math.nan  # the partition path
+    torch.testing.assert_close(A.CoordinateWiseTrimmedMean(2)(y)[1:], ref[1:], rtol=0, atol=1e-6)
+
+
+def test_empirical_kappa_separates_mean_from_robust_rules_and_nnm_helps_krum():
+    from benchmarks.kappa import empirical_kappa
+
+    n, f, d = 11, 2, 20
+    mean_k, _ = empirical_kappa("mean", n, f, d, trials=2, with_nnm=False)
+    assert mean_k > 1e6
+    for name in ("median", "cwtm", "geomed", "multikrum", "meamed", "mda", "caf", "smea"):
+        k, attack = empirical_kappa(name, n, f, d, trials=2, with_nnm=False)
+        assert k < 2.0, (name, k, attack)
+    krum, _ = empirical_kappa("krum", n, f, d, trials=2, with_nnm=False)
+    krum_nnm, _ = empirical_kappa("krum", n, f, d, trials=2, with_nnm=True)
+    assert krum_nnm < krum
