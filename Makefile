@@ -28,3 +28,4 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/engine_overhead.py
+	$(PY) benchmarks/aggregators.py
