@@ -22,10 +22,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import peers  # noqa: E402
-from strategies import aggregators as A  # noqa: E402
-from strategies import meta as M  # noqa: E402
-from strategies import preaggregators as P  # noqa: E402
+from benchmarks import peers
+from strategies import aggregators as A
+from strategies import meta as M
+from strategies import preaggregators as P
 
 
 def timed(fn, x, repeat):
@@ -96,7 +96,8 @@ def main() -> None:
             # ByzFL's clipping rules write into their argument: they get a copy (timed), which
             # is what using them safely costs
             try:
-                t_theirs = timed(lambda v: theirs(v.clone() if name in ("arc", "clipping") else v),
+                copy = name in ("arc", "clipping")
+                t_theirs = timed(lambda v, t=theirs, c=copy: t(v.clone() if c else v),
                                  x, 1 if name == "bulyan" else a.repeat)
             except (RuntimeError, MemoryError) as e:  # ByzFL's NNM gathers an (n, n-f, d) copy
                 print(f"{name:36s} {t_ours:10.3f} {'failed':>10s} {'-':>7s}  ByzFL: {str(e)[:60]}")

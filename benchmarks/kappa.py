@@ -24,9 +24,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from simulator import registry  # noqa: E402
-from simulator.scenario import instantiate  # noqa: E402
-from strategies.preaggregators import NearestNeighborMixing  # noqa: E402
+from simulator import registry
+from simulator.scenario import instantiate
+from strategies.preaggregators import NearestNeighborMixing
 
 ATTACKS = ["sign_flip", "ipm", "foe", "alie", "min_max", "min_sum", "mimic", "gaussian",
            "optimal_alie", "optimal_ipm", "huge"]
