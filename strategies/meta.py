@@ -1,5 +1,6 @@
 """Meta-aggregators: wrap any aggregator ``A``; called as ``meta(x, A)`` with ``A`` a callable
-``(n, d) -> (d,)`` (the engine binds a random aggregator's generator before passing it)."""
+``(n, d) -> (d,)`` (the engine binds a random aggregator's generator before passing it); a
+random meta-aggregator (``RANDOM = True``) is called as ``meta(x, A, generator)``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from annotated_types import Ge
 
 from strategies.aggregators import finite_rows
+from strategies.preaggregators import Bucketing, NearestNeighborMixing
 
 
 class CenteredTrimmedMetaAggregator:
@@ -43,3 +45,32 @@ class CenteredTrimmedMetaAggregator:
     def check(self, n: int) -> None:
         if not 2 * self.f < n:
             raise ValueError(f"f: must be < n/2 = {n / 2:g}, got {self.f}")
+
+
+class NNMMeta:
+    """NNM as a meta-aggregator (Allouah et al., AISTATS 2023): ``A(NNM_f(x))``, the same number
+    as ``preaggregators: [{name: nnm, f}]`` before ``A`` (tested); offered under ``meta`` for
+    the papers that list it as one (Dahan & Levy 2024)."""
+
+    def __init__(self, f: Annotated[int, Ge(0)] = 0) -> None:
+        self.f = f
+
+    def __call__(self, x: torch.Tensor, aggregator) -> torch.Tensor:
+        return aggregator(NearestNeighborMixing(self.f)(x))
+
+    def check(self, n: int) -> None:
+        NearestNeighborMixing(self.f).check(n)
+
+
+class BucketingMeta:
+    """Bucketing as a meta-aggregator (Karimireddy, He, Jaggi, ICLR 2022): ``A`` applied to the
+    means of random buckets of ``s`` rows; the same number as ``preaggregators:
+    [{name: bucketing, s}]`` before ``A`` with the same generator."""
+
+    RANDOM = True
+
+    def __init__(self, s: Annotated[int, Ge(1)] = 2) -> None:
+        self.s = s
+
+    def __call__(self, x: torch.Tensor, aggregator, generator: torch.Generator) -> torch.Tensor:
+        return aggregator(Bucketing(self.s)(x, generator))

@@ -40,7 +40,11 @@ class Pipeline:
         for i, p in enumerate(self.pre):
             x = _bind(p, torch_generator(self.seed, "preaggregator", round_, i))(x)
         agg = _bind(self.aggregator, torch_generator(self.seed, "aggregator", round_))
-        return self.meta(x, agg) if self.meta is not None else agg(x)
+        if self.meta is None:
+            return agg(x)
+        if getattr(self.meta, "RANDOM", False):
+            return self.meta(x, agg, torch_generator(self.seed, "meta", round_))
+        return self.meta(x, agg)
 
     def simulate(self, x: torch.Tensor, round_: int) -> torch.Tensor:
         """``aggregate`` on a copy: the pipeline's own state does not move."""

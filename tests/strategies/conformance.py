@@ -20,7 +20,7 @@ PARAMS: dict[str, dict[str, dict]] = {
         "cc": {"tau": 10.0, "iterations": 3},
     },
     "preaggregators": {"nnm": {"f": F}, "arc": {"f": F}, "bucketing": {"s": 2}},
-    "meta": {"ctma": {"f": F}},
+    "meta": {"ctma": {"f": F}, "nnm": {"f": F}, "bucketing": {"s": 2}},
     "attacks": {},
 }
 

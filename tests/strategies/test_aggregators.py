@@ -230,3 +230,16 @@ def test_empirical_kappa_separates_mean_from_robust_rules_and_nnm_helps_krum():
     krum, _ = empirical_kappa("krum", n, f, d, trials=2, with_nnm=False)
     krum_nnm, _ = empirical_kappa("krum", n, f, d, trials=2, with_nnm=True)
     assert krum_nnm < krum
+
+
+def test_meta_equals_its_preaggregator_chain():
+    from strategies.meta import BucketingMeta, NNMMeta
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn((11, 8), generator=g)
+    med = A.CoordinateWiseMedian()
+    torch.testing.assert_close(NNMMeta(2)(x, med), med(P.NearestNeighborMixing(2)(x)))
+    b = BucketingMeta(2)(x, med, torch.Generator().manual_seed(1))
+    torch.testing.assert_close(b, med(P.Bucketing(2)(x, torch.Generator().manual_seed(1))))
+    # input untouched, and a different generator gives other buckets
+    assert not torch.equal(b, BucketingMeta(2)(x, med, torch.Generator().manual_seed(2)))
