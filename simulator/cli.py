@@ -185,7 +185,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 LIST_KINDS = ("aggregators", "preaggregators", "meta", "attacks", "topologies", "datasets",
-              "models", "optimizers", "partitioners")
+              "models", "optimizers", "client_optimizers", "partitioners")
 
 
 def cmd_list(args: argparse.Namespace) -> int:

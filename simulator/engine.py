@@ -78,6 +78,10 @@ class Engine:
         self.n_workers = workers or scenario.runtime.workers or backend.default_workers()
         self.data = load_data(scenario)
         self.byzantine = set(byzantine_clients(self.seed, scenario.clients.total, scenario.clients.byzantine).tolist())
+        # the aggregator's trimming parameter, to which each round's Byzantine count is compared
+        b = scenario.clients.b_hat
+        self.b_hat = int(b.value if b is not None and b.value is not None
+                         else scenario.aggregator.get("f", 0) or 0)
         self._handles: list[Any] = []
 
     def _spawn(self) -> None:
@@ -86,7 +90,7 @@ class Engine:
         local = sc.local.model_dump()
         self.workers = [
             b.spawn(ClientWorker, table_ref, data.offsets, data.input_shape, data.num_classes,
-                    sc.model, local, self.seed, role="worker")
+                    sc.model, local, self.seed, sc.client_rule(), role="worker")
             for _ in range(self.n_workers)
         ]
         eval_ref = b.put((data.x_test, data.y_test, data.x_train_eval, data.y_train_eval))
@@ -134,7 +138,9 @@ class Engine:
             metrics.update(b.get(eval_ref))
         timings = {k: metrics.pop(k) for k in list(metrics) if k.endswith("_seconds")}
         timings["round_seconds"] = time.perf_counter() - t0
-        metrics = {"sampled": float(len(sampled)), "byzantine_sampled": float(len(byz)), **metrics}
+        metrics = {"sampled": float(len(sampled)), "byzantine_sampled": float(len(byz)),
+                   "b_hat": float(self.b_hat),
+                   "byzantine_exceeded": float(len(byz) > self.b_hat), **metrics}
         return metrics, timings
 
     def run(self, on_round: RoundCallback | None = None) -> RunResult:

@@ -22,6 +22,7 @@ KINDS: tuple[str, ...] = (
     "datasets",
     "models",
     "optimizers",
+    "client_optimizers",
     "partitioners",
 )
 

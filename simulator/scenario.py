@@ -43,10 +43,27 @@ class Data(Strict):
     test_fraction: Annotated[float, Gt(0), Lt(1)] = 0.2
 
 
+class BHat(Strict):
+    """The trimming parameter ``b_hat`` told to every rule of the aggregation pipeline that
+    takes an ``f`` (pre-aggregators, aggregator, meta-aggregator): ``fixed`` (``value``), or
+    the smallest ``b_hat`` in [f s / n, s/2) whose per-round probability of being exceeded by
+    the sampled Byzantine clients is at most ``level``, from the KL bound of Allouah et al.
+    (ICML 2024) (``kl``) or the exact hypergeometric tail (``hypergeometric``). When no
+    ``b_hat`` below s/2 reaches the level the scenario is rejected, unless ``clamp`` asks for
+    the largest one, ceil(s/2) - 1 (for studies of small samples). The resolved scenario
+    carries the computed ``value``."""
+
+    rule: Literal["fixed", "kl", "hypergeometric"] = "fixed"
+    level: Annotated[float, Gt(0), Lt(1)] = 0.05
+    clamp: bool = False
+    value: Annotated[int, Ge(0)] | None = None
+
+
 class Clients(Strict):
     total: Annotated[int, Ge(1)]
     per_round: Annotated[int, Ge(1)] | None = None
     byzantine: Annotated[int, Ge(0)] = 0
+    b_hat: BHat | None = None
 
     @property
     def sampled(self) -> int:
@@ -54,9 +71,13 @@ class Clients(Strict):
 
 
 class Local(Strict):
-    """Local training of each sampled client in a round: ``epochs`` passes over its data or
-    ``steps`` minibatch steps (default: one epoch), plain SGD with optional momentum (reset
-    every round) and weight decay."""
+    """Local training of each sampled client in a round. ``optimizer`` is the client rule:
+    ``sgd`` (default) runs ``epochs`` passes over the client's data or ``steps`` minibatch
+    steps (default: one epoch) of SGD with ``lr``, optional ``momentum`` (reset every round)
+    and ``weight_decay``; gradient rules (``momentum``: worker momentum) take one minibatch
+    gradient per round and keep per-client state across rounds."""
+
+    optimizer: PluginSpec = {"name": "sgd"}
 
     epochs: Annotated[int, Ge(1)] | None = None
     steps: Annotated[int, Ge(1)] | None = None
@@ -99,6 +120,13 @@ class Scenario(Strict):
     evaluation: Evaluation = Evaluation()
     runtime: Runtime = Runtime()
     sweep: dict[str, list[Any]] = {}
+
+    def client_rule(self) -> tuple[str, PluginSpec]:
+        """(kind, spec) of the clients' rule: the server optimizer's client half when it has
+        one (mu2-SGD spans both sides), else ``local.optimizer``."""
+        if hasattr(registry.get("optimizers", self.server.optimizer["name"]), "client_rule"):
+            return "optimizers", self.server.optimizer
+        return "client_optimizers", self.local.optimizer
 
     def points(self) -> list[RunPoint]:
         """Every (sweep point, seed) of this scenario, each as a single-run scenario."""
@@ -308,6 +336,18 @@ def _cross_field(sc: Scenario, problems: list[Problem]) -> None:
                                 f"{c.byzantine}); available: {', '.join(registry.available('attacks'))}"))
     if sc.local.epochs is not None and sc.local.steps is not None:
         problems.append(Problem(("local", "steps"), "give local.epochs or local.steps, not both"))
+    kind, rule = sc.client_rule()
+    if kind == "optimizers" and sc.local.optimizer["name"] != "sgd":
+        problems.append(Problem(("local", "optimizer"), f"server.optimizer {rule['name']!r} "
+                                f"brings its own client half; remove local.optimizer, got "
+                                f"{sc.local.optimizer['name']!r}"))
+    elif getattr(instantiate(kind, rule) if kind == "client_optimizers" else None,
+                 "GRADIENT_RULE", kind == "optimizers"):
+        for key in ("steps", "epochs"):
+            if getattr(sc.local, key) not in (None, 1):
+                problems.append(Problem(("local", key), f"{rule['name']} takes one minibatch "
+                                        f"gradient per round; remove local.{key}, got "
+                                        f"{getattr(sc.local, key)}"))
     if len(set(sc.seeds)) != len(sc.seeds) or not sc.seeds:
         problems.append(Problem(("seeds",), f"must be a non-empty list of distinct integers, got {sc.seeds}"))
     n = min(c.sampled, c.total)
@@ -362,6 +402,7 @@ _PLUGIN_FIELDS: list[tuple[Loc, str]] = [
     (("meta",), "meta"),
     (("attack",), "attacks"),
     (("server", "optimizer"), "optimizers"),
+    (("local", "optimizer"), "client_optimizers"),
 ]
 
 
@@ -369,6 +410,7 @@ _PLUGIN_DEFAULTS: dict[Loc, PluginSpec] = {
     ("server", "optimizer"): {"name": "sgd"},
     ("data", "partitioner"): {"name": "iid"},
     ("aggregator",): {"name": "mean"},
+    ("local", "optimizer"): {"name": "sgd"},
 }
 
 
@@ -392,6 +434,72 @@ def set_path(d: dict, dotted: str, value: Any) -> None:
     cur[parts[-1]] = value
 
 
+def _trimmed_rules(raw: dict) -> list[tuple[Loc, dict]]:
+    """The pipeline's plugin blocks (location, spec) whose plugin takes an ``f``."""
+    blocks: list[tuple[Loc, str, Any]] = [
+        (("aggregator",), "aggregators", raw.get("aggregator", {"name": "mean"})),
+        (("meta",), "meta", raw.get("meta")),
+    ]
+    pre = raw.get("preaggregators")
+    if isinstance(pre, list):
+        blocks += [(("preaggregators", i), "preaggregators", p) for i, p in enumerate(pre)]
+    out = []
+    for loc, kind, spec in blocks:
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            continue
+        try:
+            cls = registry.get(kind, spec["name"])
+        except registry.UnknownPlugin:
+            continue
+        if "f" in plugin_params_model(cls).model_fields:
+            out.append((loc, spec))
+    return out
+
+
+def _apply_b_hat(raw: dict, problems: list[Problem]) -> dict:
+    """With ``clients.b_hat`` set: compute its value (rules ``kl``, ``hypergeometric``) and
+    write it as ``f`` into every pipeline rule that takes one. Returns the rewritten mapping
+    (``raw`` itself when there is nothing to do)."""
+    from strategies.subsampling import b_hat
+
+    clients = raw.get("clients")
+    if not isinstance(clients, dict) or not isinstance(clients.get("b_hat"), dict):
+        return raw
+    try:
+        c = Clients.model_validate(clients)
+    except ValidationError:
+        return raw  # reported by the structure pass
+    assert c.b_hat is not None
+    rule = c.b_hat.rule
+    if rule == "fixed":
+        if c.b_hat.value is None:
+            problems.append(Problem(("clients", "b_hat", "value"), "required with rule 'fixed'"))
+            return raw
+        value = c.b_hat.value
+    else:
+        s = min(c.sampled, c.total)
+        try:
+            value = b_hat(c.total, min(c.byzantine, c.total), s, rule, c.b_hat.level)
+        except ValueError as e:
+            if c.b_hat.clamp:
+                value = (s - 1) // 2
+            else:
+                problems.append(Problem(("clients", "b_hat") + _param_loc(e), _strip_param(e)))
+                return raw
+        if c.b_hat.value is not None and c.b_hat.value != value:
+            problems.append(Problem(("clients", "b_hat", "value"), f"computed by rule {rule!r} "
+                                    f"(= {value} here); remove it, got {c.b_hat.value}"))
+            return raw
+    out = copy.deepcopy(raw)
+    out["clients"]["b_hat"] = {**clients["b_hat"], "value": value}
+    for loc, spec in _trimmed_rules(out):
+        if "f" in spec and spec["f"] != value:
+            problems.append(Problem(loc + ("f",), f"set by clients.b_hat (= {value}); remove "
+                                    f"it, got {spec['f']!r}"))
+        spec["f"] = value
+    return out
+
+
 def validate_point(raw: dict) -> Scenario:
     """Validate one scenario mapping (no sweep expansion); raises ScenarioError."""
     if not isinstance(raw, dict):
@@ -401,6 +509,8 @@ def validate_point(raw: dict) -> Scenario:
         Scenario.model_validate(raw)
     except ValidationError as e:
         problems += _pydantic_problems(e, Scenario)
+    b_hat_problems: list[Problem] = []
+    raw = _apply_b_hat(raw, b_hat_problems)
     # plugin blocks are validated even when other parts of the structure failed
     resolved = copy.deepcopy(raw)
     for loc, kind in _PLUGIN_FIELDS:
@@ -422,6 +532,7 @@ def validate_point(raw: dict) -> Scenario:
             out = _check_plugin("preaggregators", spec, ("preaggregators", i), problems)
             if out is not None:
                 resolved["preaggregators"][i] = out
+    problems += b_hat_problems
     if problems:
         raise ScenarioError(problems)
     sc = Scenario.model_validate(resolved)

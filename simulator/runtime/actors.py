@@ -66,6 +66,7 @@ class ClientWorker:
         model_spec: dict,
         local: dict,
         seed: int,
+        client_rule: tuple[str, dict] = ("client_optimizers", {"name": "sgd"}),
     ) -> None:
         _single_thread()
         self.x, self.y = client_arrays(table, tuple(input_shape))
@@ -76,6 +77,12 @@ class ClientWorker:
         self.local = local
         self.seed = seed
         self.num_classes = num_classes
+        rule = instantiate(*client_rule)
+        if client_rule[0] == "optimizers":  # a server optimizer spanning both sides
+            rule = rule.client_rule()
+        # a gradient rule computes the message from minibatch gradients (None: local SGD)
+        self.rule = rule if getattr(rule, "GRADIENT_RULE", False) else None
+        self.client_state: dict[int, dict] = {}  # per-client state of the gradient rule
 
     def _batches(self, n: int, g: torch.Generator) -> list[torch.Tensor]:
         bs = min(self.local["batch_size"], n)
@@ -102,6 +109,8 @@ class ClientWorker:
         if poison is not None:
             y = poison.poison_labels(y, self.num_classes)
         g = torch_generator(self.seed, "local", round_, client)
+        if self.rule is not None:
+            return self._rule_message(round_, client, start, x, y, g)
         opt = torch.optim.SGD(
             self.params,
             lr=self.local["lr"],
@@ -120,6 +129,32 @@ class ClientWorker:
         with torch.no_grad():
             update = parameters_to_vector(self.params) - start
         return update, total / max(len(batches), 1)
+
+    def _gradient(self, params: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor
+                  ) -> tuple[torch.Tensor, float]:
+        """(gradient of the minibatch loss + weight decay, loss) at the flat ``params``."""
+        vector_to_parameters(params.clone(), self.params)
+        for p in self.params:
+            p.grad = None
+        loss = nn.functional.cross_entropy(self.model(xb), yb)
+        loss.backward()
+        grad = torch.cat([p.grad.reshape(-1) for p in self.params])
+        if self.local["weight_decay"]:
+            grad = grad + self.local["weight_decay"] * params
+        return grad, float(loss.detach())
+
+    def _rule_message(self, round_: int, client: int, start: torch.Tensor, x: torch.Tensor,
+                      y: torch.Tensor, g: torch.Generator) -> tuple[torch.Tensor, float]:
+        """A gradient rule's message: one minibatch (the first of the round's permutation),
+        every gradient the rule asks for taken on it; the client's state advances."""
+        idx = torch.randperm(len(y), generator=g)[: self.local["batch_size"]]
+        xb, yb = x[idx], y[idx]
+        self.model.train()
+        message, state, loss = self.rule.client_message(
+            round_, start, lambda p: self._gradient(p, xb, yb), self.client_state.get(client, {}),
+            self.local["lr"])
+        self.client_state[client] = state
+        return message.detach(), loss
 
     def train(self, round_: int, clients: list[int], global_params: np.ndarray,
               poison: dict | None = None) -> dict[str, Any]:

@@ -3,10 +3,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
+import torch
 
 from simulator.engine import Engine, byzantine_clients, sample_clients
 from simulator.runtime.backend import InlineBackend
-from simulator.scenario import load
+from simulator.scenario import ScenarioError, load
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,3 +115,63 @@ def test_nonfinite_aggregate_is_reported_and_model_kept(tmp_path):
 def test_eval_every_k_rounds_and_last(tmp_path):
     res = Engine(point(tmp_path, overrides=["rounds=5", "evaluation.every=2"]), InlineBackend()).run()
     assert ["test_accuracy" in m for m in res.metrics] == [False, True, False, True, True]
+
+
+def test_b_hat_and_exceeded_are_logged_per_round(tmp_path):
+    sc = point(tmp_path, overrides=["rounds=12", "clients.byzantine=3", "clients.per_round=5",
+                                    "attack={name: sign_flip}", "aggregator={name: cwtm}",
+                                    "clients.b_hat={rule: fixed, value: 1}"])
+    res = Engine(sc, InlineBackend()).run()
+    assert all(m["b_hat"] == 1.0 for m in res.metrics)
+    assert [m["byzantine_exceeded"] for m in res.metrics] == \
+        [float(m["byzantine_sampled"] > 1) for m in res.metrics]
+    counts = {m["byzantine_sampled"] for m in res.metrics}
+    assert len(counts) > 1 and max(counts) >= 2  # hypergeometric: the count varies by round
+
+
+def test_worker_momentum_state_stays_with_its_client(tmp_path):
+    """Per-client momentum lives in the worker owning the client, so the number of workers
+    does not change a number; and it is not reset between rounds."""
+    over = ["rounds=4", "clients.per_round=12", "local.steps=1",
+            "local.optimizer={name: momentum, beta: 0.9}"]
+    one = Engine(point(tmp_path, overrides=over), InlineBackend(), workers=1).run()
+    three = Engine(point(tmp_path, overrides=over), InlineBackend(), workers=3).run()
+    assert one.metrics == three.metrics
+    # beta = 0 is plain SGD on one minibatch: the runs part after the first round
+    zero = Engine(point(tmp_path, overrides=over[:3] + ["local.optimizer={name: momentum, beta: 0}"]),
+                  InlineBackend()).run()
+    eng = Engine(point(tmp_path, overrides=over), InlineBackend())
+    eng._spawn()
+    x0 = eng.server.params()
+    res = eng.workers[0].train(0, [0], x0)
+    # first round: m_1 = (1 - beta) g, message -lr m_1 = -0.2 * 0.1 * g
+    g, _ = eng.workers[0]._gradient(torch.from_numpy(x0), *_first_batch(eng, 0, 0))
+    np.testing.assert_allclose(res["updates"][0], -0.2 * 0.1 * g.numpy(), rtol=1e-5, atol=1e-7)
+    assert zero.metrics[0]["aggregate_norm"] == pytest.approx(10 * one.metrics[0]["aggregate_norm"], rel=1e-5)
+    assert zero.metrics[1]["aggregate_norm"] != pytest.approx(10 * one.metrics[1]["aggregate_norm"], rel=1e-3)
+
+
+def _first_batch(eng, round_, client):
+    from simulator.seeding import torch_generator
+
+    w = eng.workers[0]
+    lo, hi = int(w.offsets[client]), int(w.offsets[client + 1])
+    idx = torch.randperm(hi - lo, generator=torch_generator(eng.seed, "local", round_, client))[:16]
+    return (torch.from_numpy(np.array(w.x[lo:hi]))[idx], torch.from_numpy(np.array(w.y[lo:hi]))[idx])
+
+
+def test_mu2sgd_runs_the_same_on_any_number_of_workers_and_learns(tmp_path):
+    over = ["rounds=30", "clients.per_round=12", "local.steps=1",
+            "server.optimizer={name: mu2sgd, lr: 0.02}",
+            "evaluation.every=30"]
+    one = Engine(point(tmp_path, overrides=over), InlineBackend(), workers=1).run()
+    two = Engine(point(tmp_path, overrides=over), InlineBackend(), workers=2).run()
+    assert one.metrics == two.metrics
+    assert one.final("test_accuracy") > 0.8
+    with pytest.raises(ScenarioError) as e:
+        point(tmp_path, overrides=over + ["local.optimizer={name: momentum}"])
+    assert "local.optimizer: server.optimizer 'mu2sgd' brings its own client half" in e.value.lines[0]
+    with pytest.raises(ScenarioError) as e:
+        point(tmp_path, overrides=["local.optimizer={name: momentum}"])  # SMALL: local.steps 3
+    assert e.value.lines[0].endswith("local.steps: momentum takes one minibatch gradient per "
+                                     "round; remove local.steps, got 3")

@@ -131,3 +131,50 @@ def test_json_schema_lists_top_level_fields():
     schema = scenario.json_schema()
     for key in ("rounds", "data", "clients", "aggregator", "sweep", "seeds"):
         assert key in schema["properties"]
+
+
+B_HAT = """\
+name: t
+rounds: 3
+data:
+  dataset: {name: digits}
+model: {name: logreg}
+clients: {total: 30, per_round: 20, byzantine: 6, b_hat: {rule: hypergeometric, level: 0.05}}
+attack: {name: sign_flip}
+preaggregators: [{name: nnm}]
+aggregator: {name: cwtm}
+"""
+
+
+def test_b_hat_rule_sets_f_of_every_trimming_rule(tmp_path):
+    from strategies.subsampling import b_hat
+
+    p = tmp_path / "s.yaml"
+    p.write_text(B_HAT)
+    sc = load(p).scenario
+    expect = b_hat(30, 6, 20, "hypergeometric", 0.05)
+    assert expect == 6
+    assert sc.clients.b_hat.value == expect
+    assert sc.aggregator == {"name": "cwtm", "f": expect}
+    assert sc.preaggregators == [{"name": "nnm", "f": expect}]
+    kl = load(p, ["clients.b_hat.rule=kl"]).scenario
+    assert kl.aggregator["f"] == kl.clients.b_hat.value == 8
+
+
+def test_b_hat_errors_name_the_field(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text(B_HAT)
+    with pytest.raises(ScenarioError) as e:
+        load(p, ["aggregator={name: cwtm, f: 2}"])
+    assert e.value.lines == [f"{p}:9: aggregator.f: set by clients.b_hat (= 6); remove it, got 2"]
+    with pytest.raises(ScenarioError) as e:
+        load(p, ["clients.per_round=6"])
+    assert len(e.value.lines) == 1
+    assert e.value.lines[0].startswith(f"{p}:6: clients.b_hat.level: no b_hat < s/2 = 3 has")
+    clamped = load(p, ["clients.per_round=6", "clients.b_hat.clamp=true"]).scenario
+    assert clamped.aggregator["f"] == 2  # ceil(6/2) - 1
+    with pytest.raises(ScenarioError) as e:
+        load(p, ["clients.b_hat={rule: fixed}"])
+    assert e.value.lines == [f"{p}:6: clients.b_hat.value: required with rule 'fixed'"]
+    fixed = load(p, ["clients.b_hat={rule: fixed, value: 3}"]).scenario
+    assert fixed.aggregator["f"] == 3 and fixed.preaggregators[0]["f"] == 3
