@@ -1,8 +1,10 @@
-"""``fedray``: run | validate | list | ui."""
+"""``fedray``: run | sweep | validate | list | ui."""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import shutil
 import sys
@@ -47,6 +49,30 @@ def _commit() -> str:
     return _COMMIT[0]
 
 
+def _open_parent(loaded: LoadedScenario, backend: Any, tracker: Any, tmp: Path,
+                 extra_tags: dict[str, str] | None = None) -> str:
+    """The parent run of a scenario: tags, the resolved scenario as params, the scenario file
+    as given and resolved as artifacts."""
+    from simulator.tracking import flatten
+
+    sc = loaded.scenario
+    parent = tracker.create_run(sc.name, {**_tags(sc, backend), "fedray.kind": "scenario",
+                                          "sweep": ",".join(sc.sweep) or "none",
+                                          **(extra_tags or {})},
+                                description=sc.description)
+    tracker.log_params(parent, flatten(sc.model_dump(mode="json", exclude={"sweep"})) |
+                       {f"sweep.{k}": yaml.safe_dump(v, default_flow_style=True).strip()
+                        for k, v in sc.sweep.items()})
+    given = tmp / "given" / loaded.path.name
+    given.parent.mkdir(parents=True, exist_ok=True)
+    given.write_text(loaded.text)
+    tracker.log_artifact(parent, given, "scenario")
+    resolved = tmp / "resolved.yaml"
+    resolved.write_text(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False))
+    tracker.log_artifact(parent, resolved, "scenario")
+    return parent
+
+
 def run_loaded(
     loaded: LoadedScenario,
     backend_name: str | None = None,
@@ -56,61 +82,71 @@ def run_loaded(
     workers: int | None = None,
     ray_init: dict | None = None,
 ) -> dict[str, Any]:
-    """Run every point of a loaded scenario and track it in MLflow.
+    """Run every point of a loaded scenario, one after another, and track it in MLflow.
 
     Returns ``{"parent_run_id", "experiment_id", "tracking_uri", "runs": [{run_id, label,
     values, seed, final_test_accuracy}]}``.
     """
-    from simulator.engine import Engine
     from simulator.runtime.backend import make_backend
-    from simulator.tracking import Tracker, default_uri, flatten, write_metrics
+    from simulator.tracking import Tracker, default_uri
 
     sc = loaded.scenario
     backend = make_backend(backend_name or sc.runtime.backend, address, **(ray_init or {}))
     uri = tracking_uri or default_uri()
     tracker = Tracker(uri, sc.name)
-    base_tags = _tags(sc, backend)
-    parent = tracker.create_run(sc.name, {**base_tags, "fedray.kind": "scenario",
-                                          "sweep": ",".join(sc.sweep) or "none"},
-                                description=sc.description)
-    out: dict[str, Any] = {"parent_run_id": parent, "experiment_id": tracker.experiment_id,
-                           "tracking_uri": uri, "runs": []}
-    status = "FAILED"
+    status, parent = "FAILED", None
     try:
-        tracker.log_params(parent, flatten(sc.model_dump(mode="json", exclude={"sweep"})) |
-                           {f"sweep.{k}": yaml.safe_dump(v, default_flow_style=True).strip()
-                            for k, v in sc.sweep.items()})
         with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
-            given = Path(tmp) / "given" / loaded.path.name
-            given.parent.mkdir()
-            given.write_text(loaded.text)
-            tracker.log_artifact(parent, given, "scenario")
-            resolved = Path(tmp) / "resolved.yaml"
-            resolved.write_text(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False))
-            tracker.log_artifact(parent, resolved, "scenario")
+            parent = _open_parent(loaded, backend, tracker, Path(tmp))
+            out: dict[str, Any] = {"parent_run_id": parent, "experiment_id": tracker.experiment_id,
+                                   "tracking_uri": uri, "runs": []}
             for i, point in enumerate(loaded.points):
                 out["runs"].append(_run_point(point, backend, tracker, parent, Path(tmp) / str(i),
-                                              quiet, workers, Engine, flatten, write_metrics))
+                                              quiet, workers))
         status = "FINISHED"
         return out
     finally:
-        tracker.end(parent, status)
+        if parent is not None:
+            tracker.end(parent, status)
         backend.shutdown()
 
 
-def _run_point(point: RunPoint, backend, tracker, parent, tmp: Path, quiet, workers,
-               Engine, flatten, write_metrics) -> dict[str, Any]:
-    import torch
-
-    from simulator.progress import Progress
+def _open_child(point: RunPoint, backend: Any, tracker: Any, parent: str) -> str:
+    from simulator.tracking import flatten
 
     sc = point.scenario
     desc = sc.description + (f"\n\nSweep point: {point.values}" if point.values else "") + \
         f"\nSeed: {point.seed}"
     run_id = tracker.create_run(point.label, {**_tags(sc, backend), "seed": str(point.seed),
-                                              "fedray.kind": "point"},
+                                              "fedray.kind": "point",
+                                              "fedray.point_key": point_key(point)},
                                 parent_id=parent, description=desc.strip())
     tracker.log_params(run_id, flatten(sc.model_dump(mode="json", exclude={"sweep"})))
+    return run_id
+
+
+def _log_result(point: RunPoint, run_id: str, result: Any, tracker: Any, tmp: Path) -> None:
+    """A finished point's artifacts: metrics.parquet, the resolved scenario, the final model."""
+    import torch
+
+    from simulator.tracking import write_metrics
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    tracker.log_artifact(run_id, write_metrics(result.metrics, tmp / "metrics.parquet"))
+    (tmp / "scenario.yaml").write_text(yaml.safe_dump(point.scenario.model_dump(mode="json"),
+                                                      sort_keys=False))
+    tracker.log_artifact(run_id, tmp / "scenario.yaml")
+    torch.save(result.model_state, tmp / "model.pt")
+    tracker.log_artifact(run_id, tmp / "model.pt", "model")
+
+
+def _run_point(point: RunPoint, backend, tracker, parent, tmp: Path, quiet, workers) -> dict[str, Any]:
+    from simulator.engine import Engine
+    from simulator.progress import Progress
+    from simulator.tracking import write_metrics
+
+    sc = point.scenario
+    run_id = _open_child(point, backend, tracker, parent)
     progress = Progress(point.label, sc.rounds, quiet)
     status = "FAILED"
     rows: list[dict[str, float]] = []
@@ -123,12 +159,7 @@ def _run_point(point: RunPoint, backend, tracker, parent, tmp: Path, quiet, work
     try:
         engine = Engine(sc, backend, workers)
         result = engine.run(on_round)
-        tmp.mkdir(parents=True, exist_ok=True)
-        tracker.log_artifact(run_id, write_metrics(result.metrics, tmp / "metrics.parquet"))
-        (tmp / "scenario.yaml").write_text(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False))
-        tracker.log_artifact(run_id, tmp / "scenario.yaml")
-        torch.save(result.model_state, tmp / "model.pt")
-        tracker.log_artifact(run_id, tmp / "model.pt", "model")
+        _log_result(point, run_id, result, tracker, tmp)
         status = "FINISHED"
         return {"run_id": run_id, "label": point.label, "values": point.values, "seed": point.seed,
                 "final_test_accuracy": result.final("test_accuracy"), "workers": engine.n_workers}
@@ -141,6 +172,118 @@ def _run_point(point: RunPoint, backend, tracker, parent, tmp: Path, quiet, work
                 print(f"warning: could not log metrics.parquet for run {run_id}: {e}",
                       file=sys.stderr)
         tracker.end(run_id, status)
+
+
+# --------------------------------------------------------------------------- sweeps
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def point_key(point: RunPoint) -> str:
+    """Identity of a run point: a digest of its resolved single-seed scenario."""
+    return _digest(point.scenario.model_dump(mode="json"))
+
+
+def sweep_key(loaded: LoadedScenario) -> str:
+    """Identity of a sweep: a digest of the resolved scenario with its sweep and seeds."""
+    return _digest(loaded.scenario.model_dump(mode="json"))
+
+
+def _simulate(scenario: dict) -> Any:
+    """One point as a single-process simulation (the inline backend): a Ray task of a sweep."""
+    from simulator.engine import Engine
+    from simulator.runtime.backend import InlineBackend
+    from simulator.scenario import Scenario
+
+    return Engine(Scenario.model_validate(scenario), InlineBackend()).run()
+
+
+def run_sweep(
+    loaded: LoadedScenario,
+    address: str | None = None,
+    tracking_uri: str | None = None,
+    parallel: int | None = None,
+    fresh: bool = False,
+    ray_init: dict | None = None,
+) -> dict[str, Any]:
+    """Run a scenario's points several at a time, each a single-process simulation in a Ray
+    task of one CPU (at most ``parallel`` at once, default: the cluster's CPUs), and resume:
+    the parent run of an earlier sweep of the same resolved scenario is reused and its
+    FINISHED points are not run again (``fresh`` starts a new parent). Points that fail are
+    marked FAILED and the others go on.
+
+    Returns ``{"parent_run_id", "tracking_uri", "skipped": [labels], "runs": [...],
+    "failed": [labels]}``; each run as in ``run_loaded``.
+    """
+    from simulator.runtime.backend import RayBackend
+    from simulator.tracking import Tracker, default_uri
+
+    sc = loaded.scenario
+    backend = RayBackend(address, **(ray_init or {}))
+    ray = backend.ray
+    uri = tracking_uri or default_uri()
+    tracker = Tracker(uri, sc.name)
+    key = sweep_key(loaded)
+    out: dict[str, Any] = {"tracking_uri": uri, "skipped": [], "runs": [], "failed": []}
+    parent = None if fresh else tracker.find_run({"fedray.sweep_key": key, "fedray.kind": "scenario"})
+    try:
+        with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
+            done: set[str] = set()
+            if parent is None:
+                parent = _open_parent(loaded, backend, tracker, Path(tmp),
+                                      {"fedray.sweep_key": key})
+            else:
+                tracker.reopen(parent)
+                for child in tracker.children(parent):
+                    if child.info.status == "FINISHED":
+                        done.add(child.data.tags.get("fedray.point_key", ""))
+                    elif child.info.status == "RUNNING":  # left by a driver that died
+                        tracker.end(child.info.run_id, "KILLED")
+            out["parent_run_id"] = parent
+            todo = []
+            for point in loaded.points:
+                if point_key(point) in done:
+                    out["skipped"].append(point.label)
+                else:
+                    todo.append(point)
+            cap = max(1, min(parallel or backend.default_workers(), len(todo) or 1))
+            remote = ray.remote(num_cpus=1, max_retries=1)(_simulate)
+            pending: dict[Any, tuple[RunPoint, str]] = {}
+            queue = list(enumerate(todo))
+            print(f"sweep: {len(loaded.points)} points, {len(out['skipped'])} already finished, "
+                  f"running {len(todo)}, {cap} at a time", file=sys.stderr)
+            while queue or pending:
+                while queue and len(pending) < cap:
+                    _, point = queue.pop(0)
+                    run_id = _open_child(point, backend, tracker, parent)
+                    ref = remote.remote(point.scenario.model_dump(mode="json"))
+                    pending[ref] = (point, run_id)
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                point, run_id = pending.pop(ready[0])
+                try:
+                    result = ray.get(ready[0])
+                except Exception as e:  # noqa: BLE001 - one failed point does not stop the sweep
+                    print(f"{point.label}: FAILED ({type(e).__name__}: {str(e).splitlines()[0]})",
+                          file=sys.stderr)
+                    tracker.end(run_id, "FAILED")
+                    out["failed"].append(point.label)
+                    continue
+                tracker.log_history(run_id, result.metrics)
+                _log_result(point, run_id, result, tracker, Path(tmp) / run_id)
+                tracker.end(run_id, "FINISHED")
+                acc = result.final("test_accuracy")
+                out["runs"].append({"run_id": run_id, "label": point.label, "values": point.values,
+                                    "seed": point.seed, "final_test_accuracy": acc})
+                print(f"{point.label}: final test accuracy {acc:.4f}  (run {run_id}; "
+                      f"{len(out['runs']) + len(out['failed'])}/{len(todo)})", file=sys.stderr)
+        return out
+    finally:
+        if parent is not None:
+            tracker.end(parent, "FAILED" if out["failed"] or len(out["runs"]) + len(out["skipped"])
+                        < len(loaded.points) else "FINISHED")
+        backend.shutdown()
 
 
 # --------------------------------------------------------------------------- commands
@@ -168,6 +311,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     ui = "fedray ui" if args.tracking_uri is None and "MLFLOW_TRACKING_URI" not in os.environ else \
         f"fedray ui --tracking-uri {out['tracking_uri']}"
     print(f"open the MLflow UI with: {ui}   (then http://127.0.0.1:5000)")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    try:
+        loaded = load(args.scenario, args.set)
+    except ScenarioError as e:
+        print("\n".join(e.lines), file=sys.stderr)
+        return EXIT_INVALID
+    out = run_sweep(loaded, args.address, args.tracking_uri, args.parallel, args.fresh)
+    for r in out["runs"]:
+        print(f"{r['label']}: final test accuracy {r['final_test_accuracy']:.4f}  (run {r['run_id']})")
+    print(f"MLflow parent run: {out['parent_run_id']}  experiment: {loaded.scenario.name}  "
+          f"({len(out['runs'])} run, {len(out['skipped'])} already finished, "
+          f"{len(out['failed'])} failed)")
+    if out["failed"]:
+        print(f"failed: {', '.join(out['failed'])}; run the same command again to retry them",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -238,6 +400,18 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--workers", type=int, default=None, help="number of ClientWorker actors")
     r.add_argument("--quiet", action="store_true", help="plain progress lines, no bar")
     r.set_defaults(func=cmd_run)
+
+    w = sub.add_parser("sweep", help="run a scenario's sweep points in parallel on Ray; "
+                       "resumes a partly finished sweep of the same scenario")
+    w.add_argument("scenario")
+    w.add_argument("--parallel", type=int, default=None,
+                   help="simulations at once (default: the Ray cluster's CPUs)")
+    w.add_argument("--fresh", action="store_true",
+                   help="start a new parent run instead of resuming the last sweep")
+    w.add_argument("--address", default=None, help="an existing Ray cluster: auto or HOST:PORT")
+    w.add_argument("--tracking-uri", default=None)
+    w.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    w.set_defaults(func=cmd_sweep)
 
     v = sub.add_parser("validate", help="validate scenario files; exit 2 if any is invalid")
     v.add_argument("scenarios", nargs="+")

@@ -124,6 +124,32 @@ class Tracker:
                       f"{len(pending)} metric values kept for retry", file=sys.stderr)
             return False
 
+    def log_history(self, run_id: str, rows: list[dict[str, float]]) -> None:
+        """A whole run's per-round metrics (row i = step i), in batches of up to 1000 values."""
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        self._pending.setdefault(run_id, []).extend(
+            Metric(k, float(v), ts, step) for step, row in enumerate(rows) for k, v in row.items())
+        self.flush(run_id)
+
+    def find_run(self, tags: dict[str, str]) -> str | None:
+        """The most recent run of this experiment carrying every one of ``tags``."""
+        query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+        runs = self.client.search_runs([self.experiment_id], filter_string=query,
+                                       order_by=["attributes.start_time DESC"], max_results=1)
+        return runs[0].info.run_id if runs else None
+
+    def children(self, parent_id: str) -> list[Any]:
+        """Every child run of ``parent_id``."""
+        return self.client.search_runs(
+            [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'",
+            max_results=50_000)
+
+    def reopen(self, run_id: str) -> None:
+        """Mark a run RUNNING again (a resumed sweep goes on in the same parent run)."""
+        self.client.update_run(run_id, status="RUNNING")
+
     def log_artifact(self, run_id: str, path: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), artifact_path)
 

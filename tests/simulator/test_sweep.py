@@ -1,0 +1,66 @@
+"""``fedray sweep``: points in parallel as Ray tasks, one child run each, resumable."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from simulator.cli import point_key, run_sweep
+from simulator.engine import Engine
+from simulator.runtime.backend import InlineBackend
+from simulator.scenario import load
+
+SWEEP = """\
+name: par-sweep
+rounds: 3
+seeds: [0, 1]
+data:
+  dataset: {name: digits}
+model: {name: logreg}
+clients: {total: 10, per_round: 5, byzantine: 2}
+attack: {name: sign_flip}
+local: {steps: 2, batch_size: 16, lr: 0.2}
+sweep:
+  aggregator.name: [mean, median]
+"""
+
+
+def test_parallel_sweep_then_resume_runs_only_unfinished_points(tmp_path, mlflow_uri, shared_ray):
+    p = tmp_path / "sweep.yaml"
+    p.write_text(SWEEP)
+    loaded = load(p)
+    first = run_sweep(loaded, tracking_uri=mlflow_uri, parallel=2)
+    assert first["skipped"] == [] and first["failed"] == [] and len(first["runs"]) == 4
+    client = MlflowClient(mlflow_uri)
+    parent = first["parent_run_id"]
+    children = client.search_runs([client.get_experiment_by_name("par-sweep").experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+    assert sorted(r.data.tags["mlflow.runName"] for r in children) == [
+        "mean seed=0", "mean seed=1", "median seed=0", "median seed=1"]
+    assert all(r.info.status == "FINISHED" for r in children)
+    assert client.get_run(parent).info.status == "FINISHED"
+
+    # each child's numbers are those of the same point run alone, in this process
+    by_label = {pt.label: pt for pt in loaded.points}
+    for r in children:
+        alone = Engine(by_label[r.data.tags["mlflow.runName"]].scenario, InlineBackend()).run()
+        hist = client.get_metric_history(r.info.run_id, "test_accuracy")
+        assert [m.value for m in sorted(hist, key=lambda m: m.step)] == pytest.approx(
+            [m["test_accuracy"] for m in alone.metrics], abs=0)
+        byz = client.get_metric_history(r.info.run_id, "byzantine_sampled")
+        assert len(byz) == 3
+        assert r.data.tags["fedray.point_key"] == point_key(by_label[r.data.tags["mlflow.runName"]])
+
+    # one point "died": the next sweep of the same file runs it alone, in the same parent
+    victim = next(r for r in children if r.data.tags["mlflow.runName"] == "median seed=1")
+    client.set_terminated(victim.info.run_id, status="FAILED")
+    again = run_sweep(load(p), tracking_uri=mlflow_uri, parallel=2)
+    assert again["parent_run_id"] == parent
+    assert sorted(again["skipped"]) == ["mean seed=0", "mean seed=1", "median seed=0"]
+    assert [r["label"] for r in again["runs"]] == ["median seed=1"]
+    assert again["runs"][0]["final_test_accuracy"] == pytest.approx(
+        next(r for r in first["runs"] if r["label"] == "median seed=1")["final_test_accuracy"])
+    # an edited scenario is another sweep: a new parent, every point runs
+    other = run_sweep(load(p, ["rounds=2"]), tracking_uri=mlflow_uri, parallel=2)
+    assert other["parent_run_id"] != parent and len(other["runs"]) == 4
+    assert other["skipped"] == []
