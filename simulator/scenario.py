@@ -101,8 +101,9 @@ class Runtime(Strict):
 
 
 class Scenario(Strict):
-    """A whole experiment. ``sweep`` maps dotted paths to value lists (grid product);
-    every point runs once per entry of ``seeds``."""
+    """A whole experiment. ``sweep`` maps dotted paths to value lists (grid product; a key
+    ``"a.b, c.d"`` zips paths: its values are lists with one value per path); every point runs
+    once per entry of ``seeds``."""
 
     name: str = ""
     description: str = ""
@@ -542,6 +543,12 @@ def validate_point(raw: dict) -> Scenario:
     return sc
 
 
+def _sweep_parts(key: str) -> list[str]:
+    """The dotted paths of a sweep key: ``"local.steps, local.lr"`` zips two paths (each value
+    of that key is a list with one value per path); a plain key is one path."""
+    return [part.strip() for part in key.split(",")]
+
+
 def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
     """Validate a scenario mapping and expand its sweep grid x seeds into run points.
 
@@ -557,6 +564,12 @@ def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
     for k, v in sweep.items():
         if not isinstance(v, list) or not v:
             problems.append(Problem(("sweep", k), f"must be a non-empty list of values, got {v!r}"))
+            continue
+        width = len(_sweep_parts(k))
+        bad = [e for e in v if width > 1 and (not isinstance(e, list) or len(e) != width)]
+        if bad:
+            problems.append(Problem(("sweep", k), f"zips {width} paths: each value must be a "
+                                    f"list of {width} values, one per path, got {bad[0]!r}"))
     if problems:
         raise ScenarioError(problems)
     base_raw = {k: v for k, v in raw.items() if k != "sweep"}
@@ -568,7 +581,10 @@ def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
     for combo in itertools.product(*(sweep[k] for k in keys)) if keys else [()]:
         n_points += 1
         point = copy.deepcopy(base_raw)
-        values = dict(zip(keys, combo))
+        values: dict[str, Any] = {}
+        for k, v in zip(keys, combo):
+            parts = _sweep_parts(k)
+            values.update(zip(parts, v) if len(parts) > 1 else {k: v})
         for k, v in values.items():
             set_path(point, k, v)
         try:
@@ -577,8 +593,9 @@ def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
             where = ", ".join(f"{k}={_short(v)}" for k, v in values.items())
             for p in e.problems:
                 dotted = ".".join(map(str, p.loc))
-                p.sweep_key = next((k for k in keys if dotted == k or dotted.startswith(k + ".")
-                                    or k.startswith(dotted + ".")), None)
+                p.sweep_key = next((k for k in keys for part in _sweep_parts(k)
+                                    if dotted == part or dotted.startswith(part + ".")
+                                    or part.startswith(dotted + ".")), None)
                 per_point.setdefault((p.loc, p.message), []).append((p, where))
             continue
         base = base or sc

@@ -178,3 +178,19 @@ def test_b_hat_errors_name_the_field(tmp_path):
     assert e.value.lines == [f"{p}:6: clients.b_hat.value: required with rule 'fixed'"]
     fixed = load(p, ["clients.b_hat={rule: fixed, value: 3}"]).scenario
     assert fixed.aggregator["f"] == 3 and fixed.preaggregators[0]["f"] == 3
+
+
+def test_zipped_sweep_keys_vary_together(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text(BASE + "sweep:\n  'local.steps, local.lr': [[1, 0.4], [4, 0.1]]\n"
+                 "  aggregator.name: [mean, median]\n")
+    points = load(p).points
+    assert [(pt.scenario.local.steps, pt.scenario.local.lr, pt.scenario.aggregator["name"])
+            for pt in points] == [(1, 0.4, "mean"), (1, 0.4, "median"), (4, 0.1, "mean"),
+                                  (4, 0.1, "median")]
+    assert points[2].label == "steps=4 lr=0.1 mean seed=0"
+    p.write_text(BASE + "sweep:\n  'local.steps, local.lr': [[1, 0.4], [4]]\n")
+    with pytest.raises(ScenarioError) as e:
+        load(p)
+    assert e.value.lines == [f"{p}:8: sweep.local.steps, local.lr: zips 2 paths: each value "
+                             "must be a list of 2 values, one per path, got [4]"]
