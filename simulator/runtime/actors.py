@@ -263,10 +263,14 @@ class Server:
         if finite:
             self.x = self.optimizer.step(self.x, agg)
         losses = stack_updates(honest_order, results, 0, key="losses")
+        honest_norm = float(torch.linalg.vector_norm(honest_mean))
+        error = float(torch.linalg.vector_norm(agg - honest_mean)) if finite else float("inf")
         return {
-            "honest_update_norm": float(torch.linalg.vector_norm(honest_mean)),
+            "honest_update_norm": honest_norm,
             "aggregate_norm": float(torch.linalg.vector_norm(agg)) if finite else float("inf"),
-            "aggregation_error": float(torch.linalg.vector_norm(agg - honest_mean)) if finite else float("inf"),
+            "aggregation_error": error,
+            # the error due to Byzantine clients on the scale of the honest step
+            "relative_aggregation_error": error / honest_norm if honest_norm > 0 else float("nan"),
             "nonfinite_aggregate": 0.0 if finite else 1.0,
             "client_loss": float(losses.mean()) if len(losses) else float("nan"),
             "server_seconds": time.perf_counter() - t0,
