@@ -49,27 +49,39 @@ def _commit() -> str:
     return _COMMIT[0]
 
 
+def sweep_param(key: str) -> str:
+    """The MLflow param name of a sweep key (names cannot hold commas: the paths of a zipped
+    key are joined with ' / ')."""
+    return "sweep." + " / ".join(part.strip() for part in key.split(","))
+
+
 def _open_parent(loaded: LoadedScenario, backend: Any, tracker: Any, tmp: Path,
-                 extra_tags: dict[str, str] | None = None) -> str:
+                 final_tags: dict[str, str] | None = None) -> str:
     """The parent run of a scenario: tags, the resolved scenario as params, the scenario file
-    as given and resolved as artifacts."""
+    as given and resolved as artifacts; ``final_tags`` are set last, once all that is logged
+    (a sweep finds its parent by them). A failure marks the run FAILED and is raised."""
     from simulator.tracking import flatten
 
     sc = loaded.scenario
     parent = tracker.create_run(sc.name, {**_tags(sc, backend), "fedray.kind": "scenario",
-                                          "sweep": ",".join(sc.sweep) or "none",
-                                          **(extra_tags or {})},
+                                          "sweep": ",".join(sc.sweep) or "none"},
                                 description=sc.description)
-    tracker.log_params(parent, flatten(sc.model_dump(mode="json", exclude={"sweep"})) |
-                       {f"sweep.{k}": yaml.safe_dump(v, default_flow_style=True).strip()
-                        for k, v in sc.sweep.items()})
-    given = tmp / "given" / loaded.path.name
-    given.parent.mkdir(parents=True, exist_ok=True)
-    given.write_text(loaded.text)
-    tracker.log_artifact(parent, given, "scenario")
-    resolved = tmp / "resolved.yaml"
-    resolved.write_text(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False))
-    tracker.log_artifact(parent, resolved, "scenario")
+    try:
+        tracker.log_params(parent, flatten(sc.model_dump(mode="json", exclude={"sweep"})) |
+                           {sweep_param(k): yaml.safe_dump(v, default_flow_style=True).strip()
+                            for k, v in sc.sweep.items()})
+        given = tmp / "given" / loaded.path.name
+        given.parent.mkdir(parents=True, exist_ok=True)
+        given.write_text(loaded.text)
+        tracker.log_artifact(parent, given, "scenario")
+        resolved = tmp / "resolved.yaml"
+        resolved.write_text(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False))
+        tracker.log_artifact(parent, resolved, "scenario")
+        for k, v in (final_tags or {}).items():
+            tracker.client.set_tag(parent, k, v)
+    except BaseException:
+        tracker.end(parent, "FAILED")
+        raise
     return parent
 
 

@@ -192,5 +192,5 @@ def test_zipped_sweep_keys_vary_together(tmp_path):
     p.write_text(BASE + "sweep:\n  'local.steps, local.lr': [[1, 0.4], [4]]\n")
     with pytest.raises(ScenarioError) as e:
         load(p)
-    assert e.value.lines == [f"{p}:8: sweep.local.steps, local.lr: zips 2 paths: each value "
-                             "must be a list of 2 values, one per path, got [4]"]
+    assert e.value.lines == [(f"{p}:8: sweep.local.steps, local.lr: zips 2 paths: each value "
+                              "must be a list of 2 values, one per path, got [4]")]

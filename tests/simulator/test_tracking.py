@@ -58,6 +58,18 @@ def test_sweep_leaves_one_parent_and_four_children(tmp_path, mlflow_uri):
         assert acc == pytest.approx(by_id[r.info.run_id]["final_test_accuracy"])
 
 
+def test_zipped_sweep_is_tracked(tmp_path, mlflow_uri):
+    p = tmp_path / "zip.yaml"
+    p.write_text(SWEEP.replace("seeds: [0, 1]", "seeds: [0]").replace(
+        "  aggregator.name: [mean, median]\n", "  'local.steps, local.lr': [[1, 0.4], [4, 0.1]]\n"))
+    out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True)
+    client = MlflowClient(mlflow_uri)
+    parent = client.get_run(out["parent_run_id"])
+    assert parent.data.params["sweep.local.steps / local.lr"] == "[[1, 0.4], [4, 0.1]]"
+    assert [r["label"] for r in out["runs"]] == ["steps=1 lr=0.4 seed=0", "steps=4 lr=0.1 seed=0"]
+    assert client.get_run(out["runs"][1]["run_id"]).data.params["local.steps"] == "4"
+
+
 def test_artifacts_metrics_parquet_and_model(tmp_path, mlflow_uri):
     p = tmp_path / "one.yaml"
     p.write_text(SWEEP.replace("seeds: [0, 1]", "seeds: [3]").replace(
