@@ -48,10 +48,11 @@ def bernoulli_kl(a: float, p: float) -> float:
 
 def kl_tail_bound(n: int, f: int, s: int, b: int) -> float:
     """Upper bound on P(B > b) = P(B >= b + 1): exp(-s KL((b + 1)/s || f/n)) when
-    (b + 1)/s exceeds the mean fraction f/n, else 1 (the bound says nothing there)."""
-    t = (b + 1) / s
-    if t > 1:
+    (b + 1)/s exceeds the mean fraction f/n, else 1 (the bound says nothing there); exactly 0
+    from b = min(f, s) on, since no sample holds more than f Byzantine clients."""
+    if b >= min(f, s):
         return 0.0
+    t = (b + 1) / s
     if t <= f / n:
         return 1.0
     return math.exp(-s * bernoulli_kl(t, f / n))

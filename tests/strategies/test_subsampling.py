@@ -56,3 +56,6 @@ def test_b_hat_rules():
         assert math.ceil(30 * s / 150) <= exact <= kl < s / 2
         assert hypergeometric_tail(150, 30, s, exact) <= 0.05 < hypergeometric_tail(150, 30, s, exact - 1)
     assert (b_hat(150, 30, 40, "hypergeometric", 0.05), b_hat(150, 30, 40, "kl", 0.05)) == (12, 14)
+    # no sample holds more than f Byzantine clients: b_hat never exceeds f
+    assert b_hat(150, 30, 150, "kl", 0.01) == b_hat(150, 30, 150, "hypergeometric", 0.01) == 30
+    assert b_hat(30, 6, 30, "kl", 0.01) == 6
