@@ -27,6 +27,7 @@ def _tags(sc: Any, backend: Any) -> dict[str, str]:
         "preaggregators": ",".join(p["name"] for p in sc.preaggregators) or "none",
         "meta": sc.meta["name"] if sc.meta else "none",
         "attack": sc.attack["name"] if sc.attack else "none",
+        "topology": sc.topology["name"] if sc.topology else "none",
         "n": str(sc.clients.total),
         "f": str(sc.clients.byzantine),
         "dataset": sc.data.dataset["name"],
@@ -153,7 +154,7 @@ def _log_result(point: RunPoint, run_id: str, result: Any, tracker: Any, tmp: Pa
 
 
 def _run_point(point: RunPoint, backend, tracker, parent, tmp: Path, quiet, workers) -> dict[str, Any]:
-    from simulator.engine import Engine
+    from simulator.engine import make_engine
     from simulator.progress import Progress
     from simulator.tracking import write_metrics
 
@@ -169,8 +170,10 @@ def _run_point(point: RunPoint, backend, tracker, parent, tmp: Path, quiet, work
         progress.update(r, m)
 
     try:
-        engine = Engine(sc, backend, workers)
+        engine = make_engine(sc, backend, workers)
         result = engine.run(on_round)
+        if result.params:
+            tracker.log_params(run_id, result.params)
         _log_result(point, run_id, result, tracker, tmp)
         status = "FINISHED"
         return {"run_id": run_id, "label": point.label, "values": point.values, "seed": point.seed,
@@ -205,11 +208,11 @@ def sweep_key(loaded: LoadedScenario) -> str:
 
 def _simulate(scenario: dict) -> Any:
     """One point as a single-process simulation (the inline backend): a Ray task of a sweep."""
-    from simulator.engine import Engine
+    from simulator.engine import make_engine
     from simulator.runtime.backend import InlineBackend
     from simulator.scenario import Scenario
 
-    return Engine(Scenario.model_validate(scenario), InlineBackend()).run()
+    return make_engine(Scenario.model_validate(scenario), InlineBackend()).run()
 
 
 def run_sweep(
@@ -277,12 +280,15 @@ def run_sweep(
                 try:
                     result = ray.get(ready[0])
                 except Exception as e:  # noqa: BLE001 - one failed point does not stop the sweep
-                    print(f"{point.label}: FAILED ({type(e).__name__}: {str(e).splitlines()[0]})",
-                          file=sys.stderr)
+                    cause = getattr(e, "cause", None) or e  # a RayTaskError wraps the real error
+                    text = (str(cause).strip().splitlines() or [""])[-1]
+                    print(f"{point.label}: FAILED ({type(cause).__name__}: {text})", file=sys.stderr)
                     tracker.end(run_id, "FAILED")
                     out["failed"].append(point.label)
                     continue
                 tracker.log_history(run_id, result.metrics)
+                if result.params:
+                    tracker.log_params(run_id, result.params)
                 _log_result(point, run_id, result, tracker, Path(tmp) / run_id)
                 tracker.end(run_id, "FINISHED")
                 acc = result.final("test_accuracy")

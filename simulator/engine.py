@@ -17,7 +17,7 @@ import numpy as np
 
 from simulator import data as fdata
 from simulator import registry
-from simulator.runtime.actors import Adversary, ClientWorker, Server
+from simulator.runtime.actors import Adversary, ClientWorker, Mixer, Server
 from simulator.runtime.backend import Backend
 from simulator.scenario import Scenario
 from simulator.seeding import numpy_rng
@@ -31,6 +31,7 @@ class RunResult:
     final_params: np.ndarray
     model_state: dict[str, Any]
     timings: list[dict[str, float]] = field(default_factory=list)  # wall-clock, per round
+    params: dict[str, str] = field(default_factory=dict)  # run params the engine derives
 
     def final(self, key: str) -> float:
         for row in reversed(self.metrics):
@@ -159,3 +160,82 @@ class Engine:
             return RunResult(rows, final, state, timings)
         finally:
             self.backend.release(self._handles)
+
+
+class DecentralizedEngine(Engine):
+    """D-SGD on a topology (Le Bars, Bellet, Tommasi, Scaman, Neglia, ICML 2024, study its
+    generalization): no server; every honest peer keeps its own model in the ClientWorker
+    that owns it, runs local SGD and gossips with its neighbours through the Mixer, in the
+    scenario's ``dsgd.order``. Byzantine peers hold no model; the gossip attack makes their
+    messages. Every draw is derived from (seed, purpose, round, peer) as in ``Engine``."""
+
+    def _spawn(self) -> None:
+        b, sc, data = self.backend, self.sc, self.data
+        table_ref = b.put(data.table)
+        self.honest = [i for i in range(sc.clients.total) if i not in self.byzantine]
+        self.workers = [
+            b.spawn(ClientWorker, table_ref, data.offsets, data.input_shape, data.num_classes,
+                    sc.model, sc.local.model_dump(), self.seed, sc.client_rule(), role="worker")
+            for _ in range(self.n_workers)
+        ]
+        eval_ref = b.put((data.x_test, data.y_test, data.x_train_eval, data.y_train_eval))
+        self.mixer = b.spawn(Mixer, sc.model_dump(mode="json"), self.honest,
+                             sorted(self.byzantine), data.input_shape, data.num_classes, eval_ref,
+                             role="server")
+        self._handles = [*self.workers, self.mixer]
+        self._x0 = b.call(self.mixer, "params")
+        self._state: list[Any] | None = None  # result refs holding the peers' current models
+
+    def _peer_step(self, round_: int, mixed: Any, train: bool) -> list[Any]:
+        per: dict[int, list[int]] = {}
+        for c in self.honest:
+            per.setdefault(c % self.n_workers, []).append(c)
+        return [self.backend.call(self.workers[w], "peer_step", round_, ids, self._x0, mixed, train)
+                for w, ids in sorted(per.items())]
+
+    def run_round(self, round_: int) -> tuple[dict[str, float], dict[str, float]]:
+        b, sc = self.backend, self.sc
+        t0 = time.perf_counter()
+        if sc.dsgd.order == "local_then_gossip":
+            mixed = self._state[0] if self._state else None
+            trained = self._peer_step(round_, mixed, True)
+            self._state = [b.call(self.mixer, "gossip", round_, *trained)]
+        else:
+            if self._state is None:
+                self._state = self._peer_step(round_, None, False)
+            mixed = b.call(self.mixer, "gossip", round_, *self._state)
+            self._state = self._peer_step(round_, mixed, True)
+        evaluate = (round_ + 1) % sc.evaluation.every == 0 or round_ + 1 == sc.rounds
+        metrics: dict[str, float] = {"byzantine_peers": float(len(self.byzantine))}
+        if evaluate:
+            metrics.update(b.get(b.call(self.mixer, "evaluate", *self._state)))
+        else:
+            b.get(self._state[0])  # finish the round before timing it
+        return metrics, {"round_seconds": time.perf_counter() - t0}
+
+    def run(self, on_round: RoundCallback | None = None) -> RunResult:
+        from strategies.topologies import topology_summary
+
+        self._spawn()
+        try:
+            rows, timings = [], []
+            for r in range(self.sc.rounds):
+                m, t = self.run_round(r)
+                rows.append(m)
+                timings.append(t)
+                if on_round is not None:
+                    on_round(r, m)
+            final, state = self.backend.get(self.backend.call(self.mixer, "averaged", *self._state))
+            topo = registry.get("topologies", self.sc.topology["name"])(
+                **{k: v for k, v in self.sc.topology.items() if k != "name"})
+            summary = topology_summary(topo, self.sc.clients.total, self.seed)
+            params = {k: f"{v:.6g}" for k, v in summary.items()}
+            return RunResult(rows, np.asarray(final), state, timings, params)
+        finally:
+            self.backend.release(self._handles)
+
+
+def make_engine(scenario: Scenario, backend: Backend, workers: int | None = None) -> Engine:
+    """The engine a scenario needs: D-SGD with a topology, else server-based FL."""
+    cls = DecentralizedEngine if scenario.topology is not None else Engine
+    return cls(scenario, backend, workers)

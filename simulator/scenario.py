@@ -91,6 +91,19 @@ class Server(Strict):
     optimizer: PluginSpec = {"name": "sgd"}
 
 
+class DSGD(Strict):
+    """Decentralized SGD (used when ``topology`` is set): each round every peer takes
+    ``local.steps``/``local.epochs`` of local SGD and ``gossip_steps`` gossip steps with its
+    neighbours, in ``order``; ``defense`` against Byzantine peers: none (plain gossip),
+    ``clipped_gossip`` (He et al. 2022; ``clip_tau`` fixed, or adaptive when null) or
+    ``aggregator`` (the scenario's aggregator over each peer's neighbourhood)."""
+
+    order: Literal["local_then_gossip", "gossip_then_local"] = "local_then_gossip"
+    gossip_steps: Annotated[int, Ge(1)] = 1
+    defense: Literal["none", "clipped_gossip", "aggregator"] = "none"
+    clip_tau: Annotated[float, Gt(0)] | None = None
+
+
 class Evaluation(Strict):
     every: Annotated[int, Ge(1)] = 1
 
@@ -118,6 +131,8 @@ class Scenario(Strict):
     meta: PluginSpec | None = None
     attack: PluginSpec | None = None
     server: Server = Server()
+    topology: PluginSpec | None = None
+    dsgd: DSGD = DSGD()
     evaluation: Evaluation = Evaluation()
     runtime: Runtime = Runtime()
     sweep: dict[str, list[Any]] = {}
@@ -142,15 +157,28 @@ class RunPoint:
 
     @property
     def label(self) -> str:
+        """``krum lr=0.1 seed=1``: a name alone, other values under the last part of their
+        path (the whole path where two sweep paths end alike), plugin blocks as
+        ``name(key=value)``."""
+        lasts = [k.split(".")[-1] for k in self.values]
         parts = []
         for k, v in self.values.items():
             last = k.split(".")[-1]
-            parts.append(_short(v) if last == "name" else f"{last}={_short(v)}")
+            key = last if lasts.count(last) == 1 else k
+            parts.append(_short(v) if last == "name" else f"{key}={_short(v)}")
         return " ".join([*parts, f"seed={self.seed}"])
 
 
 def _short(v: Any) -> str:
-    return v if isinstance(v, str) else json.dumps(v)
+    """A sweep value in a run name: plugin blocks as ``name(key=value, ...)``."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, dict) and isinstance(v.get("name"), str):
+        args = ", ".join(f"{k}={_short(x)}" for k, x in v.items() if k != "name")
+        return f"{v['name']}({args})" if args else v["name"]
+    if isinstance(v, list) and all(isinstance(x, dict) for x in v):
+        return "[" + ", ".join(_short(x) for x in v) + "]"
+    return "none" if v is None else json.dumps(v)
 
 
 # --------------------------------------------------------------------------- errors
@@ -333,10 +361,13 @@ def _cross_field(sc: Scenario, problems: list[Problem]) -> None:
         problems.append(Problem(("clients", "byzantine"),
                                 f"must be < clients.total ({c.total}), got {c.byzantine}"))
     if c.byzantine > 0 and sc.attack is None:
+        usable = [a for a in registry.available("attacks")  # gossip attacks only with D-SGD
+                  if bool(getattr(registry.get("attacks", a), "GOSSIP", False)) == bool(sc.topology)]
         problems.append(Problem(("attack",), f"required when clients.byzantine > 0 (got "
-                                f"{c.byzantine}); available: {', '.join(registry.available('attacks'))}"))
+                                f"{c.byzantine}); available: {', '.join(usable)}"))
     if sc.local.epochs is not None and sc.local.steps is not None:
         problems.append(Problem(("local", "steps"), "give local.epochs or local.steps, not both"))
+    _check_dsgd(sc, problems)
     kind, rule = sc.client_rule()
     if kind == "optimizers" and sc.local.optimizer["name"] != "sgd":
         problems.append(Problem(("local", "optimizer"), f"server.optimizer {rule['name']!r} "
@@ -361,19 +392,21 @@ def _cross_field(sc: Scenario, problems: list[Problem]) -> None:
                 except ValueError as e:
                     problems.append(Problem(("preaggregators", i) + _param_loc(e), str(e)))
             n = pre.output_rows(n) if hasattr(pre, "output_rows") else n
+        meta = instantiate("meta", sc.meta) if sc.meta is not None else None
+        if hasattr(meta, "check"):
+            try:
+                meta.check(n)
+            except ValueError as e:
+                problems.append(Problem(("meta",) + _param_loc(e), _strip_param(e)))
         agg = instantiate("aggregators", sc.aggregator)
         if hasattr(agg, "check"):
+            # a meta-aggregator may hand the aggregator fewer rows (bucketing: one per bucket)
+            inner = meta.output_rows(n) if hasattr(meta, "output_rows") else n
             try:
-                agg.check(n)
+                agg.check(inner)
             except ValueError as e:
-                problems.append(Problem(("aggregator",) + _param_loc(e), _strip_param(e)))
-        if sc.meta is not None:
-            meta = instantiate("meta", sc.meta)
-            if hasattr(meta, "check"):
-                try:
-                    meta.check(n)
-                except ValueError as e:
-                    problems.append(Problem(("meta",) + _param_loc(e), _strip_param(e)))
+                where = f" (meta {sc.meta['name']} gives it {inner} rows)" if inner != n else ""
+                problems.append(Problem(("aggregator",) + _param_loc(e), _strip_param(e) + where))
         ds = instantiate("datasets", sc.data.dataset)
         if hasattr(ds, "check"):
             try:
@@ -382,6 +415,43 @@ def _cross_field(sc: Scenario, problems: list[Problem]) -> None:
                 problems.append(Problem(("data", "dataset") + _param_loc(e), _strip_param(e)))
     except registry.UnknownPlugin:  # already reported by the plugin pass
         pass
+
+
+def _check_dsgd(sc: Scenario, problems: list[Problem]) -> None:
+    """D-SGD (a ``topology``) versus server-based runs: what each one accepts."""
+    gossip_attack = bool(sc.attack) and getattr(
+        registry.get("attacks", sc.attack["name"]), "GOSSIP", False)
+    if sc.topology is None:
+        if gossip_attack:
+            problems.append(Problem(("attack", "name"), f"{sc.attack['name']!r} attacks gossip: "
+                                    "it needs a topology (D-SGD)"))
+        return
+    c = sc.clients
+    if c.per_round is not None and c.per_round != c.total:
+        problems.append(Problem(("clients", "per_round"), "every D-SGD peer takes part in every "
+                                f"round; remove it or set {c.total}, got {c.per_round}"))
+    if sc.attack is not None and not gossip_attack:
+        names = [n for n in registry.available("attacks")
+                 if getattr(registry.get("attacks", n), "GOSSIP", False)]
+        problems.append(Problem(("attack", "name"), f"D-SGD needs an attack on gossip; "
+                                f"available: {', '.join(names)}; got {sc.attack['name']!r}"))
+    for key in ("preaggregators", "meta", "b_hat"):
+        value = getattr(sc.clients, key) if key == "b_hat" else getattr(sc, key)
+        if value:
+            where = ("clients", key) if key == "b_hat" else (key,)
+            problems.append(Problem(where, "not used by D-SGD (a topology is set); remove it"))
+    if sc.server.optimizer["name"] != "sgd" or sc.local.optimizer["name"] != "sgd":
+        problems.append(Problem(("server", "optimizer"), "D-SGD peers run local SGD; "
+                                "server.optimizer and local.optimizer must be sgd"))
+    topo = instantiate("topologies", sc.topology)
+    try:
+        topo.check(c.total)
+        if not getattr(topo, "TIME_VARYING", False):
+            from strategies.topologies import validate_mixing
+
+            validate_mixing(topo.mixing_matrix(c.total, sc.seeds[0]))
+    except ValueError as e:
+        problems.append(Problem(("topology",) + _param_loc(e), _strip_param(e)))
 
 
 def _param_loc(e: Exception) -> Loc:
@@ -404,6 +474,7 @@ _PLUGIN_FIELDS: list[tuple[Loc, str]] = [
     (("attack",), "attacks"),
     (("server", "optimizer"), "optimizers"),
     (("local", "optimizer"), "client_optimizers"),
+    (("topology",), "topologies"),
 ]
 
 

@@ -282,3 +282,25 @@ class LabelFlip:
 
     def __call__(self, own: torch.Tensor, f: int, generator: torch.Generator) -> torch.Tensor:
         return own.clone()
+
+
+class Dissensus:
+    """The dissensus attack on gossip (He, Karimireddy, Jaggi, "Byzantine-Robust Decentralized
+    Learning via ClippedGossip", 2022): the Byzantine neighbours of honest peer i all send
+    m_i = x_i - epsilon sum_{j in H} W_ij (x_j - x_i) / sum_{k in B} W_ik, so that plain
+    gossip moves i by (1 - epsilon) times its honest pull: epsilon = 1 freezes every peer,
+    epsilon > 1 drives the peers apart. A gossip attack (``GOSSIP = True``): only for D-SGD."""
+
+    GOSSIP = True
+    omniscient = True
+
+    def __init__(self, epsilon: Annotated[float, Ge(0)] = 1.5) -> None:
+        self.epsilon = epsilon
+
+    def messages(self, x: torch.Tensor, w_hh: torch.Tensor, w_byz: torch.Tensor,
+                 generator: torch.Generator) -> torch.Tensor:
+        """``(h, d)`` messages, row i for honest peer i (``w_hh`` dense ``(h, h)``)."""
+        off = w_hh - torch.diag(torch.diagonal(w_hh))
+        pull = off @ x - off.sum(dim=1, keepdim=True) * x  # sum_j W_ij (x_j - x_i)
+        scale = torch.where(w_byz > 0, self.epsilon / w_byz.clamp_min(1e-30), torch.zeros_like(w_byz))
+        return x - scale[:, None] * pull

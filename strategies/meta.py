@@ -74,3 +74,7 @@ class BucketingMeta:
 
     def __call__(self, x: torch.Tensor, aggregator, generator: torch.Generator) -> torch.Tensor:
         return aggregator(Bucketing(self.s)(x, generator))
+
+    def output_rows(self, n: int) -> int:
+        """How many rows the wrapped aggregator receives: one per bucket."""
+        return Bucketing(self.s).output_rows(n)

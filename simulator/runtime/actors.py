@@ -176,6 +176,32 @@ class ClientWorker:
         }
 
 
+    # ------------------------------------------------------------------ D-SGD peers
+
+    def peer_step(self, round_: int, peers: list[int], start: np.ndarray,
+                  mixed: dict | None = None, train: bool = True) -> dict[str, Any]:
+        """A D-SGD phase for this worker's ``peers``, whose models live here: take their rows
+        from ``mixed`` (a gossip result; ``start`` at first), then (``train``) run local SGD
+        from each peer's own model. Returns the peers' models as ``updates`` rows."""
+        t0 = time.perf_counter()
+        if not hasattr(self, "peer_x"):
+            x0 = torch.from_numpy(np.array(start, dtype=np.float32))
+            self.peer_x = {int(p): x0 for p in peers}
+        if mixed is not None:
+            pos = {int(c): i for i, c in enumerate(mixed["clients"])}
+            for p in peers:
+                self.peer_x[int(p)] = torch.from_numpy(np.array(mixed["updates"][pos[int(p)]]))
+        rows = np.empty((len(peers), next(iter(self.peer_x.values())).numel()), dtype=np.float32)
+        losses = np.full(len(peers), np.nan)
+        for i, p in enumerate(peers):
+            if train:
+                update, losses[i] = self.train_client(round_, int(p), self.peer_x[int(p)])
+                self.peer_x[int(p)] = self.peer_x[int(p)] + update
+            rows[i] = self.peer_x[int(p)].numpy()
+        return {"clients": np.asarray(peers, dtype=np.int64), "updates": rows, "losses": losses,
+                "seconds": time.perf_counter() - t0}
+
+
 def stack_updates(
     order: list[int] | np.ndarray, results: tuple[dict, ...], d: int, key: str = "updates"
 ) -> np.ndarray:
@@ -299,3 +325,101 @@ class Server:
         """The global model as a torch state_dict (for the final-model artifact)."""
         vector_to_parameters(self.x.clone(), self.model.parameters())
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+
+class Mixer:
+    """D-SGD's gossip and evaluation: the topology's mixing matrices, the Byzantine peers'
+    messages (a gossip attack; they depend on each receiver's neighbourhood, so they are made
+    where the gossip is computed), the defense, and the evaluation of the honest peers'
+    models. Honest peers' models travel as result dicts (``clients``, ``updates`` rows)."""
+
+    def __init__(self, scenario: dict, honest: list[int], byzantine: list[int],
+                 input_shape: tuple[int, ...], num_classes: int,
+                 eval_data: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> None:
+        _single_thread()
+        self.seed = scenario["seeds"][0]
+        self.n = scenario["clients"]["total"]
+        self.honest = np.asarray(honest, dtype=np.int64)
+        self.byzantine = np.asarray(byzantine, dtype=np.int64)
+        self.topology = instantiate("topologies", scenario["topology"])
+        self.cfg = scenario["dsgd"]
+        attack = scenario.get("attack")
+        self.attack = instantiate("attacks", attack) if attack and len(self.byzantine) else None
+        self.aggregator = (instantiate("aggregators", scenario["aggregator"])
+                           if self.cfg["defense"] == "aggregator" else None)
+        self.model = build_model(scenario["model"], input_shape, num_classes, self.seed)
+        self.x0 = parameters_to_vector(self.model.parameters()).detach().clone()
+        self.x_test, self.y_test, self.x_tr, self.y_tr = eval_data
+        self._blocks_cache: dict[int, tuple] = {}
+
+    def params(self) -> np.ndarray:
+        return self.x0.numpy().copy()
+
+    def _blocks(self, step: int) -> tuple:
+        """(W_HH dense, W_HH sparse, w_byz, Byzantine neighbour counts) of gossip step ``step``."""
+        key = step if getattr(self.topology, "TIME_VARYING", False) else 0
+        if key not in self._blocks_cache:
+            from strategies.gossip import sparse_rows
+
+            w = self.topology.mixing_matrix(self.n, self.seed, key)
+            w_hb = w[np.ix_(self.honest, self.byzantine)]
+            w_hh = w[np.ix_(self.honest, self.honest)]
+            self._blocks_cache[key] = (w_hh, sparse_rows(w_hh), w_hb.sum(axis=1),
+                                       (w_hb > 0).sum(axis=1))
+        return self._blocks_cache[key]
+
+    def gossip(self, round_: int, *results: dict) -> dict[str, Any]:
+        """``dsgd.gossip_steps`` gossip steps over the honest peers' models in ``results``."""
+        from strategies.gossip import clipped_gossip, plain_gossip, robust_gossip
+
+        x = torch.from_numpy(stack_updates(self.honest, results, self.x0.numel()))
+        losses = stack_updates(self.honest, results, 0, key="losses")
+        steps = self.cfg["gossip_steps"]
+        for s in range(steps):
+            w_hh, w_sparse, w_byz, byz_count = self._blocks(round_ * steps + s)
+            messages = None
+            if self.attack is not None and (w_byz > 0).any():
+                messages = self.attack.messages(
+                    x, torch.from_numpy(w_hh.astype(np.float32)),
+                    torch.from_numpy(w_byz.astype(np.float32)),
+                    torch_generator(self.seed, "attack", round_, s))
+            if self.cfg["defense"] == "clipped_gossip":
+                x = clipped_gossip(x, w_hh, w_byz, messages, self.cfg["clip_tau"])
+            elif self.cfg["defense"] == "aggregator":
+                x = robust_gossip(x, w_hh, byz_count, messages, self.aggregator)
+            else:
+                x = plain_gossip(x, w_sparse, torch.from_numpy(w_byz.astype(np.float32)), messages)
+        return {"clients": self.honest, "updates": x.numpy(), "losses": losses, "seconds": 0.0}
+
+    def _eval_vector(self, x: torch.Tensor, with_train: bool = True) -> tuple[float, float, float]:
+        vector_to_parameters(x.clone(), self.model.parameters())
+        acc, loss = evaluate_model(self.model, self.x_test, self.y_test)
+        train_loss = evaluate_model(self.model, self.x_tr, self.y_tr)[1] if with_train else float("nan")
+        return acc, loss, train_loss
+
+    def evaluate(self, *results: dict) -> dict[str, float]:
+        """Mean over honest peers of their own models' test accuracy and loss, the averaged
+        model's accuracy, test and train loss and generalization gap, consensus distance."""
+        from strategies.gossip import consensus_distance
+
+        x = torch.from_numpy(stack_updates(self.honest, results, self.x0.numel()))
+        per_peer = [self._eval_vector(row, with_train=False) for row in x]
+        avg_acc, avg_loss, avg_train = self._eval_vector(x.mean(dim=0))
+        losses = stack_updates(self.honest, results, 0, key="losses")
+        return {
+            "test_accuracy": float(np.mean([p[0] for p in per_peer])),
+            "test_loss": float(np.mean([p[1] for p in per_peer])),
+            "min_peer_accuracy": float(min(p[0] for p in per_peer)),
+            "averaged_test_accuracy": avg_acc,
+            "averaged_test_loss": avg_loss,
+            "train_loss": avg_train,
+            "generalization_gap": avg_loss - avg_train,
+            "consensus_distance": consensus_distance(x),
+            "client_loss": float(np.nanmean(losses)) if np.isfinite(losses).any() else float("nan"),
+        }
+
+    def averaged(self, *results: dict) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
+        """The honest peers' averaged model: flat vector and torch state_dict."""
+        x = torch.from_numpy(stack_updates(self.honest, results, self.x0.numel())).mean(dim=0)
+        vector_to_parameters(x.clone(), self.model.parameters())
+        return x.numpy(), {k: v.detach().clone() for k, v in self.model.state_dict().items()}

@@ -37,7 +37,10 @@ def test_list_kinds(capsys):
     assert capsys.readouterr().out.split() == ["dirichlet", "iid", "natural", "shards"]
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert "aggregators: bulyan, caf, cc, cwtm, dnc, geomed, krum, mda, meamed, mean, median, monna, multikrum, smea" in out and "topologies: (none installed)" in out
+    assert "aggregators: bulyan, caf, cc, cwtm, dnc, geomed, krum, mda, meamed, mean, median, monna, multikrum, smea" in out
+    assert ("topologies: complete, edge_list, erdos_renyi, exponential, hypercube, "
+            "one_peer_exponential, random_regular, ring, small_world, star, torus") in out
+    assert "client_optimizers: momentum, sgd" in out
 
 
 def test_run_inline_prints_accuracy_run_id_and_ui_hint(tmp_path, mlflow_uri):

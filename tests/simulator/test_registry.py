@@ -16,7 +16,9 @@ BUILTINS = {
     "attacks": {"sign_flip", "gaussian"},
     "datasets": {"synthetic", "gaussian-mixture", "digits", "parquet"},
     "models": {"logreg", "mlp", "cnn"},
-    "optimizers": {"sgd", "fedadam"},
+    "optimizers": {"sgd", "fedadam", "mu2sgd"},
+    "client_optimizers": {"sgd", "momentum"},
+    "topologies": {"ring", "torus", "complete", "erdos_renyi"},
     "partitioners": {"iid", "dirichlet", "shards", "natural"},
 }
 

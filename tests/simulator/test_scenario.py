@@ -158,7 +158,10 @@ def test_b_hat_rule_sets_f_of_every_trimming_rule(tmp_path):
     assert sc.aggregator == {"name": "cwtm", "f": expect}
     assert sc.preaggregators == [{"name": "nnm", "f": expect}]
     kl = load(p, ["clients.b_hat.rule=kl"]).scenario
-    assert kl.aggregator["f"] == kl.clients.b_hat.value == 8
+    assert kl.aggregator["f"] == kl.clients.b_hat.value == 6  # capped by f: B <= f always
+    kl16 = load(p, ["clients.b_hat.rule=kl", "clients.per_round=16"]).scenario
+    exact16 = load(p, ["clients.per_round=16"]).scenario
+    assert (exact16.aggregator["f"], kl16.aggregator["f"]) == (5, 6)
 
 
 def test_b_hat_errors_name_the_field(tmp_path):

@@ -9,6 +9,7 @@ import pickle
 import pytest
 import torch
 
+from simulator import registry
 from strategies.aggregators import CoordinateWiseMedian, Mean
 from tests.strategies.conformance import D, F, N, build, call, names
 
@@ -162,7 +163,8 @@ def test_meta_contract(meta_name):
 # ---------------------------------------------------------------- attacks
 
 
-@pytest.fixture(params=names("attacks"))
+@pytest.fixture(params=[n for n in names("attacks")
+                        if not getattr(registry.get("attacks", n), "GOSSIP", False)])
 def attack_name(request):
     return request.param
 
