@@ -1,12 +1,14 @@
 """Tables of a sweep from what MLflow holds: the child runs of an experiment's latest
 scenario run, grouped by sweep values, each metric as mean and spread over seeds.
 
-    python -m dashboards.tables EXPERIMENT --by clients.per_round [--tracking-uri URI]
+    python -m dashboards.tables EXPERIMENT --by clients.per_round [--metrics M:HOW ...]
+                                [--tracking-uri URI]
 
-``--by`` names params (``clients.per_round``, ``aggregator.name``) or tags (``meta``,
-``preaggregators``, ``attack``); a run is summarised by its final ``test_accuracy``, the mean
-over rounds of ``relative_aggregation_error`` and its number of rounds with
-``byzantine_exceeded``.
+``--by`` names params (``clients.per_round``, ``aggregator.name``, ``spectral_gap``) or tags
+(``meta``, ``preaggregators``, ``attack``, ``topology``). ``--metrics`` lists ``metric:how``
+with how one of ``final`` (the last value), ``mean`` (over rounds) or ``sum``; by default a
+run is summarised by its final ``test_accuracy``, the mean over rounds of
+``relative_aggregation_error`` and its number of rounds with ``byzantine_exceeded``.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ SUMMARIES: dict[str, str] = {
 
 
 def _value(run: Any, key: str) -> str:
-    if key in run.data.params:
-        return run.data.params[key]
-    return run.data.tags.get(key, "?")
+    """A tag (the short form: ``preaggregators`` -> ``nnm``), else a param, of ``run``."""
+    if key in run.data.tags:
+        return run.data.tags[key]
+    return run.data.params.get(key, "?")
 
 
 def _summary(client: Any, run: Any, metric: str, how: str) -> float:
@@ -40,7 +43,8 @@ def _summary(client: Any, run: Any, metric: str, how: str) -> float:
 
 
 def sweep_table(experiment: str, by: Sequence[str], tracking_uri: str | None = None,
-                parent_run_id: str | None = None) -> list[dict[str, Any]]:
+                parent_run_id: str | None = None,
+                summaries: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """One row per combination of ``by`` values: ``{key: value, ..., "seeds": k,
     metric: (mean, std), ...}`` over the FINISHED children of ``parent_run_id`` (default: the
     experiment's most recent scenario run), in the order the runs were created."""
@@ -62,16 +66,17 @@ def sweep_table(experiment: str, by: Sequence[str], tracking_uri: str | None = N
         [exp.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}' and "
         "attributes.status = 'FINISHED'", order_by=["attributes.start_time ASC"],
         max_results=50_000)
+    summaries = summaries or SUMMARIES
     groups: dict[tuple[str, ...], list[dict[str, float]]] = {}
     for run in children:
         key = tuple(_value(run, k) for k in by)
         groups.setdefault(key, []).append(
-            {m: _summary(client, run, m, how) for m, how in SUMMARIES.items()})
+            {m: _summary(client, run, m, how) for m, how in summaries.items()})
     rows = []
     for key, runs in groups.items():
         row: dict[str, Any] = dict(zip(by, key))
         row["seeds"] = len(runs)
-        for m in SUMMARIES:
+        for m in summaries:
             vals = [r[m] for r in runs if not math.isnan(r[m])]
             row[m] = (statistics.fmean(vals) if vals else math.nan,
                       statistics.stdev(vals) if len(vals) > 1 else 0.0)
@@ -79,14 +84,36 @@ def sweep_table(experiment: str, by: Sequence[str], tracking_uri: str | None = N
     return rows
 
 
-def markdown(rows: list[dict[str, Any]], by: Sequence[str]) -> str:
-    head = [*by, "seeds", "test accuracy", "rel. aggregation error", "rounds exceeded"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(by) + "---:|" * 4]
+def _cell(mean: float, std: float) -> str:
+    if abs(mean) >= 1e4 or (0 < abs(mean) < 1e-3):
+        return f"{mean:.3g} ± {std:.2g}"
+    return f"{mean:.3f} ± {std:.3f}"
+
+
+def markdown(rows: list[dict[str, Any]], by: Sequence[str],
+             summaries: dict[str, str] | None = None) -> str:
+    """The rows as a Markdown table: a column per ``by`` key and per metric (mean ± std)."""
+    metrics = list(summaries or SUMMARIES)
+    head = [*by, "seeds", *(f"{m} ({(summaries or SUMMARIES)[m]})" for m in metrics)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(by) + "---:|" * (1 + len(metrics))]
     for r in rows:
-        acc, err, exc = r["test_accuracy"], r["relative_aggregation_error"], r["byzantine_exceeded"]
-        lines.append("| " + " | ".join([*(str(r[k]) for k in by), str(r["seeds"]),
-                                        f"{acc[0]:.3f} ± {acc[1]:.3f}", f"{err[0]:.3f} ± {err[1]:.3f}",
-                                        f"{exc[0]:.1f}"]) + " |")
+        cells = [*(str(r[k]) for k in by), str(r["seeds"]), *(_cell(*r[m]) for m in metrics)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def pivot_markdown(rows: list[dict[str, Any]], by: Sequence[str], column: str, metric: str) -> str:
+    """One metric as a grid: a row per combination of the other ``by`` keys, a column per
+    value of ``column`` (in order of appearance), cells mean ± std."""
+    keys = [k for k in by if k != column]
+    cols = list(dict.fromkeys(r[column] for r in rows))
+    grid: dict[tuple, dict[str, str]] = {}
+    for r in rows:
+        grid.setdefault(tuple(r[k] for k in keys), {})[r[column]] = _cell(*r[metric])
+    lines = ["| " + " | ".join([*keys, *(f"{column}={c}" for c in cols)]) + " |",
+             "|" + "---|" * len(keys) + "---:|" * len(cols)]
+    for key, cells in grid.items():
+        lines.append("| " + " | ".join([*key, *(cells.get(c, "-") for c in cols)]) + " |")
     return "\n".join(lines)
 
 
@@ -96,9 +123,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("experiment")
     p.add_argument("--by", nargs="+", required=True, help="params or tags to group runs by")
     p.add_argument("--tracking-uri", default=None)
+    p.add_argument("--metrics", nargs="+", default=None, metavar="METRIC:HOW",
+                   help="how: final | mean | sum (default: " +
+                   " ".join(f"{m}:{h}" for m, h in SUMMARIES.items()) + ")")
     p.add_argument("--parent", default=None, help="a scenario run id (default: the latest)")
+    p.add_argument("--pivot", default=None, metavar="KEY",
+                   help="one of the --by keys to spread over columns (first metric only)")
     args = p.parse_args(argv)
-    print(markdown(sweep_table(args.experiment, args.by, args.tracking_uri, args.parent), args.by))
+    summaries = None
+    if args.metrics:
+        summaries = {}
+        for item in args.metrics:
+            metric, _, how = item.partition(":")
+            if how not in ("final", "mean", "sum"):
+                p.error(f"--metrics {item}: how must be one of final, mean, sum")
+            summaries[metric] = how
+    rows = sweep_table(args.experiment, args.by, args.tracking_uri, args.parent, summaries)
+    if args.pivot:
+        if args.pivot not in args.by:
+            p.error(f"--pivot: must be one of the --by keys ({', '.join(args.by)}), got {args.pivot!r}")
+        print(pivot_markdown(rows, args.by, args.pivot, next(iter(summaries or SUMMARIES))))
+    else:
+        print(markdown(rows, args.by, summaries))
     return 0
 
 

@@ -51,3 +51,37 @@ def test_b_more_local_steps_lower_the_byzantine_error():
     assert statistics.fmean(many) < 0.85 * statistics.fmean(one)
     for r in runs["steps=16 lr=0.03125"]:
         assert r.final("test_accuracy") > 0.8
+
+
+def _acc(runs: dict[str, list], label: str) -> list[float]:
+    return [r.final("test_accuracy") for r in runs[label]]
+
+
+def test_c_ctma_over_each_base_aggregator_and_mu2sgd_versus_momentum():
+    """17 workers, 8 Byzantine (Dahan & Levy): under label flipping CTMA lifts every base
+    aggregator on every seed; mu2-SGD beats worker momentum on every seed where the
+    aggregator alone is weak (geometric median under sign flipping); and the documented
+    failure: at f/n = 8/17, CTMA over the bare median loses to the median under IPM."""
+    momentum = "local.optimizer=momentum(beta=0.9) server.optimizer=sgd"
+    mu2 = "local.optimizer=sgd server.optimizer=mu2sgd(lr=0.05)"
+    runs = _runs("fedro_meta_mu2sgd.yaml", "seeds=[0, 1, 2]", """sweep={
+        attack: [{name: label_flip}],
+        "aggregator.name, meta": [[mean, null], [mean, {name: ctma}], [median, null],
+                                  [median, {name: ctma}], [geomed, null], [geomed, {name: ctma}]]}""")
+    for base in ("mean", "median", "geomed"):
+        bare = _acc(runs, f"attack=label_flip {base} meta=none")
+        ctma = _acc(runs, f"attack=label_flip {base} meta=ctma")
+        assert all(c > b + 0.05 for c, b in zip(ctma, bare)), (base, bare, ctma)
+        assert min(ctma) > 0.9
+    opt = _runs("fedro_meta_mu2sgd.yaml", "seeds=[0, 1, 2]", """sweep={
+        attack: [{name: sign_flip}], aggregator.name: [geomed],
+        "local.optimizer, server.optimizer": [[{name: momentum, beta: 0.9}, {name: sgd}],
+                                              [{name: sgd}, {name: mu2sgd, lr: 0.05}]]}""")
+    with_mom = _acc(opt, f"attack=sign_flip geomed {momentum}")
+    with_mu2 = _acc(opt, f"attack=sign_flip geomed {mu2}")
+    assert all(m2 > m + 0.04 for m2, m in zip(with_mu2, with_mom)), (with_mom, with_mu2)
+    ipm = _runs("fedro_meta_mu2sgd.yaml", "seeds=[0, 1, 2]", """sweep={
+        attack: [{name: ipm, epsilon: 0.5}], "aggregator.name, meta": [[median, null], [median, {name: ctma}]]}""")
+    bare = _acc(ipm, "attack=ipm(epsilon=0.5) median meta=none")
+    ctma = _acc(ipm, "attack=ipm(epsilon=0.5) median meta=ctma")
+    assert all(c < b - 0.02 for c, b in zip(ctma, bare)), (bare, ctma)
