@@ -6,7 +6,8 @@ scenario run, grouped by sweep values, each metric as mean and spread over seeds
 
 ``--by`` names params (``clients.per_round``, ``aggregator.name``, ``spectral_gap``) or tags
 (``meta``, ``preaggregators``, ``attack``, ``topology``). ``--metrics`` lists ``metric:how``
-with how one of ``final`` (the last value), ``mean`` (over rounds) or ``sum``; by default a
+with how one of ``final`` (the last value), ``mean`` (over rounds), ``sum`` or ``param`` (a
+numeric run param such as ``spectral_gap``); by default a
 run is summarised by its final ``test_accuracy``, the mean over rounds of
 ``relative_aggregation_error`` and its number of rounds with ``byzantine_exceeded``.
 """
@@ -34,6 +35,11 @@ def _value(run: Any, key: str) -> str:
 
 
 def _summary(client: Any, run: Any, metric: str, how: str) -> float:
+    if how == "param":
+        try:
+            return float(run.data.params.get(metric, "nan"))
+        except ValueError:
+            return math.nan
     if how == "final":
         return float(run.data.metrics.get(metric, math.nan))
     values = [m.value for m in client.get_metric_history(run.info.run_id, metric)]
@@ -78,8 +84,11 @@ def sweep_table(experiment: str, by: Sequence[str], tracking_uri: str | None = N
         row["seeds"] = len(runs)
         for m in summaries:
             vals = [r[m] for r in runs if not math.isnan(r[m])]
-            row[m] = (statistics.fmean(vals) if vals else math.nan,
-                      statistics.stdev(vals) if len(vals) > 1 else 0.0)
+            if not all(math.isfinite(v) and abs(v) < 1e300 for v in vals):  # diverged runs
+                row[m] = (sum(vals) / len(vals), math.nan)  # inf (or huge), no spread
+            else:
+                row[m] = (statistics.fmean(vals) if vals else math.nan,
+                          statistics.stdev(vals) if len(vals) > 1 else 0.0)
         rows.append(row)
     return rows
 
@@ -124,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--by", nargs="+", required=True, help="params or tags to group runs by")
     p.add_argument("--tracking-uri", default=None)
     p.add_argument("--metrics", nargs="+", default=None, metavar="METRIC:HOW",
-                   help="how: final | mean | sum (default: " +
+                   help="how: final | mean | sum | param (default: " +
                    " ".join(f"{m}:{h}" for m, h in SUMMARIES.items()) + ")")
     p.add_argument("--parent", default=None, help="a scenario run id (default: the latest)")
     p.add_argument("--pivot", default=None, metavar="KEY",
@@ -135,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         summaries = {}
         for item in args.metrics:
             metric, _, how = item.partition(":")
-            if how not in ("final", "mean", "sum"):
-                p.error(f"--metrics {item}: how must be one of final, mean, sum")
+            if how not in ("final", "mean", "sum", "param"):
+                p.error(f"--metrics {item}: how must be one of final, mean, sum, param")
             summaries[metric] = how
     rows = sweep_table(args.experiment, args.by, args.tracking_uri, args.parent, summaries)
     if args.pivot:

@@ -444,14 +444,33 @@ def _check_dsgd(sc: Scenario, problems: list[Problem]) -> None:
         problems.append(Problem(("server", "optimizer"), "D-SGD peers run local SGD; "
                                 "server.optimizer and local.optimizer must be sgd"))
     topo = instantiate("topologies", sc.topology)
-    try:
-        topo.check(c.total)
-        if not getattr(topo, "TIME_VARYING", False):
-            from strategies.topologies import validate_mixing
+    agg = instantiate("aggregators", sc.aggregator)
+    for seed in sc.seeds:  # random graphs differ by seed: check each run's
+        where = f" (seed {seed})" if len(sc.seeds) > 1 else ""
+        try:
+            topo.check(c.total)
+            w = topo.mixing_matrix(c.total, seed)
+            if not getattr(topo, "TIME_VARYING", False):
+                from strategies.topologies import validate_mixing
 
-            validate_mixing(topo.mixing_matrix(c.total, sc.seeds[0]))
-    except ValueError as e:
-        problems.append(Problem(("topology",) + _param_loc(e), _strip_param(e)))
+                validate_mixing(w)
+        except ValueError as e:
+            problems.append(Problem(("topology",) + _param_loc(e), _strip_param(e) + where))
+            return
+        if sc.dsgd.defense == "aggregator" and hasattr(agg, "check"):
+            # an honest peer aggregates its own model, its neighbours' and Byzantine messages
+            from simulator.engine import byzantine_clients
+
+            byz = set(byzantine_clients(seed, c.total, c.byzantine).tolist())
+            sizes = {i: int((w[i] > 0).sum()) for i in range(c.total) if i not in byz}
+            peer = min(sizes, key=lambda i: (sizes[i], i))
+            try:
+                agg.check(sizes[peer])
+            except ValueError as e:
+                problems.append(Problem(("aggregator",) + _param_loc(e), f"{_strip_param(e)} "
+                                        f"(the smallest neighbourhood, peer {peer}'s, has "
+                                        f"{sizes[peer]} models){where}"))
+                return
 
 
 def _param_loc(e: Exception) -> Loc:

@@ -102,5 +102,9 @@ def test_dsgd_validation_errors(tmp_path):
     assert error("clients.byzantine=1", "attack={name: dissensus}",
                  text=DSGD.replace("topology: {name: ring}\n", "")) == [
         "attack.name: 'dissensus' attacks gossip: it needs a topology (D-SGD)"]
+    # a neighbourhood aggregator is checked against the smallest neighbourhood before running
+    assert error("dsgd.defense=aggregator", "aggregator={name: cwtm, f: 2}") == [
+        "aggregator.f: must be < n/2 = 1.5, got 2 (the smallest neighbourhood, peer 0's, has 3 models)"]
+    point(tmp_path, "dsgd.defense=aggregator", "aggregator={name: cwtm, f: 1}")  # valid
     assert error("clients.byzantine=1")[0].startswith(
         "attack: required when clients.byzantine > 0 (got 1); available: dissensus")
