@@ -19,7 +19,7 @@ from simulator import data as fdata
 from simulator import registry
 from simulator.runtime.actors import Adversary, ClientWorker, Mixer, Server
 from simulator.runtime.backend import Backend
-from simulator.scenario import Scenario
+from simulator.scenario import Scenario, instantiate
 from simulator.seeding import numpy_rng
 
 RoundCallback = Callable[[int, dict[str, float]], None]
@@ -105,6 +105,7 @@ class Engine:
         self.omniscient = bool(getattr(attack_cls, "omniscient", False))
         self.poison = sc.attack if getattr(attack_cls, "data_poisoning", False) else None
         self._handles = [*self.workers, self.server] + ([self.adversary] if self.adversary else [])
+        self.dim = len(self.backend.get(self.backend.call(self.server, "params")))
 
     def _train(self, round_: int, clients: list[int], params_ref: Any,
                poison: dict | None = None) -> list[Any]:
@@ -145,9 +146,9 @@ class Engine:
         return metrics, timings
 
     def run(self, on_round: RoundCallback | None = None) -> RunResult:
+        """Every round, then the final model; the actors are released whatever happens."""
         self._spawn()
         try:
-            self.dim = len(self.backend.get(self.backend.call(self.server, "params")))
             rows, timings = [], []
             for r in range(self.sc.rounds):
                 m, t = self.run_round(r)
@@ -155,11 +156,15 @@ class Engine:
                 timings.append(t)
                 if on_round is not None:
                     on_round(r, m)
-            final = np.asarray(self.backend.get(self.backend.call(self.server, "params")))
-            state = self.backend.get(self.backend.call(self.server, "state_dict"))
-            return RunResult(rows, final, state, timings)
+            final, state, params = self._final()
+            return RunResult(rows, final, state, timings, params)
         finally:
             self.backend.release(self._handles)
+
+    def _final(self) -> tuple[np.ndarray, dict[str, Any], dict[str, str]]:
+        """(final flat parameters, model state_dict, run params the engine derived)."""
+        final = np.asarray(self.backend.get(self.backend.call(self.server, "params")))
+        return final, self.backend.get(self.backend.call(self.server, "state_dict")), {}
 
 
 class DecentralizedEngine(Engine):
@@ -213,26 +218,14 @@ class DecentralizedEngine(Engine):
             b.get(self._state[0])  # finish the round before timing it
         return metrics, {"round_seconds": time.perf_counter() - t0}
 
-    def run(self, on_round: RoundCallback | None = None) -> RunResult:
+    def _final(self) -> tuple[np.ndarray, dict[str, Any], dict[str, str]]:
+        """The honest peers' averaged model, and the topology's spectral gap and degree."""
         from strategies.topologies import topology_summary
 
-        self._spawn()
-        try:
-            rows, timings = [], []
-            for r in range(self.sc.rounds):
-                m, t = self.run_round(r)
-                rows.append(m)
-                timings.append(t)
-                if on_round is not None:
-                    on_round(r, m)
-            final, state = self.backend.get(self.backend.call(self.mixer, "averaged", *self._state))
-            topo = registry.get("topologies", self.sc.topology["name"])(
-                **{k: v for k, v in self.sc.topology.items() if k != "name"})
-            summary = topology_summary(topo, self.sc.clients.total, self.seed)
-            params = {k: f"{v:.6g}" for k, v in summary.items()}
-            return RunResult(rows, np.asarray(final), state, timings, params)
-        finally:
-            self.backend.release(self._handles)
+        final, state = self.backend.get(self.backend.call(self.mixer, "averaged", *self._state))
+        topo = instantiate("topologies", self.sc.topology)
+        summary = topology_summary(topo, self.sc.clients.total, self.seed)
+        return np.asarray(final), state, {k: f"{v:.6g}" for k, v in summary.items()}
 
 
 def make_engine(scenario: Scenario, backend: Backend, workers: int | None = None) -> Engine:

@@ -534,17 +534,20 @@ def _trimmed_rules(raw: dict) -> list[tuple[Loc, dict]]:
     pre = raw.get("preaggregators")
     if isinstance(pre, list):
         blocks += [(("preaggregators", i), "preaggregators", p) for i, p in enumerate(pre)]
-    out = []
-    for loc, kind, spec in blocks:
-        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-            continue
-        try:
-            cls = registry.get(kind, spec["name"])
-        except registry.UnknownPlugin:
-            continue
-        if "f" in plugin_params_model(cls).model_fields:
-            out.append((loc, spec))
-    return out
+    return [(loc, spec) for loc, kind, spec in blocks
+            if (cls := _plugin_class(kind, spec)) is not None
+            and "f" in plugin_params_model(cls).model_fields]
+
+
+def _plugin_class(kind: str, spec: Any) -> Any:
+    """The registered class a raw plugin block names, or None (not a block, or an unknown
+    name: the plugin pass reports those)."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        return None
+    try:
+        return registry.get(kind, spec["name"])
+    except registry.UnknownPlugin:
+        return None
 
 
 def _apply_b_hat(raw: dict, problems: list[Problem]) -> dict:
@@ -742,12 +745,7 @@ def _resolve_paths(raw: dict, base: Path) -> None:
     relative to the scenario file's directory, wherever ``fedray`` is started from."""
     for loc, kind in _PLUGIN_FIELDS:
         spec = _get(raw, loc)
-        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-            continue
-        try:
-            cls = registry.get(kind, spec["name"])
-        except registry.UnknownPlugin:
-            continue
+        cls = _plugin_class(kind, spec)
         for key in getattr(cls, "PATH_PARAMS", ()):
             value = spec.get(key)
             if isinstance(value, str) and value and not Path(value).is_absolute():
