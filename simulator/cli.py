@@ -1,4 +1,4 @@
-"""``fedray``: run | sweep | validate | list | ui."""
+"""``fedray``: run | sweep | resume | validate | list | ui."""
 
 from __future__ import annotations
 
@@ -124,7 +124,9 @@ def run_loaded(
         backend.shutdown()
 
 
-def _open_child(point: RunPoint, backend: Any, tracker: Any, parent: str) -> str:
+def _open_child(point: RunPoint, backend: Any, tracker: Any, parent: str, tmp: Path) -> str:
+    """A point's child run: tags, params and, from the start, the resolved scenario as the
+    ``scenario.yaml`` artifact (what ``fedray resume`` rebuilds the run from)."""
     from simulator.tracking import flatten
 
     sc = point.scenario
@@ -135,47 +137,58 @@ def _open_child(point: RunPoint, backend: Any, tracker: Any, parent: str) -> str
                                               "fedray.point_key": point_key(point)},
                                 parent_id=parent, description=desc.strip())
     tracker.log_params(run_id, flatten(sc.model_dump(mode="json", exclude={"sweep"})))
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "scenario.yaml").write_text(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False))
+    tracker.log_artifact(run_id, tmp / "scenario.yaml")
     return run_id
 
 
-def _log_result(point: RunPoint, run_id: str, result: Any, tracker: Any, tmp: Path) -> None:
-    """A finished point's artifacts: metrics.parquet, the resolved scenario, the final model."""
+def _log_result(run_id: str, result: Any, tracker: Any, tmp: Path) -> None:
+    """A finished point's artifacts: metrics.parquet and the final model."""
     import torch
 
     from simulator.tracking import write_metrics
 
     tmp.mkdir(parents=True, exist_ok=True)
     tracker.log_artifact(run_id, write_metrics(result.metrics, tmp / "metrics.parquet"))
-    (tmp / "scenario.yaml").write_text(yaml.safe_dump(point.scenario.model_dump(mode="json"),
-                                                      sort_keys=False))
-    tracker.log_artifact(run_id, tmp / "scenario.yaml")
     torch.save(result.model_state, tmp / "model.pt")
     tracker.log_artifact(run_id, tmp / "model.pt", "model")
+    if result.params:
+        tracker.log_params(run_id, result.params)
 
 
 def _run_point(point: RunPoint, backend, tracker, parent, tmp: Path, quiet, workers) -> dict[str, Any]:
+    run_id = _open_child(point, backend, tracker, parent, tmp)
+    return _execute(point, run_id, backend, tracker, tmp, quiet, workers)
+
+
+def _execute(point: RunPoint, run_id: str, backend: Any, tracker: Any, tmp: Path, quiet: bool,
+             workers: int | None, resume: dict | None = None, logged_until: int = -1) -> dict[str, Any]:
+    """Run one point into its child run: per-round metrics (rounds after ``logged_until``;
+    earlier ones are in MLflow already), checkpoints every ``runtime.checkpoint_every``
+    rounds, the artifacts, the final status. A failure keeps what was computed."""
+    from simulator import checkpoint
     from simulator.engine import make_engine
     from simulator.progress import Progress
     from simulator.tracking import write_metrics
 
     sc = point.scenario
-    run_id = _open_child(point, backend, tracker, parent)
     progress = Progress(point.label, sc.rounds, quiet)
     status = "FAILED"
-    rows: list[dict[str, float]] = []
+    rows: list[dict[str, float]] = list(resume["metrics"]) if resume else []
 
     def on_round(r: int, m: dict[str, float]) -> None:
         rows.append(m)
-        tracker.log_round(run_id, r, m)
+        if r > logged_until:
+            tracker.log_round(run_id, r, m)
         progress.update(r, m)
 
     try:
         engine = make_engine(sc, backend, workers)
-        result = engine.run(on_round)
-        if result.params:
-            tracker.log_params(run_id, result.params)
-        _log_result(point, run_id, result, tracker, tmp)
+        result = engine.run(on_round, lambda r, state: checkpoint.save(run_id, r, state), resume)
+        _log_result(run_id, result, tracker, tmp)
         status = "FINISHED"
+        checkpoint.remove(run_id)
         return {"run_id": run_id, "label": point.label, "values": point.values, "seed": point.seed,
                 "final_test_accuracy": result.final("test_accuracy"), "workers": engine.n_workers}
     finally:
@@ -187,6 +200,48 @@ def _run_point(point: RunPoint, backend, tracker, parent, tmp: Path, quiet, work
                 print(f"warning: could not log metrics.parquet for run {run_id}: {e}",
                       file=sys.stderr)
         tracker.end(run_id, status)
+
+
+def resume_run(run_id: str, tracking_uri: str | None = None, backend_name: str | None = None,
+               address: str | None = None, quiet: bool = False, workers: int | None = None,
+               ray_init: dict | None = None) -> dict[str, Any]:
+    """Continue the child run ``run_id`` in the same MLflow run: from its newest checkpoint in
+    ``.fedray/checkpoints/`` (from round 0 without one), with the resolved scenario it logged
+    when it started. Rounds MLflow already holds are not logged again (their values are the
+    same: every draw is derived from the seed). Marks the parent FINISHED once all its
+    children are."""
+    from simulator import checkpoint
+    from simulator.runtime.backend import make_backend
+    from simulator.scenario import Scenario
+    from simulator.tracking import Tracker, default_uri
+
+    uri = tracking_uri or default_uri()
+    tracker = Tracker.of_run(uri, run_id)
+    run = tracker.client.get_run(run_id)
+    if run.data.tags.get("fedray.kind") != "point":
+        raise ValueError(f"run {run_id} is not a fedray point run (a child run of `fedray run`)")
+    with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
+        local = tracker.client.download_artifacts(run_id, "scenario.yaml", tmp)
+        sc = Scenario.model_validate(yaml.safe_load(Path(local).read_text()))
+        state = checkpoint.latest(run_id)
+        logged = [m.step for m in tracker.client.get_metric_history(run_id, "sampled")] or \
+            [m.step for m in tracker.client.get_metric_history(run_id, "byzantine_peers")]
+        point = RunPoint({}, sc.seeds[0], sc)
+        start = state["round"] + 1 if state else 0
+        print(f"resuming {run.info.run_name} ({run_id}) at round {start + 1}/{sc.rounds}"
+              + ("" if state else " (no checkpoint: from the start)"), file=sys.stderr)
+        backend = make_backend(backend_name or sc.runtime.backend, address, **(ray_init or {}))
+        try:
+            tracker.reopen(run_id)
+            out = _execute(point, run_id, backend, tracker, Path(tmp) / "out", quiet, workers,
+                           state, max(logged, default=-1))
+        finally:
+            backend.shutdown()
+    out["label"] = run.info.run_name
+    parent = run.data.tags.get("mlflow.parentRunId")
+    if parent and all(c.info.status == "FINISHED" for c in tracker.children(parent)):
+        tracker.end(parent, "FINISHED")
+    return out
 
 
 # --------------------------------------------------------------------------- sweeps
@@ -272,7 +327,7 @@ def run_sweep(
             while queue or pending:
                 while queue and len(pending) < cap:
                     _, point = queue.pop(0)
-                    run_id = _open_child(point, backend, tracker, parent)
+                    run_id = _open_child(point, backend, tracker, parent, Path(tmp) / "open")
                     ref = remote.remote(point.scenario.model_dump(mode="json"))
                     pending[ref] = (point, run_id)
                 ready, _ = ray.wait(list(pending), num_returns=1)
@@ -287,9 +342,7 @@ def run_sweep(
                     out["failed"].append(point.label)
                     continue
                 tracker.log_history(run_id, result.metrics)
-                if result.params:
-                    tracker.log_params(run_id, result.params)
-                _log_result(point, run_id, result, tracker, Path(tmp) / run_id)
+                _log_result(run_id, result, tracker, Path(tmp) / run_id)
                 tracker.end(run_id, "FINISHED")
                 acc = result.final("test_accuracy")
                 out["runs"].append({"run_id": run_id, "label": point.label, "values": point.values,
@@ -348,6 +401,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"failed: {', '.join(out['failed'])}; run the same command again to retry them",
               file=sys.stderr)
         return 1
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    try:
+        out = resume_run(args.run_id, args.tracking_uri, args.backend, args.address, args.quiet,
+                         args.workers)
+    except ValueError as e:
+        print(f"fedray resume: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"{out['label']}: final test accuracy {out['final_test_accuracy']:.4f}  (run {out['run_id']})")
     return 0
 
 
@@ -430,6 +494,16 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--tracking-uri", default=None)
     w.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     w.set_defaults(func=cmd_sweep)
+
+    rs = sub.add_parser("resume", help="continue a run from its last checkpoint, in the same "
+                        "MLflow run")
+    rs.add_argument("run_id", help="the MLflow run id of a point (a child run)")
+    rs.add_argument("--backend", choices=["ray", "inline"], default=None)
+    rs.add_argument("--address", default=None)
+    rs.add_argument("--tracking-uri", default=None)
+    rs.add_argument("--workers", type=int, default=None)
+    rs.add_argument("--quiet", action="store_true")
+    rs.set_defaults(func=cmd_resume)
 
     v = sub.add_parser("validate", help="validate scenario files; exit 2 if any is invalid")
     v.add_argument("scenarios", nargs="+")

@@ -23,6 +23,7 @@ from simulator.scenario import Scenario, instantiate
 from simulator.seeding import numpy_rng
 
 RoundCallback = Callable[[int, dict[str, float]], None]
+CheckpointCallback = Callable[[int, dict[str, Any]], None]
 
 
 @dataclass
@@ -145,21 +146,54 @@ class Engine:
                    "byzantine_exceeded": float(len(byz) > self.b_hat), **metrics}
         return metrics, timings
 
-    def run(self, on_round: RoundCallback | None = None) -> RunResult:
-        """Every round, then the final model; the actors are released whatever happens."""
+    def run(self, on_round: RoundCallback | None = None,
+            on_checkpoint: CheckpointCallback | None = None,
+            resume: dict[str, Any] | None = None) -> RunResult:
+        """Every round (from the one after ``resume["round"]`` when resuming a checkpoint),
+        then the final model; every ``runtime.checkpoint_every`` rounds ``on_checkpoint``
+        gets the run's whole state. The actors are released whatever happens."""
         self._spawn()
         try:
-            rows, timings = [], []
-            for r in range(self.sc.rounds):
+            rows: list[dict[str, float]] = []
+            timings: list[dict[str, float]] = []
+            start = 0
+            if resume is not None:
+                self._restore(resume)
+                rows = [dict(m) for m in resume["metrics"]]
+                start = int(resume["round"]) + 1
+            every = self.sc.runtime.checkpoint_every
+            for r in range(start, self.sc.rounds):
                 m, t = self.run_round(r)
                 rows.append(m)
                 timings.append(t)
                 if on_round is not None:
                     on_round(r, m)
+                if on_checkpoint is not None and every and (r + 1) % every == 0 \
+                        and r + 1 < self.sc.rounds:
+                    on_checkpoint(r, {**self._checkpoint(), "metrics": rows})
             final, state, params = self._final()
             return RunResult(rows, final, state, timings, params)
         finally:
             self.backend.release(self._handles)
+
+    def _owned(self, worker: int) -> list[int]:
+        return [c for c in range(self.sc.clients.total) if c % self.n_workers == worker]
+
+    def _checkpoint(self) -> dict[str, Any]:
+        """The server's state and every worker's client states (after a round)."""
+        b = self.backend
+        clients: dict[int, dict] = {}
+        for states in b.get([b.call(w, "client_states") for w in self.workers]):
+            clients.update(states)
+        return {"server": b.get(b.call(self.server, "checkpoint")), "clients": clients}
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        b = self.backend
+        calls = [b.call(self.server, "restore", state["server"])]
+        for w, handle in enumerate(self.workers):
+            mine = {c: st for c, st in state["clients"].items() if int(c) in set(self._owned(w))}
+            calls.append(b.call(handle, "load_client_states", mine))
+        b.get(calls)
 
     def _final(self) -> tuple[np.ndarray, dict[str, Any], dict[str, str]]:
         """(final flat parameters, model state_dict, run params the engine derived)."""
@@ -217,6 +251,22 @@ class DecentralizedEngine(Engine):
         else:
             b.get(self._state[0])  # finish the round before timing it
         return metrics, {"round_seconds": time.perf_counter() - t0}
+
+    def _checkpoint(self) -> dict[str, Any]:
+        """Every honest peer's model (rows in peer order)."""
+        import torch
+
+        from simulator.runtime.actors import stack_updates
+
+        results = self.backend.get(list(self._state))
+        x = stack_updates(self.honest, tuple(results), len(results[0]["updates"][0]))
+        return {"peers": torch.from_numpy(x), "clients": {}}
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        x = state["peers"].numpy()
+        self._state = [self.backend.put({"clients": np.asarray(self.honest, dtype=np.int64),
+                                         "updates": x, "losses": np.full(len(x), np.nan),
+                                         "seconds": 0.0})]
 
     def _final(self) -> tuple[np.ndarray, dict[str, Any], dict[str, str]]:
         """The honest peers' averaged model, and the topology's spectral gap and degree."""

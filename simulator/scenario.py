@@ -109,8 +109,12 @@ class Evaluation(Strict):
 
 
 class Runtime(Strict):
+    """Where a run executes. ``checkpoint_every: k`` saves the whole state of the run every k
+    rounds (0: never) so that ``fedray resume RUN_ID`` continues it exactly."""
+
     backend: Literal["ray", "inline"] = "ray"
     workers: Annotated[int, Ge(1)] | None = None
+    checkpoint_every: Annotated[int, Ge(0)] = 0
 
 
 class Scenario(Strict):

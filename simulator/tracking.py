@@ -83,6 +83,17 @@ class Tracker:
         self._pending: dict[str, list[Any]] = {}
         self.failures = 0
 
+    @classmethod
+    def of_run(cls, uri: str, run_id: str) -> Tracker:
+        """The tracker of an existing run's experiment (a missing run: ValueError)."""
+        from mlflow.tracking import MlflowClient
+
+        try:
+            run = MlflowClient(tracking_uri=uri).get_run(run_id)
+        except Exception as e:  # MLflow raises its own exception types
+            raise ValueError(f"no run {run_id!r} in {uri}") from e
+        return cls(uri, MlflowClient(tracking_uri=uri).get_experiment(run.info.experiment_id).name)
+
     def create_run(self, name: str, tags: dict[str, str], parent_id: str | None = None,
                    description: str = "") -> str:
         tags = {k: str(v) for k, v in tags.items()}

@@ -156,6 +156,15 @@ class ClientWorker:
         self.client_state[client] = state
         return message.detach(), loss
 
+    def client_states(self) -> dict[int, dict[str, torch.Tensor]]:
+        """The per-client state this worker keeps (gradient rules' momenta), for checkpoints."""
+        return {c: {k: v.clone() for k, v in st.items()} for c, st in self.client_state.items()}
+
+    def load_client_states(self, states: dict[int, dict[str, torch.Tensor]]) -> None:
+        """Restore the states of this worker's clients (a checkpoint's, all clients' mixed)."""
+        self.client_state = {int(c): {k: v.clone() for k, v in st.items()}
+                             for c, st in states.items()}
+
     def train(self, round_: int, clients: list[int], global_params: np.ndarray,
               poison: dict | None = None) -> dict[str, Any]:
         """Train ``clients`` from ``global_params``; rows of ``updates`` follow ``clients``.
