@@ -46,6 +46,29 @@ def byzantine_clients(seed: int, total: int, f: int) -> np.ndarray:
     return np.sort(numpy_rng(seed, "byzantine").choice(total, size=f, replace=False))
 
 
+def missed_round(seed: int, round_: int, clients: list[int], steps: np.ndarray, dropout: float,
+                 stragglers: Any) -> tuple[set[int], set[int]]:
+    """(dropped, late): the ``clients`` that drop out of the round (probability ``dropout``)
+    and those, of the rest, whose simulated time ``steps[c] * exp(sigma z_c + jitter e_cr)``
+    exceeds the deadline. One draw per client id from (seed, purpose, round): the outcome of
+    a client does not depend on who else was sampled."""
+    if not clients:
+        return set(), set()
+    ids = np.asarray(clients, dtype=np.int64)
+    total = len(steps)
+    dropped: set[int] = set()
+    if dropout > 0:
+        u = numpy_rng(seed, "dropout", round_).random(total)
+        dropped = set(ids[u[ids] < dropout].tolist())
+    late: set[int] = set()
+    if stragglers is not None:
+        z = numpy_rng(seed, "speed").standard_normal(total)
+        e = numpy_rng(seed, "jitter", round_).standard_normal(total)
+        duration = steps * np.exp(stragglers.sigma * z + stragglers.jitter * e)
+        late = set(ids[duration[ids] > stragglers.deadline].tolist()) - dropped
+    return dropped, late
+
+
 def sample_clients(seed: int, round_: int, total: int, k: int) -> np.ndarray:
     """The ``k`` clients of a round, drawn without replacement, sorted by id."""
     if k >= total:
@@ -84,6 +107,11 @@ class Engine:
         b = scenario.clients.b_hat
         self.b_hat = int(b.value if b is not None and b.value is not None
                          else scenario.aggregator.get("f", 0) or 0)
+        # each client's local work in minibatch steps (its simulated time at speed 1)
+        sizes = self.data.client_sizes()
+        lc = scenario.local
+        self.local_steps = (np.full(len(sizes), lc.steps, dtype=np.float64) if lc.steps else
+                            (lc.epochs or 1) * np.ceil(np.maximum(sizes, 1) / lc.batch_size))
         self._handles: list[Any] = []
 
     def _spawn(self) -> None:
@@ -121,8 +149,10 @@ class Engine:
         b, sc = self.backend, self.sc
         t0 = time.perf_counter()
         sampled = sample_clients(self.seed, round_, sc.clients.total, sc.clients.sampled).tolist()
-        honest = [c for c in sampled if c not in self.byzantine]
         byz = [c for c in sampled if c in self.byzantine]
+        dropped, late = missed_round(self.seed, round_, [c for c in sampled if c not in self.byzantine],
+                                     self.local_steps, sc.clients.dropout, sc.clients.stragglers)
+        honest = [c for c in sampled if c not in self.byzantine and c not in dropped | late]
         params_ref = b.call(self.server, "params")  # stored once, read by every worker
         honest_refs = self._train(round_, honest, params_ref)
         byz_ref = None
@@ -142,6 +172,8 @@ class Engine:
         timings = {k: metrics.pop(k) for k in list(metrics) if k.endswith("_seconds")}
         timings["round_seconds"] = time.perf_counter() - t0
         metrics = {"sampled": float(len(sampled)), "byzantine_sampled": float(len(byz)),
+                   "dropped": float(len(dropped)), "stragglers": float(len(late)),
+                   "participants": float(len(honest) + len(byz)),
                    "b_hat": float(self.b_hat),
                    "byzantine_exceeded": float(len(byz) > self.b_hat), **metrics}
         return metrics, timings

@@ -59,11 +59,28 @@ class BHat(Strict):
     value: Annotated[int, Ge(0)] | None = None
 
 
+class Stragglers(Strict):
+    """Simulated compute speed: client c's time for one local step in round r is
+    exp(sigma z_c + jitter e_cr) (z_c fixed per client, e_cr per round, standard normal,
+    seeded; median 1); a client whose local work (its number of minibatch steps) takes more
+    than ``deadline`` step-times misses the round."""
+
+    deadline: Annotated[float, Gt(0)]
+    sigma: Annotated[float, Ge(0)] = 0.5
+    jitter: Annotated[float, Ge(0)] = 0.1
+
+
 class Clients(Strict):
+    """``dropout``: the probability that a sampled honest client drops out of a round (seeded
+    per round and client); ``stragglers``: honest clients too slow for the round's deadline.
+    Byzantine clients never miss a round (the worst case). Both are logged per round."""
+
     total: Annotated[int, Ge(1)]
     per_round: Annotated[int, Ge(1)] | None = None
     byzantine: Annotated[int, Ge(0)] = 0
     b_hat: BHat | None = None
+    dropout: Annotated[float, Ge(0), Lt(1)] = 0.0
+    stragglers: Stragglers | None = None
 
     @property
     def sampled(self) -> int:
@@ -439,10 +456,11 @@ def _check_dsgd(sc: Scenario, problems: list[Problem]) -> None:
                  if getattr(registry.get("attacks", n), "GOSSIP", False)]
         problems.append(Problem(("attack", "name"), f"D-SGD needs an attack on gossip; "
                                 f"available: {', '.join(names)}; got {sc.attack['name']!r}"))
-    for key in ("preaggregators", "meta", "b_hat"):
-        value = getattr(sc.clients, key) if key == "b_hat" else getattr(sc, key)
+    for key in ("preaggregators", "meta", "b_hat", "dropout", "stragglers"):
+        in_clients = key in ("b_hat", "dropout", "stragglers")
+        value = getattr(sc.clients, key) if in_clients else getattr(sc, key)
         if value:
-            where = ("clients", key) if key == "b_hat" else (key,)
+            where = ("clients", key) if in_clients else (key,)
             problems.append(Problem(where, "not used by D-SGD (a topology is set); remove it"))
     if sc.server.optimizer["name"] != "sgd" or sc.local.optimizer["name"] != "sgd":
         problems.append(Problem(("server", "optimizer"), "D-SGD peers run local SGD; "

@@ -8,6 +8,7 @@ argument in place.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -292,12 +293,21 @@ class Server:
         rows = honest if byzantine is None or len(byzantine) == 0 else torch.cat(
             [honest, torch.from_numpy(np.asarray(byzantine, dtype=np.float32))]
         )
-        agg = self.pipeline.aggregate(rows, round_)
+        losses = stack_updates(honest_order, results, 0, key="losses")
+        try:
+            agg = self.pipeline.aggregate(rows, round_) if len(honest) else None
+        except ValueError as e:  # too few rows left this round (dropouts, stragglers)
+            print(f"fedray: round {round_}: aggregation skipped: {e}", file=sys.stderr)
+            agg = None
+        if agg is None:  # nothing to aggregate: the model stays, the round is counted
+            return {"aggregation_skipped": 1.0,
+                    "client_loss": float(losses.mean()) if len(losses) else float("nan"),
+                    "server_seconds": time.perf_counter() - t0,
+                    "train_seconds": float(sum(r["seconds"] for r in results))}
         honest_mean = honest.mean(dim=0)
         finite = bool(torch.isfinite(agg).all())
         if finite:
             self.x = self.optimizer.step(self.x, agg)
-        losses = stack_updates(honest_order, results, 0, key="losses")
         honest_norm = float(torch.linalg.vector_norm(honest_mean))
         error = float(torch.linalg.vector_norm(agg - honest_mean)) if finite else float("inf")
         return {
@@ -307,6 +317,7 @@ class Server:
             # the error due to Byzantine clients on the scale of the honest step
             "relative_aggregation_error": error / honest_norm if honest_norm > 0 else float("nan"),
             "nonfinite_aggregate": 0.0 if finite else 1.0,
+            "aggregation_skipped": 0.0,
             "client_loss": float(losses.mean()) if len(losses) else float("nan"),
             "server_seconds": time.perf_counter() - t0,
             "train_seconds": float(sum(r["seconds"] for r in results)),

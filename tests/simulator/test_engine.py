@@ -175,3 +175,39 @@ def test_mu2sgd_runs_the_same_on_any_number_of_workers_and_learns(tmp_path):
         point(tmp_path, overrides=["local.optimizer={name: momentum}"])  # SMALL: local.steps 3
     assert e.value.lines[0].endswith("local.steps: momentum takes one minibatch gradient per "
                                      "round; remove local.steps, got 3")
+
+
+def test_dropout_and_stragglers_are_seeded_per_client_and_logged(tmp_path):
+    from simulator.engine import missed_round
+    from simulator.scenario import Stragglers
+
+    steps = np.full(1000, 4.0)
+    dropped, late = missed_round(0, 3, list(range(1000)), steps, 0.3, None)
+    assert 250 < len(dropped) < 350 and late == set()
+    # a client's outcome does not depend on who else was sampled
+    sub, _ = missed_round(0, 3, list(range(0, 1000, 7)), steps, 0.3, None)
+    assert sub == {c for c in dropped if c % 7 == 0}
+    # no spread in speed: late exactly when the work exceeds the deadline
+    work = np.array([2.0, 5.0, 3.0, 8.0])
+    _, late = missed_round(0, 0, [0, 1, 2, 3], work, 0.0, Stragglers(deadline=4.0, sigma=0, jitter=0))
+    assert late == {1, 3}
+
+    over = ["rounds=6", "clients.per_round=8", "clients.byzantine=2", "attack={name: sign_flip}",
+            "aggregator={name: median}", "clients.dropout=0.3",
+            "clients.stragglers={deadline: 4.0, sigma: 0.5}"]
+    one = Engine(point(tmp_path, overrides=over), InlineBackend(), workers=1).run()
+    three = Engine(point(tmp_path, overrides=over), InlineBackend(), workers=3).run()
+    assert one.metrics == three.metrics
+    for m in one.metrics:
+        assert m["participants"] == m["sampled"] - m["dropped"] - m["stragglers"]
+    assert sum(m["dropped"] for m in one.metrics) > 0 and sum(m["stragglers"] for m in one.metrics) > 0
+
+
+def test_a_round_with_too_few_clients_is_skipped_and_counted(tmp_path):
+    over = ["rounds=6", "clients.per_round=3", "clients.dropout=0.95"]
+    res = Engine(point(tmp_path, overrides=over), InlineBackend()).run()
+    skipped = [m["aggregation_skipped"] for m in res.metrics]
+    assert 1.0 in skipped
+    for prev, m in zip([None, *res.metrics], res.metrics):
+        if m["aggregation_skipped"] and prev is not None:
+            assert m["test_accuracy"] == prev["test_accuracy"]  # the model did not move
