@@ -113,6 +113,7 @@ class Engine:
         self.local_steps = (np.full(len(sizes), lc.steps, dtype=np.float64) if lc.steps else
                             (lc.epochs or 1) * np.ceil(np.maximum(sizes, 1) / lc.batch_size))
         self._handles: list[Any] = []
+        self._trained: set[int] = set()  # clients that have trained (and may hold state)
 
     def _spawn(self) -> None:
         b, sc, data = self.backend, self.sc, self.data
@@ -142,8 +143,11 @@ class Engine:
         per: dict[int, list[int]] = {}
         for c in clients:
             per.setdefault(c % self.n_workers, []).append(c)
-        return [self.backend.call(self.workers[w], "train", round_, ids, params_ref, poison)
-                for w, ids in sorted(per.items())]
+        calls = [self.backend.call(self.workers[w], "train", round_, ids, params_ref, poison,
+                                   [c for c in ids if c in self._trained])
+                 for w, ids in sorted(per.items())]
+        self._trained.update(clients)
+        return calls
 
     def run_round(self, round_: int) -> tuple[dict[str, float], dict[str, float]]:
         b, sc = self.backend, self.sc
@@ -221,6 +225,7 @@ class Engine:
 
     def _restore(self, state: dict[str, Any]) -> None:
         b = self.backend
+        self._trained = {int(c) for c in state["clients"]}
         calls = [b.call(self.server, "restore", state["server"])]
         for w, handle in enumerate(self.workers):
             mine = {c: st for c, st in state["clients"].items() if int(c) in set(self._owned(w))}

@@ -166,10 +166,28 @@ class ClientWorker:
         self.client_state = {int(c): {k: v.clone() for k, v in st.items()}
                              for c, st in states.items()}
 
+    def node(self) -> str | None:
+        """The Ray node this worker runs on (None in-process)."""
+        try:
+            import ray
+
+            return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        except ImportError:
+            return None
+
     def train(self, round_: int, clients: list[int], global_params: np.ndarray,
-              poison: dict | None = None) -> dict[str, Any]:
+              poison: dict | None = None, expect_state: list[int] | None = None) -> dict[str, Any]:
         """Train ``clients`` from ``global_params``; rows of ``updates`` follow ``clients``.
-        ``poison``: the spec of a data-poisoning attack these (Byzantine) clients run."""
+        ``poison``: the spec of a data-poisoning attack these (Byzantine) clients run.
+        ``expect_state``: clients whose gradient-rule state this worker must hold (they took
+        part before); a restarted worker has lost it and says so rather than go on with
+        different numbers."""
+        lost = [c for c in expect_state or () if int(c) not in self.client_state]
+        if self.rule is not None and lost:
+            raise RuntimeError(
+                f"ClientWorker lost the state of clients {lost[:5]} (the worker was restarted "
+                "after a fault); worker momentum and mu2-SGD keep per-client state: resume the "
+                "run from its last checkpoint (fedray resume RUN_ID)")
         t0 = time.perf_counter()
         attack = instantiate("attacks", poison) if poison else None
         start = torch.from_numpy(np.array(global_params, dtype=np.float32))

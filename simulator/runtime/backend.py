@@ -86,7 +86,17 @@ class RayBackend:
     def spawn(self, cls: type, *args: Any, role: str) -> Any:
         key = (cls, role)
         if key not in self._classes:
-            self._classes[key] = self.ray.remote(cls).options(**ROLE_OPTIONS[role])
+            options = dict(ROLE_OPTIONS[role])
+            if role != "worker":
+                # The server, mixer and adversary hold the run's state and are not restarted:
+                # they live on the driver's node, which the run cannot outlive anyway, never
+                # on a worker node that may be lost (hard affinity: soft affinity is ignored
+                # for actors that take no CPU).
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+                node = self.ray.get_runtime_context().get_node_id()
+                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+            self._classes[key] = self.ray.remote(cls).options(**options)
         return self._classes[key].remote(*args)
 
     def call(self, handle: Any, method: str, *args: Any) -> Any:
