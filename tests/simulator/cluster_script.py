@@ -12,12 +12,12 @@ import time
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-import ray  # noqa: E402
-from ray.cluster_utils import Cluster  # noqa: E402
+import ray
+from ray.cluster_utils import Cluster
 
-from simulator.engine import Engine  # noqa: E402
-from simulator.runtime.backend import RayBackend  # noqa: E402
-from simulator.scenario import load  # noqa: E402
+from simulator.engine import Engine
+from simulator.runtime.backend import RayBackend
+from simulator.scenario import load
 
 
 def main(scenario_path: str) -> None:
