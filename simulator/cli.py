@@ -1,4 +1,4 @@
-"""``fedray``: run | sweep | resume | validate | list | ui."""
+"""``fedray``: run | sweep | resume | sync | validate | list | ui."""
 
 from __future__ import annotations
 
@@ -415,6 +415,16 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sync(args: argparse.Namespace) -> int:
+    from simulator.tracking import sync
+
+    out = sync(uri=args.tracking_uri)
+    print(f"synced {out['runs']} run(s): {out['metrics']} metric values, {out['artifacts']} "
+          f"artifact(s), {out['statuses']} final status(es)"
+          + (f"; {out['failed_runs']} run(s) still unreachable" if out["failed_runs"] else ""))
+    return 1 if out["failed_runs"] else 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     bad = 0
     for f in args.scenarios:
@@ -504,6 +514,12 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--workers", type=int, default=None)
     rs.add_argument("--quiet", action="store_true")
     rs.set_defaults(func=cmd_resume)
+
+    sy = sub.add_parser("sync", help="send what runs could not log during a tracking outage "
+                        "(.fedray/pending/)")
+    sy.add_argument("--tracking-uri", default=None,
+                    help="send there instead of where each run was logging")
+    sy.set_defaults(func=cmd_sync)
 
     v = sub.add_parser("validate", help="validate scenario files; exit 2 if any is invalid")
     v.add_argument("scenarios", nargs="+")
