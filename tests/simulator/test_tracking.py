@@ -107,8 +107,11 @@ def test_failed_log_batch_is_kept_and_resent(mlflow_uri):
         return real(run_id, metrics=metrics, params=params, tags=tags)
 
     tracker.client.log_batch = flaky
-    tracker.log_round(run, 0, {"a": 1.0})  # fails, kept
+    tracker.log_round(run, 0, {"a": 1.0})  # fails, kept in memory and in the journal
+    journal = list((tracker.journal / run).glob("metrics-*.parquet"))
+    assert len(journal) == 1 and pq.read_table(journal[0]).column("step").to_pylist() == [0]
     tracker.log_round(run, 1, {"a": 2.0})  # sends both
+    assert not journal[0].exists()
     tracker.end(run)
     hist = MlflowClient(mlflow_uri).get_metric_history(run, "a")
     assert sorted((m.step, m.value) for m in hist) == [(0, 1.0), (1, 2.0)]
