@@ -1,4 +1,4 @@
-"""``fedray``: run | sweep | resume | sync | validate | list | ui."""
+"""``fedray``: run | sweep | resume | sync | report | validate | list | ui."""
 
 from __future__ import annotations
 
@@ -143,14 +143,18 @@ def _open_child(point: RunPoint, backend: Any, tracker: Any, parent: str, tmp: P
     return run_id
 
 
-def _log_result(run_id: str, result: Any, tracker: Any, tmp: Path) -> None:
-    """A finished point's artifacts: metrics.parquet and the final model."""
+def _log_result(run_id: str, result: Any, tracker: Any, tmp: Path, label: str = "") -> None:
+    """A finished point's artifacts: metrics.parquet, its curves (a PNG the MLflow UI shows)
+    and the final model."""
     import torch
 
+    from dashboards.figures import run_figure
     from simulator.tracking import write_metrics
 
     tmp.mkdir(parents=True, exist_ok=True)
     tracker.log_artifact(run_id, write_metrics(result.metrics, tmp / "metrics.parquet"))
+    if run_figure(result.metrics, tmp / "curves.png", label) is not None:
+        tracker.log_artifact(run_id, tmp / "curves.png", "figures")
     torch.save(result.model_state, tmp / "model.pt")
     tracker.log_artifact(run_id, tmp / "model.pt", "model")
     if result.params:
@@ -186,7 +190,7 @@ def _execute(point: RunPoint, run_id: str, backend: Any, tracker: Any, tmp: Path
     try:
         engine = make_engine(sc, backend, workers)
         result = engine.run(on_round, lambda r, state: checkpoint.save(run_id, r, state), resume)
-        _log_result(run_id, result, tracker, tmp)
+        _log_result(run_id, result, tracker, tmp, point.label)
         status = "FINISHED"
         checkpoint.remove(run_id)
         return {"run_id": run_id, "label": point.label, "values": point.values, "seed": point.seed,
@@ -342,7 +346,7 @@ def run_sweep(
                     out["failed"].append(point.label)
                     continue
                 tracker.log_history(run_id, result.metrics)
-                _log_result(run_id, result, tracker, Path(tmp) / run_id)
+                _log_result(run_id, result, tracker, Path(tmp) / run_id, point.label)
                 tracker.end(run_id, "FINISHED")
                 acc = result.final("test_accuracy")
                 out["runs"].append({"run_id": run_id, "label": point.label, "values": point.values,
@@ -423,6 +427,18 @@ def cmd_sync(args: argparse.Namespace) -> int:
           f"artifact(s), {out['statuses']} final status(es)"
           + (f"; {out['failed_runs']} run(s) still unreachable" if out["failed_runs"] else ""))
     return 1 if out["failed_runs"] else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from dashboards.report import build_report
+
+    try:
+        path = build_report(args.target, Path(args.out) if args.out else None, args.tracking_uri)
+    except ValueError as e:
+        print(f"fedray report: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"report: {path.resolve()}")
+    return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -520,6 +536,12 @@ def build_parser() -> argparse.ArgumentParser:
     sy.add_argument("--tracking-uri", default=None,
                     help="send there instead of where each run was logging")
     sy.set_defaults(func=cmd_sync)
+
+    rp = sub.add_parser("report", help="a self-contained HTML report of an experiment or run")
+    rp.add_argument("target", help="an experiment name (its latest scenario run) or a run id")
+    rp.add_argument("--out", default=None, help="directory (default: ./fedray-report/TARGET)")
+    rp.add_argument("--tracking-uri", default=None)
+    rp.set_defaults(func=cmd_report)
 
     v = sub.add_parser("validate", help="validate scenario files; exit 2 if any is invalid")
     v.add_argument("scenarios", nargs="+")

@@ -1,0 +1,260 @@
+"""``fedray report``: a self-contained HTML report of an experiment (its latest scenario run)
+or of one run, built from what MLflow holds; no server needed for the embedded store.
+
+Sections, each present when the runs have what it needs: a summary table (final accuracy,
+mean ± std over seeds, per sweep point); curves per sweep point with the spread over seeds
+(min-max band); heat maps of final accuracy, aggregator x attack (one per combination of the
+other swept values) and aggregator x f; for D-SGD, a topology table (spectral gap, accuracy,
+generalization gap, consensus distance). The report is logged as ``report/report.html`` on
+the scenario's parent run.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dashboards.svg import heat_map, line_chart
+
+CURVES = [("test_accuracy", "test accuracy"), ("test_loss", "test loss"),
+          ("aggregation_error", "aggregation error ||aggregate - honest mean||"),
+          ("generalization_gap", "generalization gap (test - train loss)"),
+          ("consensus_distance", "consensus distance")]
+MAX_SERIES = 10
+
+
+@dataclass
+class RunData:
+    run_id: str
+    name: str
+    group: str  # the run name without its seed
+    seed: str
+    tags: dict[str, str]
+    params: dict[str, str]
+    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+
+    def final(self, key: str) -> float:
+        h = self.history.get(key)
+        return h[-1][1] if h else math.nan
+
+
+def _group(name: str) -> str:
+    head, sep, tail = name.rpartition(" seed=")
+    return head if sep and tail.isdigit() else name
+
+
+def collect(target: str, tracking_uri: str | None = None) -> tuple[str, str | None, list[RunData]]:
+    """(title, parent run id or None, runs) for an experiment name or a run id."""
+    from mlflow.tracking import MlflowClient
+
+    from simulator.tracking import default_uri
+
+    uri = tracking_uri or default_uri()
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(target)
+    if exp is not None:
+        parents = client.search_runs([exp.experiment_id], "tags.`fedray.kind` = 'scenario'",
+                                     order_by=["attributes.start_time DESC"], max_results=1)
+        if not parents:
+            raise ValueError(f"experiment {target!r} has no fedray scenario run")
+        parent = parents[0]
+    else:
+        try:
+            run = client.get_run(target)
+        except Exception:  # noqa: BLE001 - MLflow raises its own types for a missing run
+            raise ValueError(f"{target!r} is neither an experiment nor a run in {uri}") from None
+        if run.data.tags.get("fedray.kind") != "scenario":
+            return run.info.run_name, None, [_load(client, run)]
+        parent = run
+    children = client.search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+        order_by=["attributes.start_time ASC"], max_results=50_000)
+    return parent.info.run_name, parent.info.run_id, [_load(client, r) for r in children]
+
+
+def _load(client: Any, run: Any) -> RunData:
+    name = run.info.run_name
+    data = RunData(run.info.run_id, name, _group(name), run.data.tags.get("seed", ""),
+                   dict(run.data.tags), dict(run.data.params))
+    for key, _ in CURVES:
+        if key in run.data.metrics:
+            hist = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
+            data.history[key] = [(m.step, m.value) for m in hist]
+    return data
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float, int]:
+    vals = [v for v in values if math.isfinite(v)]
+    if not vals:
+        return math.nan, math.nan, 0
+    return statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0, len(vals)
+
+
+def _series(groups: dict[str, list[RunData]], key: str) -> list[dict]:
+    out = []
+    for label, runs in groups.items():
+        steps = sorted({s for r in runs for s, _ in r.history.get(key, [])})
+        if not steps:
+            continue
+        by_run = [dict(r.history.get(key, [])) for r in runs]
+        mean, lo, hi = [], [], []
+        for s in steps:
+            vals = [h[s] for h in by_run if s in h and math.isfinite(h[s])]
+            mean.append(statistics.fmean(vals) if vals else math.nan)
+            lo.append(min(vals) if vals else math.nan)
+            hi.append(max(vals) if vals else math.nan)
+        out.append({"label": label, "x": steps, "mean": mean, "lo": lo, "hi": hi})
+    return out
+
+
+def _pick(series: list[dict]) -> tuple[list[dict], str]:
+    """At most MAX_SERIES curves: the best and the worst by final value."""
+    if len(series) <= MAX_SERIES:
+        return series, ""
+    ranked = sorted(series, key=lambda s: -next((v for v in reversed(s["mean"])
+                                                 if math.isfinite(v)), -math.inf))
+    half = MAX_SERIES // 2
+    return ranked[:half] + ranked[-half:], (f" ({half} highest and {half} lowest final values "
+                                            f"of {len(series)} sweep points)")
+
+
+def _sweep_paths(runs: list[RunData], skip: set[str]) -> list[str]:
+    """Params of the swept paths (from the points' labels' varying params) except ``skip``."""
+    keys = set().union(*(r.params for r in runs)) if runs else set()
+    varying = [k for k in sorted(keys) if len({r.params.get(k) for r in runs}) > 1]
+    return [k for k in varying if not any(k == s or k.startswith(s + ".") for s in skip)
+            and k != "seeds"]
+
+
+def _heat_maps(runs: list[RunData], row_tag: str, col_tag: str, col_label: str,
+               skip: set[str]) -> list[str]:
+    rows_vals = list(dict.fromkeys(r.tags.get(row_tag, "?") for r in runs))
+    cols_vals = list(dict.fromkeys(r.tags.get(col_tag, "?") for r in runs))
+    if len(rows_vals) < 2 and len(cols_vals) < 2:
+        return []
+    context_keys = _sweep_paths(runs, skip)
+    contexts: dict[tuple, list[RunData]] = {}
+    for r in runs:
+        contexts.setdefault(tuple(r.params.get(k, "") for k in context_keys), []).append(r)
+    out = []
+    for ctx, members in list(contexts.items())[:24]:
+        cells: dict[tuple[str, str], list[float]] = {}
+        for r in members:
+            cells.setdefault((r.tags.get(row_tag, "?"), r.tags.get(col_tag, "?")), []).append(
+                r.final("test_accuracy"))
+        values = {k: _mean_std(v) for k, v in cells.items()}
+        where = ", ".join(f"{k}={v}" for k, v in zip(context_keys, ctx)) or "all runs"
+        out.append(heat_map(f"final test accuracy: {row_tag} x {col_label} ({where})", rows_vals,
+                            cols_vals, values, row_tag, col_label, 0.0, 1.0))
+    return out
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str) -> str:
+    h = "".join(f"<th>{html.escape(c)}</th>" for c in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    return f'<table class="{cls}"><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _cell(m: tuple[float, float, int]) -> str:
+    return "-" if not m[2] else f"{m[0]:.4g} ± {m[1]:.2g}"
+
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
+h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:13px;margin:8px 0}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}th{background:#f4f4f4}
+td:first-child,th:first-child{text-align:left}
+svg{margin:6px 12px 6px 0;background:#fff}
+.title{font-size:13px;font-weight:600}.tick{font-size:11px;fill:#444}.axis{font-size:12px}
+.frame{fill:none;stroke:#999}.grid{stroke:#eee}
+.curve{fill:none;stroke-width:2}.band{opacity:.15;stroke:none}
+.legend{cursor:pointer}.off{opacity:.15}.cellv{font-size:11px;pointer-events:none}
+.note{color:#666;font-size:13px}
+"""
+
+JS = """
+document.querySelectorAll('svg.chart').forEach(function (svg) {
+  svg.querySelectorAll('.legend').forEach(function (item) {
+    item.addEventListener('click', function () {
+      var i = item.getAttribute('data-series');
+      svg.querySelectorAll('[data-series="' + i + '"]').forEach(function (el) {
+        if (el !== item) { el.classList.toggle('off'); }
+      });
+      item.classList.toggle('off');
+    });
+  });
+});
+"""
+
+
+def render(title: str, runs: list[RunData]) -> str:
+    """The report as one HTML document (inline CSS, SVG and a few lines of script)."""
+    groups: dict[str, list[RunData]] = {}
+    for r in runs:
+        groups.setdefault(r.group, []).append(r)
+    parts = [f"<h1>fedray report: {html.escape(title)}</h1>",
+             (f'<p class="note">{len(runs)} run(s), {len(groups)} sweep point(s); mean ± '
+             "standard deviation over seeds; bands span min to max over seeds.</p>")]
+    rows = []
+    for label, members in groups.items():
+        acc = _mean_std([r.final("test_accuracy") for r in members])
+        err = _mean_std([r.final("aggregation_error") for r in members])
+        rows.append([label, str(len(members)), _cell(acc), _cell(err)])
+    parts += ["<h2>Summary</h2>", _table(["sweep point", "seeds", "final test accuracy",
+                                           "final aggregation error"], rows, "summary")]
+    charts = []
+    for key, label in CURVES:
+        series, note = _pick(_series(groups, key))
+        if series:
+            charts.append(line_chart(label + note, series, "round", key))
+    if charts:
+        parts += ["<h2>Curves</h2>", *charts]
+    maps = _heat_maps(runs, "aggregator", "attack", "attack",
+                      {"aggregator", "aggregator.name", "attack", "attack.name"})
+    if maps:
+        parts += ["<h2>Aggregator x attack</h2>", *maps]
+    if len({r.tags.get("f") for r in runs}) > 1:
+        parts += ["<h2>Aggregator x f</h2>", *_heat_maps(
+            runs, "aggregator", "f", "f (Byzantine clients)",
+            {"aggregator", "aggregator.name", "clients.byzantine", "clients.b_hat"})]
+    topo = [r for r in runs if r.tags.get("topology", "none") != "none"]
+    if topo:
+        by_topo: dict[str, list[RunData]] = {}
+        for r in topo:
+            by_topo.setdefault(r.group, []).append(r)
+        rows = []
+        for label, members in by_topo.items():
+            gap = _mean_std([float(r.params.get("spectral_gap", "nan")) for r in members])
+            rows.append([label, members[0].tags.get("topology", ""), _cell(gap),
+                         _cell(_mean_std([r.final("test_accuracy") for r in members])),
+                         _cell(_mean_std([r.final("generalization_gap") for r in members])),
+                         _cell(_mean_std([r.final("consensus_distance") for r in members]))])
+        parts += ["<h2>Topologies (D-SGD)</h2>", _table(
+            ["sweep point", "topology", "spectral gap", "peers' test accuracy",
+             "generalization gap", "consensus distance"], rows, "topologies")]
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>fedray report: {html.escape(title)}</title><style>{CSS}</style></head>"
+            f"<body>{''.join(parts)}<script>{JS}</script></body></html>")
+
+
+def build_report(target: str, out_dir: Path | None = None, tracking_uri: str | None = None,
+                 log: bool = True) -> Path:
+    """Write ``report.html`` for an experiment or run into ``out_dir`` (default
+    ``./fedray-report/<target>``) and log it on the parent run; returns its path."""
+    title, parent, runs = collect(target, tracking_uri)
+    out = (out_dir or Path("fedray-report") / target)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "report.html"
+    path.write_text(render(title, runs), encoding="utf-8")
+    if log and parent is not None:
+        from simulator.tracking import Tracker, default_uri
+
+        Tracker.of_run(tracking_uri or default_uri(), parent).log_artifact(parent, path, "report")
+    return path

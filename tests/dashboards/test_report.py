@@ -1,0 +1,100 @@
+"""`fedray report` in a real browser: headless Chromium (Debian's package; .ci/run installs it)
+loads the report from a local file with no console error, shows the expected number of
+heat-map cells and curves, and leaves a screenshot in the test's tmp dir."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from dashboards.report import build_report
+from simulator.cli import run_loaded
+from simulator.scenario import load
+
+SWEEP = """\
+name: report-test
+description: 2 aggregators x 2 attacks x 2 seeds
+rounds: 4
+seeds: [0, 1]
+data:
+  dataset: {name: digits}
+model: {name: logreg}
+clients: {total: 10, per_round: 6, byzantine: 2}
+local: {steps: 2, batch_size: 16, lr: 0.2}
+attack: {name: sign_flip}
+sweep:
+  aggregator.name: [mean, median]
+  attack.name: [sign_flip, alie]
+runtime: {backend: inline}
+"""
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+         "--no-first-run", "--disable-dev-shm-usage"]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory, _mlflow_template):
+    tmp = tmp_path_factory.mktemp("report")
+    db = tmp / "mlflow.db"
+    shutil.copy(_mlflow_template, db)
+    uri = f"sqlite:///{db}"
+    p = tmp / "sweep.yaml"
+    p.write_text(SWEEP)
+    out = run_loaded(load(p), tracking_uri=uri, quiet=True)
+    path = build_report("report-test", tmp / "out", uri)
+    return {"path": path, "uri": uri, "parent": out["parent_run_id"], "runs": out["runs"], "tmp": tmp}
+
+
+def test_report_content_and_mlflow_artifacts(report):
+    text = report["path"].read_text()
+    assert text.count('<rect class="cell"') == 4  # aggregator x attack
+    # 4 sweep points: a curve each in the accuracy, loss and aggregation-error charts
+    assert text.count('<polyline class="curve"') == 12
+    assert "<script>" in text and "http" not in text.replace("http://www.w3.org/2000/svg", "")
+    client = MlflowClient(report["uri"])
+    assert [a.path for a in client.list_artifacts(report["parent"], "report")] == ["report/report.html"]
+    child = report["runs"][0]["run_id"]
+    assert [a.path for a in client.list_artifacts(child, "figures")] == ["figures/curves.png"]
+    # every cell holds the mean over seeds of the runs' final accuracy
+    cells = {(row, col): float(v) for row, col, v in re.findall(
+        r'<rect class="cell"[^>]*data-row="([^"]+)" data-col="([^"]+)" data-value="([^"]+)"', text)}
+    by_point: dict = {}
+    for r in report["runs"]:
+        by_point.setdefault((r["values"]["aggregator.name"], r["values"]["attack.name"]), []).append(
+            r["final_test_accuracy"])
+    for key, accs in by_point.items():
+        assert cells[key] == pytest.approx(sum(accs) / len(accs))
+
+
+def _load(url: str) -> tuple[str, list[str]]:
+    """(DOM after scripts ran, console messages) of ``url`` in headless Chromium."""
+    r = subprocess.run([CHROMIUM, *FLAGS, "--enable-logging=stderr", "--v=0",
+                        "--virtual-time-budget=3000", "--dump-dom", url],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout, [line for line in r.stderr.splitlines() if ":CONSOLE" in line]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)")
+def test_report_in_headless_chromium(report):
+    tmp = report["tmp"]
+    url = report["path"].resolve().as_uri()
+    dom, console = _load(url)
+    # the DOM as the browser built it: cells, curves and the legend's script all there
+    assert dom.count('class="cell"') == 4
+    assert dom.count('class="curve"') == 12
+    assert console == []  # no message at all: no error, no stray log
+    # the console check sees a page's errors (so an empty list means something)
+    bad = tmp / "bad.html"
+    bad.write_text("<html><body><script>console.error('boom'); missing();</script></body></html>")
+    _, bad_console = _load(bad.resolve().as_uri())
+    assert any("Uncaught ReferenceError" in line for line in bad_console)
+    shot = tmp / "report.png"
+    s = subprocess.run([CHROMIUM, *FLAGS, "--window-size=1400,2000", f"--screenshot={shot}", url],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert s.returncode == 0 and shot.stat().st_size > 20_000, s.stderr[-2000:]
