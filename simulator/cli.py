@@ -1,4 +1,4 @@
-"""``fedray``: run | sweep | resume | sync | report | validate | list | ui."""
+"""``fedray``: run | sweep | resume | sync | report | privacy compare | validate | list | ui."""
 
 from __future__ import annotations
 
@@ -155,6 +155,12 @@ def _log_result(run_id: str, result: Any, tracker: Any, tmp: Path, label: str = 
     tracker.log_artifact(run_id, write_metrics(result.metrics, tmp / "metrics.parquet"))
     if run_figure(result.metrics, tmp / "curves.png", label) is not None:
         tracker.log_artifact(run_id, tmp / "curves.png", "figures")
+    for name, columns in result.tables.items():  # privacy profile, trade-off curve
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table(columns), tmp / f"{name}.parquet")
+        tracker.log_artifact(run_id, tmp / f"{name}.parquet", "privacy")
     torch.save(result.model_state, tmp / "model.pt")
     tracker.log_artifact(run_id, tmp / "model.pt", "model")
     if result.params:
@@ -441,6 +447,47 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def privacy_compare(paths: list[str], overrides: list[str] | None = None) -> list[dict[str, Any]]:
+    """Each scenario's DP mechanism (its first point's), its epsilon at its delta, and the
+    Delta-divergence between every ordered pair of their trade-off curves."""
+    import numpy as np
+
+    from simulator.engine import Engine
+    from simulator.runtime.backend import InlineBackend
+    from strategies.privacy import delta_divergence
+
+    alpha = np.linspace(0.0, 1.0, 2001)
+    out = []
+    for path in paths:
+        sc = load(path, overrides).points[0].scenario
+        if sc.privacy is None:
+            raise ValueError(f"{path}: has no privacy block")
+        mech = Engine(sc, InlineBackend()).privacy_mechanism(sc.rounds)
+        out.append({"path": path, "mechanism": mech, "delta": sc.privacy.delta,
+                    "epsilon": mech.epsilon(sc.privacy.delta, sc.privacy.accountant),
+                    "beta": mech.tradeoff(alpha)})
+    for a in out:
+        a["divergence"] = {b["path"]: delta_divergence(alpha, a["beta"], b["beta"]) for b in out}
+    return out
+
+
+def cmd_privacy(args: argparse.Namespace) -> int:
+    try:
+        rows = privacy_compare(args.scenarios, args.set)
+    except (ScenarioError, ValueError) as e:
+        print("\n".join(e.lines) if isinstance(e, ScenarioError) else str(e), file=sys.stderr)
+        return EXIT_INVALID
+    for r in rows:
+        m = r["mechanism"]
+        print(f"{r['path']}: epsilon {r['epsilon']:.4g} at delta {r['delta']:g}  (subsampled "
+              f"Gaussian: q = {m.q:.4g}, noise multiplier {m.sigma:g}, {m.steps} compositions)")
+    for a in rows:
+        for b in rows:
+            if a is not b:
+                print(f"Delta({a['path']} || {b['path']}) = {a['divergence'][b['path']]:.4f}")
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     bad = 0
     for f in args.scenarios:
@@ -542,6 +589,14 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", default=None, help="directory (default: ./fedray-report/TARGET)")
     rp.add_argument("--tracking-uri", default=None)
     rp.set_defaults(func=cmd_report)
+
+    pv = sub.add_parser("privacy", help="compare the DP mechanisms of scenario files")
+    pv_sub = pv.add_subparsers(dest="privacy_command", required=True)
+    pc = pv_sub.add_parser("compare", help="epsilon at each delta and the Delta-divergence "
+                           "between the trade-off curves, both ways")
+    pc.add_argument("scenarios", nargs="+")
+    pc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pc.set_defaults(func=cmd_privacy)
 
     v = sub.add_parser("validate", help="validate scenario files; exit 2 if any is invalid")
     v.add_argument("scenarios", nargs="+")

@@ -8,6 +8,7 @@ meta-aggregator), step the server optimizer, evaluate every ``evaluation.every``
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ class RunResult:
     model_state: dict[str, Any]
     timings: list[dict[str, float]] = field(default_factory=list)  # wall-clock, per round
     params: dict[str, str] = field(default_factory=dict)  # run params the engine derives
+    tables: dict[str, dict[str, list]] = field(default_factory=dict)  # artifacts, by name
 
     def final(self, key: str) -> float:
         for row in reversed(self.metrics):
@@ -121,7 +123,9 @@ class Engine:
         local = sc.local.model_dump()
         self.workers = [
             b.spawn(ClientWorker, table_ref, data.offsets, data.input_shape, data.num_classes,
-                    sc.model, local, self.seed, sc.client_rule(), role="worker")
+                    sc.model, local, self.seed, sc.client_rule(),
+                    sc.privacy.model_dump() if sc.privacy and sc.privacy.level == "sample" else None,
+                    role="worker")
             for _ in range(self.n_workers)
         ]
         eval_ref = b.put((data.x_test, data.y_test, data.x_train_eval, data.y_train_eval))
@@ -173,6 +177,9 @@ class Engine:
         metrics = dict(b.get(step_ref))
         if eval_ref is not None:
             metrics.update(b.get(eval_ref))
+            if sc.privacy is not None:  # the privacy spent so far, at the scenario's delta
+                metrics["epsilon"] = self.privacy_mechanism(round_ + 1).epsilon(
+                    sc.privacy.delta, sc.privacy.accountant)
         timings = {k: metrics.pop(k) for k in list(metrics) if k.endswith("_seconds")}
         timings["round_seconds"] = time.perf_counter() - t0
         metrics = {"sampled": float(len(sampled)), "byzantine_sampled": float(len(byz)),
@@ -208,9 +215,42 @@ class Engine:
                         and r + 1 < self.sc.rounds:
                     on_checkpoint(r, {**self._checkpoint(), "metrics": rows})
             final, state, params = self._final()
-            return RunResult(rows, final, state, timings, params)
+            privacy_params, tables = self._privacy_outputs()
+            return RunResult(rows, final, state, timings, {**params, **privacy_params}, tables)
         finally:
             self.backend.release(self._handles)
+
+    def privacy_mechanism(self, rounds: int) -> Any:
+        """The run's DP mechanism after ``rounds`` rounds, as a composition of subsampled
+        Gaussians (None without privacy). Client level: one Gaussian per round on the clients
+        sampled (rate per_round / total, Poisson approximation of fixed-size sampling). Sample
+        level: every DP-SGD step of the worst-placed client (the largest sampling rate
+        batch_size / size, the most steps per round), every round: the client-sampling
+        amplification is not counted, a conservative bound."""
+        from strategies.privacy import SubsampledGaussian
+
+        p, c = self.sc.privacy, self.sc.clients
+        if p is None:
+            return None
+        if p.level == "client":
+            return SubsampledGaussian(min(1.0, c.sampled / c.total), p.noise_multiplier, rounds)
+        sizes = np.maximum(self.data.client_sizes(), 1)
+        q = float(min(1.0, self.sc.local.batch_size / sizes.min()))
+        return SubsampledGaussian(q, p.noise_multiplier, rounds * int(self.local_steps.max()))
+
+    def _privacy_outputs(self) -> tuple[dict[str, str], dict[str, dict[str, list]]]:
+        """Final epsilon as a param, the privacy profile and trade-off curve as tables."""
+        mech = self.privacy_mechanism(self.sc.rounds)
+        if mech is None:
+            return {}, {}
+        p = self.sc.privacy
+        eps = mech.epsilon(p.delta, p.accountant)
+        grid = np.linspace(0.0, max(2 * eps, 1.0) if math.isfinite(eps) else 10.0, 101)
+        alpha = np.linspace(0.0, 1.0, 1001)
+        return ({"privacy.epsilon": f"{eps:.6g}", "privacy.steps": str(mech.steps),
+                 "privacy.sampling_rate": f"{mech.q:.6g}"},
+                {"privacy_profile": {"epsilon": grid.tolist(), "delta": mech.profile(grid).tolist()},
+                 "tradeoff": {"alpha": alpha.tolist(), "beta": mech.tradeoff(alpha).tolist()}})
 
     def _owned(self, worker: int) -> list[int]:
         return [c for c in range(self.sc.clients.total) if c % self.n_workers == worker]
@@ -251,7 +291,8 @@ class DecentralizedEngine(Engine):
         self.honest = [i for i in range(sc.clients.total) if i not in self.byzantine]
         self.workers = [
             b.spawn(ClientWorker, table_ref, data.offsets, data.input_shape, data.num_classes,
-                    sc.model, sc.local.model_dump(), self.seed, sc.client_rule(), role="worker")
+                    sc.model, sc.local.model_dump(), self.seed, sc.client_rule(),
+                    sc.privacy.model_dump() if sc.privacy else None, role="worker")
             for _ in range(self.n_workers)
         ]
         eval_ref = b.put((data.x_test, data.y_test, data.x_train_eval, data.y_train_eval))
@@ -285,6 +326,9 @@ class DecentralizedEngine(Engine):
         metrics: dict[str, float] = {"byzantine_peers": float(len(self.byzantine))}
         if evaluate:
             metrics.update(b.get(b.call(self.mixer, "evaluate", *self._state)))
+            if sc.privacy is not None:
+                metrics["epsilon"] = self.privacy_mechanism(round_ + 1).epsilon(
+                    sc.privacy.delta, sc.privacy.accountant)
         else:
             b.get(self._state[0])  # finish the round before timing it
         return metrics, {"round_seconds": time.perf_counter() - t0}

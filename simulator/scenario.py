@@ -121,6 +121,24 @@ class DSGD(Strict):
     clip_tau: Annotated[float, Gt(0)] | None = None
 
 
+class Privacy(Strict):
+    """Differential privacy. ``level: client`` is DP-FedAvg (McMahan, Ramage, Talwar, Zhang,
+    ICLR 2018): the server clips every update to norm ``clip``, averages and adds Gaussian
+    noise of std ``noise_multiplier * clip / m`` (m rows): client-level DP, with the mean's
+    sensitivity, so only with ``aggregator: mean``. ``level: sample`` is DP-SGD (Abadi et
+    al., CCS 2016) inside each client: Poisson-subsampled minibatches (rate batch_size / the
+    client's size), per-sample gradients clipped to ``clip``, Gaussian noise of std
+    ``noise_multiplier * clip``; robust aggregation of the released updates is
+    post-processing, so any pipeline composes with it. ``epsilon`` at ``delta`` is logged per
+    evaluated round from the ``accountant`` (dp-accounting's PLD or RDP)."""
+
+    level: Literal["client", "sample"]
+    clip: Annotated[float, Gt(0)] = 1.0
+    noise_multiplier: Annotated[float, Ge(0)] = 1.0
+    delta: Annotated[float, Gt(0), Lt(1)] = 1e-5
+    accountant: Literal["pld", "rdp"] = "pld"
+
+
 class Evaluation(Strict):
     every: Annotated[int, Ge(1)] = 1
 
@@ -154,6 +172,7 @@ class Scenario(Strict):
     server: Server = Server()
     topology: PluginSpec | None = None
     dsgd: DSGD = DSGD()
+    privacy: Privacy | None = None
     evaluation: Evaluation = Evaluation()
     runtime: Runtime = Runtime()
     sweep: dict[str, list[Any]] = {}
@@ -389,6 +408,20 @@ def _cross_field(sc: Scenario, problems: list[Problem]) -> None:
     if sc.local.epochs is not None and sc.local.steps is not None:
         problems.append(Problem(("local", "steps"), "give local.epochs or local.steps, not both"))
     _check_dsgd(sc, problems)
+    if sc.privacy is not None:
+        if sc.privacy.level == "client" and (sc.aggregator["name"] != "mean" or sc.preaggregators
+                                             or sc.meta):
+            problems.append(Problem(("privacy", "level"), "client-level DP adds noise calibrated to "
+                                    "the mean's sensitivity: it needs aggregator mean and no pre- or "
+                                    f"meta-aggregator (got {sc.aggregator['name']}); level sample "
+                                    "composes with robust aggregation"))
+        if sc.privacy.level == "sample" and sc.client_rule()[1]["name"] != "sgd":
+            problems.append(Problem(("privacy", "level"), "DP-SGD runs the clients' local SGD; "
+                                    "local.optimizer and server.optimizer must not bring another "
+                                    "client rule"))
+        if sc.privacy.level == "client" and sc.topology is not None:
+            problems.append(Problem(("privacy", "level"), "client-level DP needs a server; use "
+                                    "level sample with D-SGD"))
     kind, rule = sc.client_rule()
     if kind == "optimizers" and sc.local.optimizer["name"] != "sgd":
         problems.append(Problem(("local", "optimizer"), f"server.optimizer {rule['name']!r} "

@@ -8,6 +8,7 @@ argument in place.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import Any
@@ -68,6 +69,7 @@ class ClientWorker:
         local: dict,
         seed: int,
         client_rule: tuple[str, dict] = ("client_optimizers", {"name": "sgd"}),
+        dp_sgd: dict | None = None,
     ) -> None:
         _single_thread()
         self.x, self.y = client_arrays(table, tuple(input_shape))
@@ -84,6 +86,7 @@ class ClientWorker:
         # a gradient rule computes the message from minibatch gradients (None: local SGD)
         self.rule = rule if getattr(rule, "GRADIENT_RULE", False) else None
         self.client_state: dict[int, dict] = {}  # per-client state of the gradient rule
+        self.dp_sgd = dp_sgd  # sample-level DP: {clip, noise_multiplier, ...} or None
 
     def _batches(self, n: int, g: torch.Generator) -> list[torch.Tensor]:
         bs = min(self.local["batch_size"], n)
@@ -112,6 +115,8 @@ class ClientWorker:
         g = torch_generator(self.seed, "local", round_, client)
         if self.rule is not None:
             return self._rule_message(round_, client, start, x, y, g)
+        if self.dp_sgd is not None:
+            return self._dp_sgd(start, x, y, g)
         opt = torch.optim.SGD(
             self.params,
             lr=self.local["lr"],
@@ -130,6 +135,51 @@ class ClientWorker:
         with torch.no_grad():
             update = parameters_to_vector(self.params) - start
         return update, total / max(len(batches), 1)
+
+    def _dp_sgd(self, start: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                g: torch.Generator) -> tuple[torch.Tensor, float]:
+        """DP-SGD (Abadi et al., CCS 2016) from ``start``: each step takes a Poisson sample of
+        rate q = batch_size / n, clips every per-sample gradient (torch.func: vmap of grad)
+        to ``clip``, adds N(0, (noise_multiplier clip)^2) to their sum and divides by the
+        expected batch size q n; then SGD with momentum and weight decay as configured.
+        Returns (update, mean loss of the sampled examples)."""
+        from torch.func import functional_call, grad, vmap
+
+        lc, dp = self.local, self.dp_sgd
+        n = len(y)
+        q = min(1.0, lc["batch_size"] / max(n, 1))
+        steps = lc["steps"] or (lc.get("epochs") or 1) * math.ceil(max(n, 1) / lc["batch_size"])
+        names = [name for name, _ in self.model.named_parameters()]
+        shapes = [p.shape for p in self.params]
+        sizes = [p.numel() for p in self.params]
+
+        def unflatten(vec: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {k: v.view(s) for k, v, s in zip(names, torch.split(vec, sizes), shapes)}
+
+        def loss_one(vec: torch.Tensor, xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+            out = functional_call(self.model, unflatten(vec), (xi.unsqueeze(0),))
+            return nn.functional.cross_entropy(out, yi.unsqueeze(0))
+
+        per_sample = vmap(grad(loss_one), in_dims=(None, 0, 0))
+        w = start.clone()
+        buf = torch.zeros_like(w)
+        losses = []
+        self.model.train()
+        for _ in range(steps):
+            idx = (torch.rand(n, generator=g) < q).nonzero().squeeze(1)
+            total = torch.zeros_like(w)
+            if len(idx):
+                grads = per_sample(w, x[idx], y[idx])
+                norms = torch.linalg.vector_norm(grads, dim=1, keepdim=True)
+                total = (grads * torch.clamp(dp["clip"] / norms.clamp_min(1e-30), max=1.0)).sum(0)
+                with torch.no_grad():
+                    losses.append(float(nn.functional.cross_entropy(
+                        functional_call(self.model, unflatten(w), (x[idx],)), y[idx])))
+            noise = torch.randn(w.shape, generator=g) * (dp["noise_multiplier"] * dp["clip"])
+            step = (total + noise) / (q * n) + lc["weight_decay"] * w
+            buf = lc["momentum"] * buf + step if lc["momentum"] else step
+            w = w - lc["lr"] * buf
+        return (w - start).detach(), float(np.mean(losses)) if losses else float("nan")
 
     def _gradient(self, params: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor
                   ) -> tuple[torch.Tensor, float]:
@@ -292,6 +342,8 @@ class Server:
         self.x = parameters_to_vector(self.model.parameters()).detach().clone()
         self.pipeline = Pipeline.from_scenario(scenario)
         self.optimizer = instantiate("optimizers", scenario["server"]["optimizer"])
+        self.privacy = scenario.get("privacy")
+        self.seed = seed
         self.x_test, self.y_test, self.x_tr, self.y_tr = eval_data
 
     @property
@@ -312,6 +364,11 @@ class Server:
             [honest, torch.from_numpy(np.asarray(byzantine, dtype=np.float32))]
         )
         losses = stack_updates(honest_order, results, 0, key="losses")
+        dp = self.privacy if self.privacy and self.privacy["level"] == "client" else None
+        if dp is not None:  # DP-FedAvg: clip every update; noise on the mean below
+            from strategies.privacy import clip_rows
+
+            rows = clip_rows(rows, dp["clip"])
         try:
             agg = self.pipeline.aggregate(rows, round_) if len(honest) else None
         except ValueError as e:  # too few rows left this round (dropouts, stragglers)
@@ -322,6 +379,10 @@ class Server:
                     "client_loss": float(losses.mean()) if len(losses) else float("nan"),
                     "server_seconds": time.perf_counter() - t0,
                     "train_seconds": float(sum(r["seconds"] for r in results))}
+        if dp is not None and dp["noise_multiplier"] > 0:
+            std = dp["noise_multiplier"] * dp["clip"] / rows.shape[0]
+            agg = agg + std * torch.randn(agg.shape, generator=torch_generator(
+                self.seed, "dp-noise", round_))
         honest_mean = honest.mean(dim=0)
         finite = bool(torch.isfinite(agg).all())
         if finite:

@@ -1,0 +1,121 @@
+"""Differential privacy: the mechanisms' maths, accounting, trade-off curves and the
+Delta-divergence between mechanisms.
+
+Accounting is not ours: epsilon comes from Google's ``dp-accounting`` (the PLD accountant, tight
+up to discretisation, or the RDP accountant), and f-DP trade-off curves from the PLD through
+``riskcal`` (Kulynych et al. 2024, ``get_beta_from_pld``). Both are maintained libraries that
+implement the published algorithms; re-deriving subsampled-Gaussian composition here would be
+code nobody audits.
+
+A run's privacy mechanism is T compositions of a (Poisson-)subsampled Gaussian mechanism with
+noise multiplier sigma and sampling rate q (``SubsampledGaussian``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+PLD_DISCRETIZATION = 1e-3
+
+
+def clip_rows(x: torch.Tensor, clip: float) -> torch.Tensor:
+    """Each row scaled to norm at most ``clip`` (a new tensor)."""
+    norms = torch.linalg.vector_norm(x, dim=1, keepdim=True)
+    return x * torch.clamp(clip / norms.clamp_min(1e-30), max=1.0)
+
+
+def gaussian_tradeoff(alpha: np.ndarray | float, mu: float) -> np.ndarray:
+    """The trade-off curve of mu-GDP (Dong, Roth, Su 2022): G_mu(a) = Phi(Phi^-1(1 - a) - mu)."""
+    from scipy.stats import norm
+
+    return norm.cdf(norm.ppf(1 - np.asarray(alpha, dtype=np.float64)) - mu)
+
+
+@dataclass(frozen=True)
+class SubsampledGaussian:
+    """``steps`` compositions of the Gaussian mechanism with noise multiplier ``sigma`` on a
+    Poisson sample of rate ``q`` (q = 1: no subsampling)."""
+
+    q: float
+    sigma: float
+    steps: int
+
+    def event(self):
+        import dp_accounting
+
+        inner = dp_accounting.GaussianDpEvent(self.sigma)
+        if self.q < 1:
+            inner = dp_accounting.PoissonSampledDpEvent(self.q, inner)
+        return dp_accounting.SelfComposedDpEvent(inner, self.steps)
+
+    def pld(self):
+        """The privacy loss distribution of the composition (dp-accounting)."""
+        from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+        one = pld_lib.from_gaussian_mechanism(
+            self.sigma, sensitivity=1.0, sampling_prob=self.q,
+            value_discretization_interval=PLD_DISCRETIZATION)
+        return one.self_compose(self.steps)
+
+    def epsilon(self, delta: float, accountant: str = "pld") -> float:
+        """epsilon at ``delta``; infinite without noise."""
+        if self.steps == 0:
+            return 0.0
+        if self.sigma == 0:
+            return math.inf
+        if accountant == "pld":
+            return float(self.pld().get_epsilon_for_delta(delta))
+        from dp_accounting import rdp
+
+        acc = rdp.RdpAccountant()
+        acc.compose(self.event())
+        return float(acc.get_epsilon(delta))
+
+    def profile(self, epsilons: np.ndarray) -> np.ndarray:
+        """The privacy profile delta(epsilon) (PLD); 1 everywhere without noise."""
+        if self.sigma == 0:
+            return np.ones(len(epsilons))
+        pld = self.pld()
+        return np.array([pld.get_delta_for_epsilon(float(e)) for e in epsilons])
+
+    def tradeoff(self, alpha: np.ndarray) -> np.ndarray:
+        """The f-DP trade-off curve beta(alpha) of the composition (riskcal, from the PLD)."""
+        from riskcal.analysis import get_beta_from_pld
+
+        if self.sigma == 0:
+            return np.zeros_like(np.asarray(alpha, dtype=np.float64))
+        return np.asarray(get_beta_from_pld(self.pld(), alpha=np.asarray(alpha, np.float64)))
+
+
+def delta_divergence(alpha: np.ndarray, f: np.ndarray, g: np.ndarray, tol: float = 1e-6) -> float:
+    """Delta(f || g) = inf{kappa >= 0 : f(a + kappa) - kappa <= g(a) for all a in [0, 1]},
+    for trade-off curves sampled on the increasing grid ``alpha`` (f beyond 1 is 0). It is 0
+    exactly when f <= g everywhere, i.e. when mechanism g is at least as private as f at every
+    operating point (g Blackwell-dominates f); otherwise it is the smallest shift along both
+    axes that puts f under g: the worst-case excess vulnerability of choosing the mechanism
+    of g over that of f. This is our reading of Kaissis, Kolek, Balle, Hayes, Rueckert
+    (ICML 2024); see docs/privacy.md for what we could and could not check."""
+    alpha = np.asarray(alpha, dtype=np.float64)
+    f = np.asarray(f, dtype=np.float64)
+    g = np.asarray(g, dtype=np.float64)
+
+    def ok(kappa: float) -> bool:
+        shifted = np.interp(alpha + kappa, alpha, f, right=0.0) - kappa
+        return bool((shifted <= g + 1e-12).all())
+
+    if ok(0.0):
+        return 0.0
+    lo, hi = 0.0, 1.0  # kappa = 1 always works: f(a + 1) - 1 <= 0 <= g(a)
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
+
+
+def symmetric_delta(alpha: np.ndarray, f: np.ndarray, g: np.ndarray) -> float:
+    """max(Delta(f || g), Delta(g || f)): a Levy-type distance between the two curves."""
+    return max(delta_divergence(alpha, f, g), delta_divergence(alpha, g, f))
