@@ -24,7 +24,8 @@ from dashboards.svg import heat_map, line_chart
 CURVES = [("test_accuracy", "test accuracy"), ("test_loss", "test loss"),
           ("aggregation_error", "aggregation error ||aggregate - honest mean||"),
           ("generalization_gap", "generalization gap (test - train loss)"),
-          ("consensus_distance", "consensus distance")]
+          ("consensus_distance", "consensus distance"),
+          ("epsilon", "privacy spent: epsilon at the scenario's delta")]
 MAX_SERIES = 10
 
 
@@ -37,6 +38,7 @@ class RunData:
     tags: dict[str, str]
     params: dict[str, str]
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    tradeoff: tuple[list[float], list[float]] | None = None  # (alpha, beta) of a DP run
 
     def final(self, key: str) -> float:
         h = self.history.get(key)
@@ -85,6 +87,18 @@ def _load(client: Any, run: Any) -> RunData:
         if key in run.data.metrics:
             hist = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
             data.history[key] = [(m.step, m.value) for m in hist]
+    if "privacy.epsilon" in run.data.params and data.seed in ("", "0"):
+        import tempfile
+
+        import pyarrow.parquet as pq
+
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                t = pq.read_table(client.download_artifacts(run.info.run_id,
+                                                            "privacy/tradeoff.parquet", tmp))
+                data.tradeoff = (t.column("alpha").to_pylist(), t.column("beta").to_pylist())
+        except Exception:  # noqa: BLE001 - an older run without the artifact: no curve
+            data.tradeoff = None
     return data
 
 
@@ -216,6 +230,12 @@ def render(title: str, runs: list[RunData]) -> str:
             charts.append(line_chart(label + note, series, "round", key))
     if charts:
         parts += ["<h2>Curves</h2>", *charts]
+    trade = [{"label": r.group, "x": r.tradeoff[0], "mean": r.tradeoff[1]}
+             for r in runs if r.tradeoff is not None][:MAX_SERIES]
+    if trade:
+        parts += ["<h2>Privacy</h2>", line_chart(
+            "f-DP trade-off curve of each mechanism (an attacker's type II error beta against "
+            "type I error alpha; higher is more private)", trade, "alpha", "beta")]
     maps = _heat_maps(runs, "aggregator", "attack", "attack",
                       {"aggregator", "aggregator.name", "attack", "attack.name"})
     if maps:

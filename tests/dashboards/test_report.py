@@ -98,3 +98,24 @@ def test_report_in_headless_chromium(report):
     s = subprocess.run([CHROMIUM, *FLAGS, "--window-size=1400,2000", f"--screenshot={shot}", url],
                        capture_output=True, text=True, timeout=120, check=False)
     assert s.returncode == 0 and shot.stat().st_size > 20_000, s.stderr[-2000:]
+
+
+def test_report_shows_privacy_curves(tmp_path, _mlflow_template):
+    db = tmp_path / "mlflow.db"
+    shutil.copy(_mlflow_template, db)
+    uri = f"sqlite:///{db}"
+    p = tmp_path / "dp.yaml"
+    p.write_text(SWEEP.replace("name: report-test", "name: dp-report")
+                 .replace("clients: {total: 10, per_round: 6, byzantine: 2}",
+                          "clients: {total: 10, per_round: 6}")
+                 .replace("attack: {name: sign_flip}\n", "")
+                 .replace("  aggregator.name: [mean, median]\n  attack.name: [sign_flip, alie]\n",
+                          "  privacy.noise_multiplier: [0.8, 2.0]\n")
+                 .replace("runtime: {backend: inline}", "runtime: {backend: inline}\n"
+                          "privacy: {level: sample, clip: 1.0, noise_multiplier: 1.0}"))
+    run_loaded(load(p), tracking_uri=uri, quiet=True)
+    text = build_report("dp-report", tmp_path / "out", uri).read_text()
+    assert "<h2>Privacy</h2>" in text
+    assert "privacy spent: epsilon" in text  # epsilon per round, one curve per noise level
+    section = text.split("<h2>Privacy</h2>")[1]
+    assert section.count('<polyline class="curve"') == 2  # one trade-off curve per mechanism
