@@ -120,7 +120,7 @@ class Engine:
     def _spawn(self) -> None:
         b, sc, data = self.backend, self.sc, self.data
         table_ref = b.put(data.table)
-        local = sc.local.model_dump()
+        local = {**sc.local.model_dump(), "vectorize": sc.runtime.vectorize}
         self.workers = [
             b.spawn(ClientWorker, table_ref, data.offsets, data.input_shape, data.num_classes,
                     sc.model, local, self.seed, sc.client_rule(),

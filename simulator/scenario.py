@@ -150,6 +150,9 @@ class Runtime(Strict):
     backend: Literal["ray", "inline"] = "ray"
     workers: Annotated[int, Ge(1)] | None = None
     checkpoint_every: Annotated[int, Ge(0)] = 0
+    # train a worker's clients together (torch.func vmap) when their rule allows: the same
+    # numbers as one at a time up to float rounding (not bit for bit across worker counts)
+    vectorize: bool = False
 
 
 class Scenario(Strict):

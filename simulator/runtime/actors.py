@@ -27,6 +27,7 @@ from simulator.scenario import instantiate
 from simulator.seeding import torch_generator
 
 EVAL_BATCH = 4096
+VECTOR_CHUNK = 32  # clients trained together by train_many (bounds the stacked batches' memory)
 
 
 def _single_thread() -> None:
@@ -136,6 +137,73 @@ class ClientWorker:
             update = parameters_to_vector(self.params) - start
         return update, total / max(len(batches), 1)
 
+    def _flat_model(self):
+        """(unflatten, loss of flat params on a masked batch) for torch.func over this model."""
+        from torch.func import functional_call
+
+        names = [name for name, _ in self.model.named_parameters()]
+        shapes = [p.shape for p in self.params]
+        sizes = [p.numel() for p in self.params]
+
+        def unflatten(vec: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {k: v.view(s) for k, v, s in zip(names, torch.split(vec, sizes), shapes)}
+
+        def masked_loss(vec: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor,
+                        mb: torch.Tensor) -> torch.Tensor:
+            out = functional_call(self.model, unflatten(vec), (xb,))
+            per = nn.functional.cross_entropy(out, yb, reduction="none")
+            return (per * mb).sum() / mb.sum().clamp_min(1.0)
+
+        return unflatten, masked_loss
+
+    def train_many(self, round_: int, clients: list[int], start: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Local SGD of several clients at once (torch.func: vmap of grad over the stacked
+        client parameters and their minibatches), the same batches and the same SGD rule
+        (momentum, weight decay) as ``train_client``: clients with fewer or smaller batches
+        are padded and masked, so each client's result equals the loop's up to rounding.
+        Returns (updates (k, d), mean losses (k,))."""
+        from torch.func import grad_and_value, vmap
+
+        lc = self.local
+        plans = []
+        for c in clients:
+            lo, hi = int(self.offsets[c]), int(self.offsets[c + 1])
+            plans.append((lo, self._batches(hi - lo, torch_generator(self.seed, "local", round_, c))))
+        k, d = len(clients), start.numel()
+        steps = max(len(b) for _, b in plans)
+        width = max((len(i) for _, b in plans for i in b), default=1)
+        feat = tuple(self.x.shape[1:])
+        xs = torch.zeros((steps, k, width, *feat))
+        ys = torch.zeros((steps, k, width), dtype=torch.long)
+        ms = torch.zeros((steps, k, width))
+        active = torch.zeros((steps, k), dtype=torch.bool)
+        for j, (lo, batches) in enumerate(plans):  # gather: a copy per client and step
+            for s, idx in enumerate(batches):
+                rows = (lo + idx).numpy()
+                xs[s, j, : len(idx)] = torch.from_numpy(np.array(self.x[rows]))
+                ys[s, j, : len(idx)] = torch.from_numpy(np.array(self.y[rows]))
+                ms[s, j, : len(idx)] = 1.0
+                active[s, j] = True
+        _, masked_loss = self._flat_model()
+        step_fn = vmap(grad_and_value(masked_loss))
+        w = start.expand(k, d).clone()
+        buf = torch.zeros_like(w)
+        loss_sum = torch.zeros(k, dtype=torch.float64)
+        self.model.train()
+        for s in range(steps):
+            g, loss = step_fn(w, xs[s], ys[s], ms[s])
+            on = active[s][:, None]
+            if lc["weight_decay"]:
+                g = g + lc["weight_decay"] * w
+            if lc["momentum"]:
+                buf = torch.where(on, lc["momentum"] * buf + g, buf)
+                g = buf
+            w = torch.where(on, w - lc["lr"] * g, w)
+            loss_sum += torch.where(active[s], loss.double(), torch.zeros_like(loss_sum))
+        counts = torch.tensor([len(b) for _, b in plans], dtype=torch.float64).clamp_min(1)
+        return (w - start).detach(), loss_sum / counts
+
     def _dp_sgd(self, start: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
                 g: torch.Generator) -> tuple[torch.Tensor, float]:
         """DP-SGD (Abadi et al., CCS 2016) from ``start``: each step takes a Poisson sample of
@@ -243,9 +311,17 @@ class ClientWorker:
         start = torch.from_numpy(np.array(global_params, dtype=np.float32))
         updates = np.empty((len(clients), start.numel()), dtype=np.float32)
         losses = np.empty(len(clients), dtype=np.float64)
-        for i, c in enumerate(clients):
-            u, losses[i] = self.train_client(round_, int(c), start, attack)
-            updates[i] = u.numpy()
+        if self.local.get("vectorize") and self.rule is None and self.dp_sgd is None \
+                and attack is None:
+            for lo in range(0, len(clients), VECTOR_CHUNK):
+                ids = [int(c) for c in clients[lo : lo + VECTOR_CHUNK]]
+                u, ls = self.train_many(round_, ids, start)
+                updates[lo : lo + len(ids)] = u.numpy()
+                losses[lo : lo + len(ids)] = ls.numpy()
+        else:
+            for i, c in enumerate(clients):
+                u, losses[i] = self.train_client(round_, int(c), start, attack)
+                updates[i] = u.numpy()
         return {
             "clients": np.asarray(clients, dtype=np.int64),
             "updates": updates,
