@@ -1,0 +1,62 @@
+"""Local training of many small clients: one at a time (the loop) against vectorised
+(runtime.vectorize: torch.func vmap), measured in the same run on the inline backend.
+
+    python benchmarks/vectorized.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+import torch
+
+from simulator.engine import Engine
+from simulator.runtime.backend import InlineBackend
+from simulator.scenario import load
+
+SCENARIO = """\
+name: vec-bench
+rounds: 1
+data:
+  dataset: {{name: synthetic}}
+  partitioner: {{name: natural}}
+model: {model}
+clients: {{total: 1000, per_round: 100}}
+local: {{epochs: 1, batch_size: 16, lr: 0.05}}
+"""
+
+
+def time_round(sc, clients: list[int], vectorize: bool, repeat: int = 3) -> float:
+    eng = Engine(sc, InlineBackend())
+    eng._spawn()
+    worker = eng.workers[0]
+    x0 = torch.from_numpy(eng.server.params())
+    worker.local["vectorize"] = vectorize
+    times = []
+    for r in range(repeat):
+        t0 = time.perf_counter()
+        worker.train(r, clients, x0.numpy())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    print("1000 clients, 100 per round, one local epoch (batch 16), 1 thread, inline backend")
+    print(f"{'model':28s} {'loop s/round':>13s} {'vectorised':>11s} {'speed-up':>9s}")
+    for label, model in [("logreg", "{name: logreg}"), ("mlp [64]", "{name: mlp, hidden: [64]}")]:
+        with TemporaryDirectory() as tmp:
+            p = Path(tmp) / "s.yaml"
+            p.write_text(SCENARIO.format(model=model))
+            sc = load(p).points[0].scenario
+            clients = list(range(0, 1000, 10))
+            loop = time_round(sc, clients, False)
+            vec = time_round(sc, clients, True)
+            print(f"{label:28s} {loop:13.3f} {vec:11.3f} {loop / vec:8.1f}x")
+
+
+if __name__ == "__main__":
+    main()
