@@ -120,7 +120,8 @@ class Engine:
     def _spawn(self) -> None:
         b, sc, data = self.backend, self.sc, self.data
         table_ref = b.put(data.table)
-        local = {**sc.local.model_dump(), "vectorize": sc.runtime.vectorize}
+        local = {**sc.local.model_dump(), "vectorize": sc.runtime.vectorize,
+                 "state_dtype": sc.runtime.state_dtype}
         self.workers = [
             b.spawn(ClientWorker, table_ref, data.offsets, data.input_shape, data.num_classes,
                     sc.model, local, self.seed, sc.client_rule(),

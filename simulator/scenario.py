@@ -153,6 +153,9 @@ class Runtime(Strict):
     # train a worker's clients together (torch.func vmap) when their rule allows: the same
     # numbers as one at a time up to float rounding (not bit for bit across worker counts)
     vectorize: bool = False
+    # precision of the per-client state workers keep (worker momentum, mu2-SGD): float16
+    # halves its memory; the maths runs in float32
+    state_dtype: Literal["float32", "float16"] = "float32"
 
 
 class Scenario(Strict):

@@ -58,3 +58,17 @@ def test_vectorized_run_matches_the_loop_run(tmp_path):
     for a, b in zip(vec.metrics, loop.metrics):
         assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=2e-3)
         assert a["client_loss"] == pytest.approx(b["client_loss"], abs=1e-5)
+
+
+def test_float16_client_state_halves_memory_and_stays_close(tmp_path):
+    over = ["local={batch_size: 16, lr: 0.2, optimizer: {name: momentum, beta: 0.9}}",
+            "clients.per_round=12"]
+    full = Engine(_scenario(tmp_path, *over), InlineBackend())
+    half = Engine(_scenario(tmp_path, *over, "runtime.state_dtype=float16"), InlineBackend())
+    a, b = full.run(), half.run()
+    np.testing.assert_allclose(b.final_params, a.final_params, atol=1e-3, rtol=0)
+    eng = Engine(_scenario(tmp_path, *over, "runtime.state_dtype=float16"), InlineBackend())
+    eng._spawn()
+    eng.workers[0].train(0, [0, 1], eng.server.params())
+    states = eng.workers[0].client_states()
+    assert states[0]["m"].dtype == torch.float16 and states[0]["m"].element_size() == 2
