@@ -50,8 +50,7 @@ def one(per_round: int, dtype: str, rounds: int) -> dict:
     per_round_s = [t["round_seconds"] for t in res.timings]
     worker = eng.workers[0]
     holders = len(worker.client_state)
-    state_bytes = sum(v.numel() * v.element_size() for st in worker.client_state.values()
-                      for v in st.values())
+    state_bytes = worker.client_state.nbytes()
     return {"per_round": per_round, "dtype": dtype, "d": int(res.final_params.size),
             "setup_s": setup, "median_round_s": sorted(per_round_s)[len(per_round_s) // 2],
             "clients_with_state": holders, "state_gib": state_bytes / 2**30,
