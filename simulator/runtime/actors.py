@@ -270,12 +270,7 @@ class ClientWorker:
         n = len(y)
         q = min(1.0, lc["batch_size"] / max(n, 1))
         steps = lc["steps"] or (lc.get("epochs") or 1) * math.ceil(max(n, 1) / lc["batch_size"])
-        names = [name for name, _ in self.model.named_parameters()]
-        shapes = [p.shape for p in self.params]
-        sizes = [p.numel() for p in self.params]
-
-        def unflatten(vec: torch.Tensor) -> dict[str, torch.Tensor]:
-            return {k: v.view(s) for k, v, s in zip(names, torch.split(vec, sizes), shapes)}
+        unflatten, _ = self._flat_model()
 
         def loss_one(vec: torch.Tensor, xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
             out = functional_call(self.model, unflatten(vec), (xi.unsqueeze(0),))
