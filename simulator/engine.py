@@ -117,18 +117,22 @@ class Engine:
         self._handles: list[Any] = []
         self._trained: set[int] = set()  # clients that have trained (and may hold state)
 
-    def _spawn(self) -> None:
+    def _spawn_workers(self) -> None:
+        """The ClientWorker pool; the partition table goes into the object store once."""
         b, sc, data = self.backend, self.sc, self.data
         table_ref = b.put(data.table)
         local = {**sc.local.model_dump(), "vectorize": sc.runtime.vectorize,
                  "state_dtype": sc.runtime.state_dtype}
+        dp_sgd = sc.privacy.model_dump() if sc.privacy and sc.privacy.level == "sample" else None
         self.workers = [
             b.spawn(ClientWorker, table_ref, data.offsets, data.input_shape, data.num_classes,
-                    sc.model, local, self.seed, sc.client_rule(),
-                    sc.privacy.model_dump() if sc.privacy and sc.privacy.level == "sample" else None,
-                    role="worker")
+                    sc.model, local, self.seed, sc.client_rule(), dp_sgd, role="worker")
             for _ in range(self.n_workers)
         ]
+
+    def _spawn(self) -> None:
+        b, sc, data = self.backend, self.sc, self.data
+        self._spawn_workers()
         eval_ref = b.put((data.x_test, data.y_test, data.x_train_eval, data.y_train_eval))
         self.server = b.spawn(Server, sc.model_dump(mode="json"), data.input_shape,
                               data.num_classes, eval_ref, role="server")
@@ -288,14 +292,8 @@ class DecentralizedEngine(Engine):
 
     def _spawn(self) -> None:
         b, sc, data = self.backend, self.sc, self.data
-        table_ref = b.put(data.table)
         self.honest = [i for i in range(sc.clients.total) if i not in self.byzantine]
-        self.workers = [
-            b.spawn(ClientWorker, table_ref, data.offsets, data.input_shape, data.num_classes,
-                    sc.model, sc.local.model_dump(), self.seed, sc.client_rule(),
-                    sc.privacy.model_dump() if sc.privacy else None, role="worker")
-            for _ in range(self.n_workers)
-        ]
+        self._spawn_workers()
         eval_ref = b.put((data.x_test, data.y_test, data.x_train_eval, data.y_train_eval))
         self.mixer = b.spawn(Mixer, sc.model_dump(mode="json"), self.honest,
                              sorted(self.byzantine), data.input_shape, data.num_classes, eval_ref,
