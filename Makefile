@@ -29,3 +29,4 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/engine_overhead.py
 	$(PY) benchmarks/aggregators.py
+	$(PY) benchmarks/vectorized.py
