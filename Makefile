@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install quickstart test lint bench
+.PHONY: install quickstart test lint bench flower-venv bench-flower
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,3 +30,13 @@ bench: $(STAMP)
 	$(PY) benchmarks/engine_overhead.py
 	$(PY) benchmarks/aggregators.py
 	$(PY) benchmarks/vectorized.py
+
+# Flower's simulation engine for benchmarks/vs_flower.py, in its own venv: flwr[simulation]
+# pins ray 2.55.1, fedray uses a newer Ray.
+flower-venv:
+	$(PYTHON) -m venv .venv-flower
+	.venv-flower/bin/pip install -q "flwr[simulation]==1.42.0" torch==2.13.0 numpy
+
+bench-flower: $(STAMP)
+	test -x .venv-flower/bin/python || $(MAKE) flower-venv
+	$(PY) benchmarks/vs_flower.py
