@@ -49,20 +49,35 @@ def test_worker_node_lost_mid_run_changes_no_number(tmp_path):
     assert out["rounds"] == 5 and out["same_metrics"] and out["final_equal"]
 
 
-def test_killed_worker_actor_is_restarted_and_its_clients_retried(tmp_path, shared_ray):
-    import ray
+class KillDuringTrain:
+    """The shared Ray backend, except that right after submitting a worker's ``train`` call of
+    round 2 it kills that worker: the call is in flight when its actor dies."""
 
+    def __init__(self, backend) -> None:
+        self._b = backend
+        self.killed = 0
+
+    def __getattr__(self, name):
+        return getattr(self._b, name)
+
+    def call(self, handle, method, *args):
+        import ray
+
+        ref = self._b.call(handle, method, *args)
+        if method == "train" and args[0] == 2 and not self.killed:
+            ray.kill(handle, no_restart=False)
+            self.killed += 1
+        return ref
+
+
+def test_worker_actor_killed_mid_round_is_restarted_and_its_clients_retried(tmp_path, shared_ray):
     p = tmp_path / "s.yaml"
     p.write_text(SCENARIO)
     sc = load(p).points[0].scenario
     reference = Engine(sc, InlineBackend()).run()
-    engine = Engine(sc, shared_ray, workers=2)
-
-    def kill(r, m):
-        if r in (1, 3):
-            ray.kill(engine.workers[r % 2], no_restart=False)
-
-    faulty = engine.run(kill)
+    backend = KillDuringTrain(shared_ray)
+    faulty = Engine(sc, backend, workers=2).run()
+    assert backend.killed == 1
     assert faulty.metrics == reference.metrics
     np.testing.assert_array_equal(faulty.final_params, reference.final_params)
 
