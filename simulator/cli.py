@@ -463,8 +463,9 @@ def privacy_compare(paths: list[str], overrides: list[str] | None = None) -> lis
         if sc.privacy is None:
             raise ValueError(f"{path}: has no privacy block")
         mech = Engine(sc, InlineBackend()).privacy_mechanism(sc.rounds)
-        out.append({"path": path, "mechanism": mech, "delta": sc.privacy.delta,
-                    "epsilon": mech.epsilon(sc.privacy.delta, sc.privacy.accountant),
+        delta, accountant = sc.privacy["delta"], sc.privacy["accountant"]
+        out.append({"path": path, "mechanism": mech, "delta": delta,
+                    "epsilon": mech.epsilon(delta, accountant),
                     "beta": mech.tradeoff(alpha)})
     for a in out:
         a["divergence"] = {b["path"]: delta_divergence(alpha, a["beta"], b["beta"]) for b in out}
@@ -502,7 +503,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 LIST_KINDS = ("aggregators", "preaggregators", "meta", "attacks", "topologies", "datasets",
-              "models", "optimizers", "client_optimizers", "partitioners")
+              "models", "optimizers", "client_optimizers", "partitioners", "privacy")
 
 
 def cmd_list(args: argparse.Namespace) -> int:

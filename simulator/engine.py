@@ -116,6 +116,7 @@ class Engine:
                             (lc.epochs or 1) * np.ceil(np.maximum(sizes, 1) / lc.batch_size))
         self._handles: list[Any] = []
         self._trained: set[int] = set()  # clients that have trained (and may hold state)
+        self.privacy = instantiate("privacy", scenario.privacy) if scenario.privacy else None
 
     def _spawn_workers(self) -> None:
         """The ClientWorker pool; the partition table goes into the object store once."""
@@ -123,7 +124,7 @@ class Engine:
         table_ref = b.put(data.table)
         local = {**sc.local.model_dump(), "vectorize": sc.runtime.vectorize,
                  "state_dtype": sc.runtime.state_dtype}
-        dp_sgd = sc.privacy.model_dump() if sc.privacy and sc.privacy.level == "sample" else None
+        dp_sgd = sc.privacy if self.privacy is not None and self.privacy.LEVEL == "sample" else None
         self.workers = [
             b.spawn(ClientWorker, table_ref, data.offsets, data.input_shape, data.num_classes,
                     sc.model, local, self.seed, sc.client_rule(), dp_sgd, role="worker")
@@ -182,9 +183,9 @@ class Engine:
         metrics = dict(b.get(step_ref))
         if eval_ref is not None:
             metrics.update(b.get(eval_ref))
-            if sc.privacy is not None:  # the privacy spent so far, at the scenario's delta
+            if self.privacy is not None:  # the privacy spent so far, at the scenario's delta
                 metrics["epsilon"] = self.privacy_mechanism(round_ + 1).epsilon(
-                    sc.privacy.delta, sc.privacy.accountant)
+                    self.privacy.delta, self.privacy.accountant)
         timings = {k: metrics.pop(k) for k in list(metrics) if k.endswith("_seconds")}
         timings["round_seconds"] = time.perf_counter() - t0
         metrics = {"sampled": float(len(sampled)), "byzantine_sampled": float(len(byz)),
@@ -227,28 +228,23 @@ class Engine:
 
     def privacy_mechanism(self, rounds: int) -> Any:
         """The run's DP mechanism after ``rounds`` rounds, as a composition of subsampled
-        Gaussians (None without privacy). Client level: one Gaussian per round on the clients
-        sampled (rate per_round / total, Poisson approximation of fixed-size sampling). Sample
-        level: every DP-SGD step of the worst-placed client (the largest sampling rate
-        batch_size / size, the most steps per round), every round: the client-sampling
-        amplification is not counted, a conservative bound."""
-        from strategies.privacy import SubsampledGaussian
-
-        p, c = self.sc.privacy, self.sc.clients
-        if p is None:
+        Gaussians (None without privacy); the plugin says what is composed, from the
+        client-sampling rate, the largest per-example rate batch_size / size over the clients
+        and the most local steps any client takes in a round."""
+        if self.privacy is None:
             return None
-        if p.level == "client":
-            return SubsampledGaussian(min(1.0, c.sampled / c.total), p.noise_multiplier, rounds)
+        c = self.sc.clients
         sizes = np.maximum(self.data.client_sizes(), 1)
-        q = float(min(1.0, self.sc.local.batch_size / sizes.min()))
-        return SubsampledGaussian(q, p.noise_multiplier, rounds * int(self.local_steps.max()))
+        return self.privacy.mechanism(
+            rounds, min(1.0, c.sampled / c.total),
+            float(min(1.0, self.sc.local.batch_size / sizes.min())), int(self.local_steps.max()))
 
     def _privacy_outputs(self) -> tuple[dict[str, str], dict[str, dict[str, list]]]:
         """Final epsilon as a param, the privacy profile and trade-off curve as tables."""
         mech = self.privacy_mechanism(self.sc.rounds)
         if mech is None:
             return {}, {}
-        p = self.sc.privacy
+        p = self.privacy
         eps = mech.epsilon(p.delta, p.accountant)
         grid = np.linspace(0.0, max(2 * eps, 1.0) if math.isfinite(eps) else 10.0, 101)
         alpha = np.linspace(0.0, 1.0, 1001)
@@ -325,9 +321,9 @@ class DecentralizedEngine(Engine):
         metrics: dict[str, float] = {"byzantine_peers": float(len(self.byzantine))}
         if evaluate:
             metrics.update(b.get(b.call(self.mixer, "evaluate", *self._state)))
-            if sc.privacy is not None:
+            if self.privacy is not None:
                 metrics["epsilon"] = self.privacy_mechanism(round_ + 1).epsilon(
-                    sc.privacy.delta, sc.privacy.accountant)
+                    self.privacy.delta, self.privacy.accountant)
         else:
             b.get(self._state[0])  # finish the round before timing it
         return metrics, {"round_seconds": time.perf_counter() - t0}

@@ -24,6 +24,7 @@ KINDS: tuple[str, ...] = (
     "optimizers",
     "client_optimizers",
     "partitioners",
+    "privacy",
 )
 
 

@@ -121,24 +121,6 @@ class DSGD(Strict):
     clip_tau: Annotated[float, Gt(0)] | None = None
 
 
-class Privacy(Strict):
-    """Differential privacy. ``level: client`` is DP-FedAvg (McMahan, Ramage, Talwar, Zhang,
-    ICLR 2018): the server clips every update to norm ``clip``, averages and adds Gaussian
-    noise of std ``noise_multiplier * clip / m`` (m rows): client-level DP, with the mean's
-    sensitivity, so only with ``aggregator: mean``. ``level: sample`` is DP-SGD (Abadi et
-    al., CCS 2016) inside each client: Poisson-subsampled minibatches (rate batch_size / the
-    client's size), per-sample gradients clipped to ``clip``, Gaussian noise of std
-    ``noise_multiplier * clip``; robust aggregation of the released updates is
-    post-processing, so any pipeline composes with it. ``epsilon`` at ``delta`` is logged per
-    evaluated round from the ``accountant`` (dp-accounting's PLD or RDP)."""
-
-    level: Literal["client", "sample"]
-    clip: Annotated[float, Gt(0)] = 1.0
-    noise_multiplier: Annotated[float, Ge(0)] = 1.0
-    delta: Annotated[float, Gt(0), Lt(1)] = 1e-5
-    accountant: Literal["pld", "rdp"] = "pld"
-
-
 class Evaluation(Strict):
     every: Annotated[int, Ge(1)] = 1
 
@@ -178,7 +160,8 @@ class Scenario(Strict):
     server: Server = Server()
     topology: PluginSpec | None = None
     dsgd: DSGD = DSGD()
-    privacy: Privacy | None = None
+    # differential privacy: a plugin of fedray.privacy (dp_sgd | dp_fedavg; docs/privacy.md)
+    privacy: PluginSpec | None = None
     evaluation: Evaluation = Evaluation()
     runtime: Runtime = Runtime()
     sweep: dict[str, list[Any]] = {}
@@ -386,7 +369,7 @@ def _check_plugin(kind: str, spec: Any, loc: Loc, problems: list[Problem]) -> Pl
             sub = tuple(err["loc"])
             if err["type"] == "extra_forbidden":
                 allowed = list(model.model_fields)
-                msg = f"unknown key for {kind[:-1]} {name!r}" + (
+                msg = f"unknown key for {kind.removesuffix('s')} {name!r}" + (
                     _suggest(str(key), allowed) or f"; allowed: {', '.join(allowed) or 'none'}")
             else:
                 msg = _message(err, model, sub)
@@ -414,20 +397,19 @@ def _cross_field(sc: Scenario, problems: list[Problem]) -> None:
     if sc.local.epochs is not None and sc.local.steps is not None:
         problems.append(Problem(("local", "steps"), "give local.epochs or local.steps, not both"))
     _check_dsgd(sc, problems)
-    if sc.privacy is not None:
-        if sc.privacy.level == "client" and (sc.aggregator["name"] != "mean" or sc.preaggregators
-                                             or sc.meta):
-            problems.append(Problem(("privacy", "level"), "client-level DP adds noise calibrated to "
-                                    "the mean's sensitivity: it needs aggregator mean and no pre- or "
-                                    f"meta-aggregator (got {sc.aggregator['name']}); level sample "
-                                    "composes with robust aggregation"))
-        if sc.privacy.level == "sample" and sc.client_rule()[1]["name"] != "sgd":
-            problems.append(Problem(("privacy", "level"), "DP-SGD runs the clients' local SGD; "
-                                    "local.optimizer and server.optimizer must not bring another "
-                                    "client rule"))
-        if sc.privacy.level == "client" and sc.topology is not None:
-            problems.append(Problem(("privacy", "level"), "client-level DP needs a server; use "
-                                    "level sample with D-SGD"))
+    level = getattr(registry.get("privacy", sc.privacy["name"]), "LEVEL", "") if sc.privacy else ""
+    if level == "client" and (sc.aggregator["name"] != "mean" or sc.preaggregators or sc.meta):
+        problems.append(Problem(("privacy", "name"), "client-level DP adds noise calibrated to the "
+                                "mean's sensitivity: it needs aggregator mean and no pre- or "
+                                f"meta-aggregator (got {sc.aggregator['name']}); dp_sgd (sample "
+                                "level) composes with robust aggregation"))
+    if level == "sample" and sc.client_rule()[1]["name"] != "sgd":
+        problems.append(Problem(("privacy", "name"), "DP-SGD runs the clients' local SGD; "
+                                "local.optimizer and server.optimizer must not bring another "
+                                "client rule"))
+    if level == "client" and sc.topology is not None:
+        problems.append(Problem(("privacy", "name"), "client-level DP needs a server; use "
+                                "dp_sgd with D-SGD"))
     kind, rule = sc.client_rule()
     if kind == "optimizers" and sc.local.optimizer["name"] != "sgd":
         problems.append(Problem(("local", "optimizer"), f"server.optimizer {rule['name']!r} "
@@ -555,6 +537,7 @@ _PLUGIN_FIELDS: list[tuple[Loc, str]] = [
     (("server", "optimizer"), "optimizers"),
     (("local", "optimizer"), "client_optimizers"),
     (("topology",), "topologies"),
+    (("privacy",), "privacy"),
 ]
 
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
+from annotated_types import Ge, Gt, Lt
 
 PLD_DISCRETIZATION = 1e-3
 
@@ -119,3 +121,66 @@ def delta_divergence(alpha: np.ndarray, f: np.ndarray, g: np.ndarray, tol: float
 def symmetric_delta(alpha: np.ndarray, f: np.ndarray, g: np.ndarray) -> float:
     """max(Delta(f || g), Delta(g || f)): a Levy-type distance between the two curves."""
     return max(delta_divergence(alpha, f, g), delta_divergence(alpha, g, f))
+
+
+# ---------------------------------------------------------------------------- plugins
+
+
+class _GaussianDP:
+    """Shared keys of the privacy plugins (``privacy: {name: ..., clip, noise_multiplier,
+    delta, accountant}``): the clipping norm, the noise multiplier sigma (noise std =
+    sigma * clip), the delta at which epsilon is reported, and dp-accounting's accountant."""
+
+    LEVEL = ""
+
+    def __init__(
+        self,
+        clip: Annotated[float, Gt(0)] = 1.0,
+        noise_multiplier: Annotated[float, Ge(0)] = 1.0,
+        delta: Annotated[float, Gt(0), Lt(1)] = 1e-5,
+        accountant: Literal["pld", "rdp"] = "pld",
+    ) -> None:
+        self.clip, self.noise_multiplier = clip, noise_multiplier
+        self.delta, self.accountant = delta, accountant
+
+
+class DPSGD(_GaussianDP):
+    """Sample-level DP: DP-SGD (Abadi et al., CCS 2016) inside each client (Poisson-sampled
+    minibatches at rate batch_size / size, per-sample gradients clipped to ``clip``, Gaussian
+    noise of std ``noise_multiplier * clip``). The client's update is DP with respect to its
+    examples, so robust aggregation of it is post-processing: it composes with any
+    pipeline."""
+
+    LEVEL = "sample"
+
+    def mechanism(self, rounds: int, client_rate: float, sample_rate: float,
+                  steps_per_round: int) -> SubsampledGaussian:
+        """Every DP-SGD step of the worst-placed client in every round (client-sampling
+        amplification not counted: a conservative bound)."""
+        return SubsampledGaussian(sample_rate, self.noise_multiplier, rounds * steps_per_round)
+
+
+class DPFedAvg(_GaussianDP):
+    """Client-level DP: DP-FedAvg (McMahan, Ramage, Talwar, Zhang, ICLR 2018): the server
+    clips every update to ``clip``, averages the m rows and adds Gaussian noise of std
+    ``noise_multiplier * clip / m``: calibrated to the mean's sensitivity, so it needs the
+    mean aggregator."""
+
+    LEVEL = "client"
+
+    def mechanism(self, rounds: int, client_rate: float, sample_rate: float,
+                  steps_per_round: int) -> SubsampledGaussian:
+        """One Gaussian per round on the sampled clients (Poisson approximation of
+        fixed-size client sampling, as DP-FedAvg's analysis does)."""
+        return SubsampledGaussian(client_rate, self.noise_multiplier, rounds)
+
+    def privatize(self, rows: torch.Tensor) -> torch.Tensor:
+        """The rows clipped to ``clip`` (before the mean)."""
+        return clip_rows(rows, self.clip)
+
+    def noise(self, aggregate: torch.Tensor, m: int, generator: torch.Generator) -> torch.Tensor:
+        """The mean of m clipped rows with its Gaussian noise."""
+        if self.noise_multiplier == 0:
+            return aggregate
+        std = self.noise_multiplier * self.clip / m
+        return aggregate + std * torch.randn(aggregate.shape, generator=generator)

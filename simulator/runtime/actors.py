@@ -472,7 +472,8 @@ class Server:
         self.x = parameters_to_vector(self.model.parameters()).detach().clone()
         self.pipeline = Pipeline.from_scenario(scenario)
         self.optimizer = instantiate("optimizers", scenario["server"]["optimizer"])
-        self.privacy = scenario.get("privacy")
+        privacy = scenario.get("privacy")
+        self.privacy = instantiate("privacy", privacy) if privacy else None
         self.seed = seed
         self.x_test, self.y_test, self.x_tr, self.y_tr = eval_data
 
@@ -494,11 +495,9 @@ class Server:
             [honest, torch.from_numpy(np.asarray(byzantine, dtype=np.float32))]
         )
         losses = stack_updates(honest_order, results, 0, key="losses")
-        dp = self.privacy if self.privacy and self.privacy["level"] == "client" else None
+        dp = self.privacy if getattr(self.privacy, "LEVEL", "") == "client" else None
         if dp is not None:  # DP-FedAvg: clip every update; noise on the mean below
-            from strategies.privacy import clip_rows
-
-            rows = clip_rows(rows, dp["clip"])
+            rows = dp.privatize(rows)
         try:
             agg = self.pipeline.aggregate(rows, round_) if len(honest) else None
         except ValueError as e:  # too few rows left this round (dropouts, stragglers)
@@ -509,10 +508,8 @@ class Server:
                     "client_loss": float(losses.mean()) if len(losses) else float("nan"),
                     "server_seconds": time.perf_counter() - t0,
                     "train_seconds": float(sum(r["seconds"] for r in results))}
-        if dp is not None and dp["noise_multiplier"] > 0:
-            std = dp["noise_multiplier"] * dp["clip"] / rows.shape[0]
-            agg = agg + std * torch.randn(agg.shape, generator=torch_generator(
-                self.seed, "dp-noise", round_))
+        if dp is not None:
+            agg = dp.noise(agg, rows.shape[0], torch_generator(self.seed, "dp-noise", round_))
         honest_mean = honest.mean(dim=0)
         finite = bool(torch.isfinite(agg).all())
         if finite:

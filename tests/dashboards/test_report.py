@@ -112,7 +112,7 @@ def test_report_shows_privacy_curves(tmp_path, _mlflow_template):
                  .replace("  aggregator.name: [mean, median]\n  attack.name: [sign_flip, alie]\n",
                           "  privacy.noise_multiplier: [0.8, 2.0]\n")
                  .replace("runtime: {backend: inline}", "runtime: {backend: inline}\n"
-                          "privacy: {level: sample, clip: 1.0, noise_multiplier: 1.0}"))
+                          "privacy: {name: dp_sgd, clip: 1.0, noise_multiplier: 1.0}"))
     run_loaded(load(p), tracking_uri=uri, quiet=True)
     text = build_report("dp-report", tmp_path / "out", uri).read_text()
     assert "<h2>Privacy</h2>" in text

@@ -20,7 +20,7 @@ data:
 model: {name: mlp, hidden: [16]}
 clients: {total: 10, per_round: 5}
 local: {steps: 2, batch_size: 16, lr: 0.2}
-privacy: {level: sample, clip: 1.0, noise_multiplier: 1.0}
+privacy: {name: dp_sgd, clip: 1.0, noise_multiplier: 1.0}
 evaluation: {every: 3}
 """
 
@@ -49,7 +49,7 @@ def _manual_dp_step(model, w, x, y, clip, lr):
 def test_dp_sgd_per_sample_clipping_equals_the_textbook_loop(tmp_path, clip):
     # batch_size >= the client's size: q = 1, every example every step; no noise
     sc = point(tmp_path, "local.steps=1", "local.batch_size=1000",
-               f"privacy={{level: sample, clip: {clip}, noise_multiplier: 0.0}}")
+               f"privacy={{name: dp_sgd, clip: {clip}, noise_multiplier: 0.0}}")
     eng = Engine(sc, InlineBackend())
     eng._spawn()
     worker = eng.workers[0]
@@ -79,14 +79,14 @@ def test_dp_sgd_run_logs_epsilon_and_privacy_tables(tmp_path):
 def test_client_level_dp_clips_and_noises_the_mean(tmp_path):
     base = ["privacy=null", "local.steps=2"]
     plain = Engine(point(tmp_path, *base), InlineBackend()).run()
-    same = Engine(point(tmp_path, "privacy={level: client, clip: 1e6, noise_multiplier: 0.0}"),
+    same = Engine(point(tmp_path, "privacy={name: dp_fedavg, clip: 1e6, noise_multiplier: 0.0}"),
                   InlineBackend()).run()
     assert [m["aggregate_norm"] for m in same.metrics] == pytest.approx(
         [m["aggregate_norm"] for m in plain.metrics], rel=1e-6)  # nothing clipped, no noise
-    clipped = Engine(point(tmp_path, "privacy={level: client, clip: 0.01, noise_multiplier: 0.0}"),
+    clipped = Engine(point(tmp_path, "privacy={name: dp_fedavg, clip: 0.01, noise_multiplier: 0.0}"),
                      InlineBackend()).run()
     assert all(m["aggregate_norm"] <= 0.01 + 1e-6 for m in clipped.metrics)
-    noisy = Engine(point(tmp_path, "privacy={level: client, clip: 0.01, noise_multiplier: 1.0}"),
+    noisy = Engine(point(tmp_path, "privacy={name: dp_fedavg, clip: 0.01, noise_multiplier: 1.0}"),
                    InlineBackend()).run()
     d = noisy.final_params.size
     # the mean of 5 clipped rows plus N(0, (sigma clip / 5)^2) per coordinate
@@ -96,11 +96,24 @@ def test_client_level_dp_clips_and_noises_the_mean(tmp_path):
 
 def test_client_level_dp_needs_the_mean(tmp_path):
     with pytest.raises(ScenarioError) as e:
-        point(tmp_path, "privacy={level: client}", "aggregator={name: median}")
+        point(tmp_path, "privacy={name: dp_fedavg}", "aggregator={name: median}")
     assert e.value.lines[0].endswith(
-        "privacy.level: client-level DP adds noise calibrated to the mean's sensitivity: it needs "
-        "aggregator mean and no pre- or meta-aggregator (got median); level sample composes with "
-        "robust aggregation")
+        "privacy.name: client-level DP adds noise calibrated to the mean's sensitivity: it needs "
+        "aggregator mean and no pre- or meta-aggregator (got median); dp_sgd (sample level) "
+        "composes with robust aggregation")
+
+
+def test_privacy_blocks_are_validated_plugins(tmp_path):
+    with pytest.raises(ScenarioError) as e:
+        point(tmp_path, "privacy={name: dp_sgd, clp: 1.0}")
+    assert e.value.lines[0].endswith("privacy.clp: unknown key for privacy 'dp_sgd'; did you "
+                                     "mean 'clip'?")
+    with pytest.raises(ScenarioError) as e:
+        point(tmp_path, "privacy={name: dp_sgd, noise_multiplier: -1}")
+    assert e.value.lines[0].endswith("privacy.noise_multiplier: must be >= 0.0, got -1")
+    with pytest.raises(ScenarioError) as e:
+        point(tmp_path, "privacy={name: laplace}")
+    assert "privacy.name: unknown privacy 'laplace'; available: dp_fedavg, dp_sgd" in e.value.lines[0]
 
 
 def test_privacy_compare_cli(tmp_path, capsys):

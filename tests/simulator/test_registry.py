@@ -18,6 +18,7 @@ BUILTINS = {
     "models": {"logreg", "mlp", "cnn"},
     "optimizers": {"sgd", "fedadam", "mu2sgd"},
     "client_optimizers": {"sgd", "momentum"},
+    "privacy": {"dp_sgd", "dp_fedavg"},
     "topologies": {"ring", "torus", "complete", "erdos_renyi"},
     "partitioners": {"iid", "dirichlet", "shards", "natural"},
 }
