@@ -146,6 +146,8 @@ def _open_child(point: RunPoint, backend: Any, tracker: Any, parent: str, tmp: P
 def _log_result(run_id: str, result: Any, tracker: Any, tmp: Path, label: str = "") -> None:
     """A finished point's artifacts: metrics.parquet, its curves (a PNG the MLflow UI shows)
     and the final model."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     import torch
 
     from dashboards.figures import run_figure
@@ -156,9 +158,6 @@ def _log_result(run_id: str, result: Any, tracker: Any, tmp: Path, label: str = 
     if run_figure(result.metrics, tmp / "curves.png", label) is not None:
         tracker.log_artifact(run_id, tmp / "curves.png", "figures")
     for name, columns in result.tables.items():  # privacy profile, trade-off curve
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         pq.write_table(pa.table(columns), tmp / f"{name}.parquet")
         tracker.log_artifact(run_id, tmp / f"{name}.parquet", "privacy")
     torch.save(result.model_state, tmp / "model.pt")

@@ -183,9 +183,7 @@ class Engine:
         metrics = dict(b.get(step_ref))
         if eval_ref is not None:
             metrics.update(b.get(eval_ref))
-            if self.privacy is not None:  # the privacy spent so far, at the scenario's delta
-                metrics["epsilon"] = self.privacy_mechanism(round_ + 1).epsilon(
-                    self.privacy.delta, self.privacy.accountant)
+            metrics.update(self._spent(round_ + 1))
         timings = {k: metrics.pop(k) for k in list(metrics) if k.endswith("_seconds")}
         timings["round_seconds"] = time.perf_counter() - t0
         metrics = {"sampled": float(len(sampled)), "byzantine_sampled": float(len(byz)),
@@ -238,6 +236,14 @@ class Engine:
         return self.privacy.mechanism(
             rounds, min(1.0, c.sampled / c.total),
             float(min(1.0, self.sc.local.batch_size / sizes.min())), int(self.local_steps.max()))
+
+    def _spent(self, rounds: int) -> dict[str, float]:
+        """``{"epsilon": ...}``: the privacy spent after ``rounds`` rounds at the scenario's
+        delta ({} without privacy)."""
+        if self.privacy is None:
+            return {}
+        return {"epsilon": self.privacy_mechanism(rounds).epsilon(self.privacy.delta,
+                                                                  self.privacy.accountant)}
 
     def _privacy_outputs(self) -> tuple[dict[str, str], dict[str, dict[str, list]]]:
         """Final epsilon as a param, the privacy profile and trade-off curve as tables."""
@@ -321,9 +327,7 @@ class DecentralizedEngine(Engine):
         metrics: dict[str, float] = {"byzantine_peers": float(len(self.byzantine))}
         if evaluate:
             metrics.update(b.get(b.call(self.mixer, "evaluate", *self._state)))
-            if self.privacy is not None:
-                metrics["epsilon"] = self.privacy_mechanism(round_ + 1).epsilon(
-                    self.privacy.delta, self.privacy.accountant)
+            metrics.update(self._spent(round_ + 1))
         else:
             b.get(self._state[0])  # finish the round before timing it
         return metrics, {"round_seconds": time.perf_counter() - t0}

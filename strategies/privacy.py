@@ -55,13 +55,16 @@ class SubsampledGaussian:
         return dp_accounting.SelfComposedDpEvent(inner, self.steps)
 
     def pld(self):
-        """The privacy loss distribution of the composition (dp-accounting)."""
-        from dp_accounting.pld import privacy_loss_distribution as pld_lib
+        """The privacy loss distribution of the composition (dp-accounting), composed once
+        per mechanism: epsilon, the profile and the trade-off curve all read it."""
+        if "_pld" not in self.__dict__:
+            from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-        one = pld_lib.from_gaussian_mechanism(
-            self.sigma, sensitivity=1.0, sampling_prob=self.q,
-            value_discretization_interval=PLD_DISCRETIZATION)
-        return one.self_compose(self.steps)
+            one = pld_lib.from_gaussian_mechanism(
+                self.sigma, sensitivity=1.0, sampling_prob=self.q,
+                value_discretization_interval=PLD_DISCRETIZATION)
+            object.__setattr__(self, "_pld", one.self_compose(self.steps))  # frozen dataclass
+        return self.__dict__["_pld"]
 
     def epsilon(self, delta: float, accountant: str = "pld") -> float:
         """epsilon at ``delta``; infinite without noise."""
