@@ -344,6 +344,13 @@ def instantiate(kind: str, spec: PluginSpec, **context: Any) -> Any:
     return registry.get(kind, spec["name"])(**context, **params)
 
 
+def build_client_rule(kind: str, spec: PluginSpec) -> Any:
+    """The clients' rule from ``Scenario.client_rule()``'s (kind, spec): a client optimizer,
+    or the client half of a server optimizer that spans both sides."""
+    rule = instantiate(kind, spec)
+    return rule.client_rule() if kind == "optimizers" else rule
+
+
 def _check_plugin(kind: str, spec: Any, loc: Loc, problems: list[Problem]) -> PluginSpec | None:
     if not isinstance(spec, dict):
         problems.append(Problem(loc, f"must be a mapping with a 'name', got {spec!r}"))
@@ -415,8 +422,7 @@ def _cross_field(sc: Scenario, problems: list[Problem]) -> None:
         problems.append(Problem(("local", "optimizer"), f"server.optimizer {rule['name']!r} "
                                 f"brings its own client half; remove local.optimizer, got "
                                 f"{sc.local.optimizer['name']!r}"))
-    elif getattr(instantiate(kind, rule) if kind == "client_optimizers" else None,
-                 "GRADIENT_RULE", kind == "optimizers"):
+    elif getattr(build_client_rule(kind, rule), "GRADIENT_RULE", False):
         for key in ("steps", "epochs"):
             if getattr(sc.local, key) not in (None, 1):
                 problems.append(Problem(("local", key), f"{rule['name']} takes one minibatch "

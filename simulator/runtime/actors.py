@@ -23,7 +23,7 @@ from simulator import registry
 from simulator.data import client_arrays
 from simulator.models import build_model
 from simulator.runtime.pipeline import Pipeline
-from simulator.scenario import instantiate
+from simulator.scenario import build_client_rule, instantiate
 from simulator.seeding import torch_generator
 
 EVAL_BATCH = 4096
@@ -126,9 +126,7 @@ class ClientWorker:
         self.local = local
         self.seed = seed
         self.num_classes = num_classes
-        rule = instantiate(*client_rule)
-        if client_rule[0] == "optimizers":  # a server optimizer spanning both sides
-            rule = rule.client_rule()
+        rule = build_client_rule(*client_rule)
         # a gradient rule computes the message from minibatch gradients (None: local SGD)
         self.rule = rule if getattr(rule, "GRADIENT_RULE", False) else None
         self.state_dtype = getattr(torch, local.get("state_dtype", "float32"))
