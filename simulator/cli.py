@@ -446,14 +446,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def privacy_compare(paths: list[str], overrides: list[str] | None = None) -> list[dict[str, Any]]:
-    """Each scenario's DP mechanism (its first point's), its epsilon at its delta, and the
-    Delta-divergence between every ordered pair of their trade-off curves."""
+def privacy_compare(paths: list[str], overrides: list[str] | None = None,
+                    delta: float | None = None) -> list[dict[str, Any]]:
+    """Each scenario's DP mechanism (its first point's), its epsilon at ``delta`` (default: the
+    scenario's own), the best attacker's advantage, and the Delta-divergence between every
+    ordered pair of their trade-off curves with the prior at which it binds."""
     import numpy as np
 
     from simulator.engine import Engine
     from simulator.runtime.backend import InlineBackend
-    from strategies.privacy import delta_divergence
+    from strategies.privacy import delta_divergence, excess_bayes_vulnerability
 
     alpha = np.linspace(0.0, 1.0, 2001)
     out = []
@@ -462,29 +464,37 @@ def privacy_compare(paths: list[str], overrides: list[str] | None = None) -> lis
         if sc.privacy is None:
             raise ValueError(f"{path}: has no privacy block")
         mech = Engine(sc, InlineBackend()).privacy_mechanism(sc.rounds)
-        delta, accountant = sc.privacy["delta"], sc.privacy["accountant"]
-        out.append({"path": path, "mechanism": mech, "delta": delta,
-                    "epsilon": mech.epsilon(delta, accountant),
-                    "beta": mech.tradeoff(alpha)})
+        at = sc.privacy["delta"] if delta is None else delta
+        beta = mech.tradeoff(alpha)
+        out.append({"path": path, "mechanism": mech, "delta": at,
+                    "epsilon": mech.epsilon(at, sc.privacy["accountant"]), "beta": beta,
+                    "advantage": float(1 - np.min(alpha + beta))})
     for a in out:
         a["divergence"] = {b["path"]: delta_divergence(alpha, a["beta"], b["beta"]) for b in out}
+        a["binding_prior"] = {b["path"]: excess_bayes_vulnerability(alpha, a["beta"], b["beta"])[1]
+                              for b in out}
     return out
 
 
 def cmd_privacy(args: argparse.Namespace) -> int:
     try:
-        rows = privacy_compare(args.scenarios, args.set)
+        rows = privacy_compare(args.scenarios, args.set, args.delta)
     except (ScenarioError, ValueError) as e:
         print("\n".join(e.lines) if isinstance(e, ScenarioError) else str(e), file=sys.stderr)
         return EXIT_INVALID
     for r in rows:
         m = r["mechanism"]
-        print(f"{r['path']}: epsilon {r['epsilon']:.4g} at delta {r['delta']:g}  (subsampled "
-              f"Gaussian: q = {m.q:.4g}, noise multiplier {m.sigma:g}, {m.steps} compositions)")
+        print(f"{r['path']}: epsilon {r['epsilon']:.4g} at delta {r['delta']:g}, attacker "
+              f"advantage {r['advantage']:.4f}  (subsampled Gaussian: q = {m.q:.4g}, noise "
+              f"multiplier {m.sigma:g}, {m.steps} compositions)")
     for a in rows:
         for b in rows:
             if a is not b:
-                print(f"Delta({a['path']} || {b['path']}) = {a['divergence'][b['path']]:.4f}")
+                kappa = a["divergence"][b["path"]]
+                print(f"Delta({a['path']} || {b['path']}) = {kappa:.4f}"
+                      + (f"  (choosing {b['path']}: the best attacker's error falls by up to "
+                         f"{kappa:.4f}, at prior {a['binding_prior'][b['path']]:.2f})"
+                         if kappa > 0 else ""))
     return 0
 
 
@@ -596,6 +606,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "between the trade-off curves, both ways")
     pc.add_argument("scenarios", nargs="+")
     pc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pc.add_argument("--delta", type=float, default=None,
+                    help="report every epsilon at this delta (default: each scenario's own)")
     pc.set_defaults(func=cmd_privacy)
 
     v = sub.add_parser("validate", help="validate scenario files; exit 2 if any is invalid")

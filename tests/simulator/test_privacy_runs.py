@@ -127,6 +127,18 @@ def test_privacy_compare_cli(tmp_path, capsys):
     eps_a = float(out[0].split("epsilon ")[1].split()[0])
     eps_b = float(out[1].split("epsilon ")[1].split()[0])
     assert eps_b < eps_a
-    forward = float(out[2].rsplit("= ", 1)[1])  # Delta(a || b): b is more private: 0
-    backward = float(out[3].rsplit("= ", 1)[1])
+    adv_a = float(out[0].split("advantage ")[1].split()[0])
+    adv_b = float(out[1].split("advantage ")[1].split()[0])
+    assert 0 < adv_b < adv_a < 1
+    forward = float(out[2].split("= ")[1].split()[0])  # Delta(a || b): b is more private: 0
+    backward = float(out[3].split("= ")[1].split()[0])
     assert forward == 0.0 and backward > 0.02
+    # at prior 1/2 the attacker's error is (1 - advantage) / 2, so Delta is at least half the
+    # gap in advantage; here it binds close to 1/2 (0.493: 0.04682 against 0.04660)
+    assert abs(float(out[3].rsplit("at prior ", 1)[1].rstrip(")")) - 0.5) <= 0.02
+    assert (adv_a - adv_b) / 2 - 1e-4 <= backward <= (adv_a - adv_b) / 2 + 5e-4
+    # one calibration point for both
+    assert main(["privacy", "compare", str(a), str(b), "--delta", "1e-3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "at delta 0.001," in out[0] and "at delta 0.001," in out[1]
+    assert float(out[0].split("epsilon ")[1].split()[0]) < eps_a

@@ -6,8 +6,10 @@ import torch
 
 from strategies.privacy import (
     SubsampledGaussian,
+    bayes_risk,
     clip_rows,
     delta_divergence,
+    excess_bayes_vulnerability,
     gaussian_tradeoff,
     symmetric_delta,
 )
@@ -40,6 +42,85 @@ def test_delta_divergence_properties():
     assert symmetric_delta(ALPHA, f, gaussian_tradeoff(ALPHA, 2)) == pytest.approx(values[1])
     # hand-checkable: f = 1 - a (perfect privacy) against g = 0 (none): kappa = 1/2
     assert delta_divergence(ALPHA, 1 - ALPHA, np.zeros_like(ALPHA)) == pytest.approx(0.5, abs=1e-5)
+
+
+def _delta_continuous(f, g) -> float:
+    """Delta(f || g) for curves given as functions, without our grid: for each alpha the kappa
+    solving f(alpha + kappa) - kappa = g(alpha) (brentq), maximised over alpha."""
+    from scipy.optimize import brentq, minimize_scalar
+
+    def kappa(a: float) -> float:
+        h = lambda k: (f(a + k) if a + k <= 1 else 0.0) - k - g(a)
+        return 0.0 if h(0.0) <= 0 else brentq(h, 0.0, 1.0, xtol=1e-12)
+
+    grid = np.linspace(0, 1, 201)
+    a0 = grid[int(np.argmax([kappa(a) for a in grid]))]
+    best = minimize_scalar(lambda a: -kappa(a), bounds=(max(a0 - 0.01, 0), min(a0 + 0.01, 1)),
+                           method="bounded", options={"xatol": 1e-10})
+    return max(-best.fun, kappa(a0))
+
+
+def _f_eps_delta(eps: float, delta: float):
+    """The trade-off curve of (eps, delta)-DP (Dong, Roth, Su 2022, eq. 5)."""
+    return lambda a: np.maximum.reduce([np.zeros_like(a), 1 - delta - np.exp(eps) * a,
+                                        np.exp(-eps) * (1 - delta - a)])
+
+
+def test_delta_divergence_matches_an_independent_continuous_computation():
+    from scipy.stats import norm
+
+    gauss = lambda mu: (lambda a: float(norm.cdf(norm.ppf(1 - a) - mu)))
+    for mu_f, mu_g in [(1.0, 1.5), (1.0, 3.0), (0.5, 5.0)]:
+        ours = delta_divergence(ALPHA, gaussian_tradeoff(ALPHA, mu_f), gaussian_tradeoff(ALPHA, mu_g))
+        assert ours == pytest.approx(_delta_continuous(gauss(mu_f), gauss(mu_g)), abs=2e-4)
+        # closed form: the binding prior is 1/2, where mu-GDP leaves the attacker Phi(-mu/2)
+        assert ours == pytest.approx(norm.cdf(mu_g / 2) - norm.cdf(mu_f / 2), abs=1e-5)
+    # crossing curves: pure 1-DP against 1-GDP, both ways (neither dominates)
+    ed = _f_eps_delta(1.0, 0.0)
+    pure = lambda a: float(ed(np.array(a)))
+    for f, g, fs, gs in [(ed(ALPHA), gaussian_tradeoff(ALPHA, 1.0), pure, gauss(1.0)),
+                         (gaussian_tradeoff(ALPHA, 1.0), ed(ALPHA), gauss(1.0), pure)]:
+        value = delta_divergence(ALPHA, f, g)
+        assert value > 0.03
+        assert value == pytest.approx(_delta_continuous(fs, gs), abs=2e-4)
+
+
+def test_delta_is_the_worst_excess_bayes_vulnerability_over_priors():
+    # a hand-checkable risk: perfect privacy (1 - a) leaves the attacker min(pi, 1 - pi)
+    pis = np.array([0.1, 0.5, 0.8])
+    np.testing.assert_allclose(bayes_risk(ALPHA, 1 - ALPHA, pis), [0.1, 0.5, 0.2], atol=1e-12)
+    pairs = [(gaussian_tradeoff(ALPHA, 1.0), gaussian_tradeoff(ALPHA, mu)) for mu in (1.5, 3)]
+    pairs += [(_f_eps_delta(e, d)(ALPHA), gaussian_tradeoff(ALPHA, mu))
+              for e, d, mu in [(1, 0, 1), (2, 1e-5, 1), (0.5, 0.05, 0.7)]]
+    pairs += [(g, f) for f, g in pairs] + [((1 - ALPHA) ** 2, gaussian_tradeoff(ALPHA, 1.0))]
+    priors = np.linspace(0, 1, 4001)
+    binding = set()
+    for f, g in pairs:
+        delta = delta_divergence(ALPHA, f, g)
+        excess, prior = excess_bayes_vulnerability(ALPHA, f, g, priors)
+        assert delta >= excess - 1e-6  # always, by the shift argument
+        assert delta == pytest.approx(excess, abs=1e-4)  # and equal on every pair here
+        if excess > 0:
+            binding.add(round(prior, 2))
+    assert len(binding) > 2  # not only the symmetric prior 1/2 binds
+
+
+def test_delta_bounds_the_excess_delta_of_dp_sgd_profiles():
+    """Two DP-SGD mechanisms: Delta from riskcal's trade-off curves bounds, and is reached by,
+    the excess of dp-accounting's privacy profile: delta_B(eps) <= delta_A(eps) + (1 + e^eps)
+    Delta(A || B) for every epsilon."""
+    a = SubsampledGaussian(0.001, 0.5601, 1000)  # heavy subsampling
+    b = SubsampledGaussian(1.0, 6.3051, 10)  # full batch, same (2, 1e-5)
+    assert a.epsilon(1e-5) == pytest.approx(2.0, abs=0.01)
+    assert b.epsilon(1e-5) == pytest.approx(2.0, abs=0.01)
+    kappa = delta_divergence(ALPHA, a.tradeoff(ALPHA), b.tradeoff(ALPHA))
+    assert kappa == pytest.approx(0.072, abs=0.002)
+    assert delta_divergence(ALPHA, b.tradeoff(ALPHA), a.tradeoff(ALPHA)) == 0.0
+    eps = np.linspace(0.0, 6.0, 61)
+    excess = (b.profile(eps) - a.profile(eps)) / (1 + np.exp(eps))
+    assert (excess <= kappa + 1e-3).all()
+    assert excess.max() == pytest.approx(kappa, abs=1e-3)
+    assert excess[np.searchsorted(eps, 2.0)] < kappa / 3  # at the calibration point: hidden
 
 
 def test_epsilon_equals_dp_accounting_for_known_dp_sgd_settings():
