@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dashboards.stats import Summary, summarize
 from dashboards.svg import heat_map, line_chart
 
 CURVES = [("test_accuracy", "test accuracy"), ("test_loss", "test loss"),
@@ -102,13 +103,6 @@ def _load(client: Any, run: Any) -> RunData:
     return data
 
 
-def _mean_std(values: Sequence[float]) -> tuple[float, float, int]:
-    vals = [v for v in values if math.isfinite(v)]
-    if not vals:
-        return math.nan, math.nan, 0
-    return statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0, len(vals)
-
-
 def _series(groups: dict[str, list[RunData]], key: str) -> list[dict]:
     out = []
     for label, runs in groups.items():
@@ -122,6 +116,9 @@ def _series(groups: dict[str, list[RunData]], key: str) -> list[dict]:
             mean.append(statistics.fmean(vals) if vals else math.nan)
             lo.append(min(vals) if vals else math.nan)
             hi.append(max(vals) if vals else math.nan)
+        bad = sum(1 for h in by_run if not all(math.isfinite(v) for v in h.values()))
+        if bad:  # the curve is over the finite values; say whose are missing
+            label = f"{label} ({bad} of {len(runs)} runs diverged)"
         out.append({"label": label, "x": steps, "mean": mean, "lo": lo, "hi": hi})
     return out
 
@@ -161,7 +158,7 @@ def _heat_maps(runs: list[RunData], row_tag: str, col_tag: str, col_label: str,
         for r in members:
             cells.setdefault((r.tags.get(row_tag, "?"), r.tags.get(col_tag, "?")), []).append(
                 r.final("test_accuracy"))
-        values = {k: _mean_std(v) for k, v in cells.items()}
+        values = {k: summarize(v)[:3] for k, v in cells.items()}
         where = ", ".join(f"{k}={v}" for k, v in zip(context_keys, ctx)) or "all runs"
         out.append(heat_map(f"final test accuracy: {row_tag} x {col_label} ({where})", rows_vals,
                             cols_vals, values, row_tag, col_label, 0.0, 1.0))
@@ -175,8 +172,12 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str) -> str:
     return f'<table class="{cls}"><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def _cell(m: tuple[float, float, int]) -> str:
-    return "-" if not m[2] else f"{m[0]:.4g} ± {m[1]:.2g}"
+def _cell(m: Summary) -> str:
+    if not m.n:
+        return "-"
+    if m.diverged:
+        return f"diverged ({m.diverged} of {m.n} runs)"
+    return f"{m.mean:.4g} ± {m.std:.2g}"
 
 
 CSS = """
@@ -218,8 +219,8 @@ def render(title: str, runs: list[RunData]) -> str:
              "standard deviation over seeds; bands span min to max over seeds.</p>")]
     rows = []
     for label, members in groups.items():
-        acc = _mean_std([r.final("test_accuracy") for r in members])
-        err = _mean_std([r.final("aggregation_error") for r in members])
+        acc = summarize([r.final("test_accuracy") for r in members])
+        err = summarize([r.final("aggregation_error") for r in members])
         rows.append([label, str(len(members)), _cell(acc), _cell(err)])
     parts += ["<h2>Summary</h2>", _table(["sweep point", "seeds", "final test accuracy",
                                            "final aggregation error"], rows, "summary")]
@@ -251,11 +252,11 @@ def render(title: str, runs: list[RunData]) -> str:
             by_topo.setdefault(r.group, []).append(r)
         rows = []
         for label, members in by_topo.items():
-            gap = _mean_std([float(r.params.get("spectral_gap", "nan")) for r in members])
+            gap = summarize([float(r.params.get("spectral_gap", "nan")) for r in members])
             rows.append([label, members[0].tags.get("topology", ""), _cell(gap),
-                         _cell(_mean_std([r.final("test_accuracy") for r in members])),
-                         _cell(_mean_std([r.final("generalization_gap") for r in members])),
-                         _cell(_mean_std([r.final("consensus_distance") for r in members]))])
+                         _cell(summarize([r.final("test_accuracy") for r in members])),
+                         _cell(summarize([r.final("generalization_gap") for r in members])),
+                         _cell(summarize([r.final("consensus_distance") for r in members]))])
         parts += ["<h2>Topologies (D-SGD)</h2>", _table(
             ["sweep point", "topology", "spectral gap", "peers' test accuracy",
              "generalization gap", "consensus distance"], rows, "topologies")]

@@ -20,6 +20,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from dashboards.stats import summarize
+
 SUMMARIES: dict[str, str] = {
     "test_accuracy": "final",
     "relative_aggregation_error": "mean",
@@ -83,12 +85,8 @@ def sweep_table(experiment: str, by: Sequence[str], tracking_uri: str | None = N
         row: dict[str, Any] = dict(zip(by, key))
         row["seeds"] = len(runs)
         for m in summaries:
-            vals = [r[m] for r in runs if not math.isnan(r[m])]
-            if not all(math.isfinite(v) and abs(v) < 1e300 for v in vals):  # diverged runs
-                row[m] = (sum(vals) / len(vals), math.nan)  # inf (or huge), no spread
-            else:
-                row[m] = (statistics.fmean(vals) if vals else math.nan,
-                          statistics.stdev(vals) if len(vals) > 1 else 0.0)
+            s = summarize(r[m] for r in runs)
+            row[m] = (s.mean, s.std)
         rows.append(row)
     return rows
 

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dashboards.report import RunData, render
+from dashboards.stats import summarize
+
+
+def test_summarize_mean_std_missing_and_diverged():
+    s = summarize([0.8, 0.9, math.nan])  # nan: a run that did not log the metric
+    assert (s.n, s.diverged) == (2, 0)
+    assert s.mean == pytest.approx(0.85) and s.std == pytest.approx(0.0707107, rel=1e-5)
+    assert summarize([0.5]) == (0.5, 0.0, 1, 0)
+    d = summarize([0.1, math.inf, 0.3])
+    assert d.mean == math.inf and math.isnan(d.std) and (d.n, d.diverged) == (3, 1)
+    assert summarize([1.0, 2e300]).diverged == 1  # huge is diverged too
+    empty = summarize([math.nan])
+    assert empty.n == 0 and math.isnan(empty.mean)
+
+
+def _run(seed: str, err: list[float]) -> RunData:
+    return RunData(run_id=seed, name=f"mean seed={seed}", group="mean", seed=seed, tags={},
+                   params={}, history={"test_accuracy": [(0, 0.5), (1, 0.6)],
+                                       "aggregation_error": list(enumerate(err))})
+
+
+def test_report_does_not_hide_a_diverged_seed():
+    page = render("t", [_run("0", [1.0, 2.0]), _run("1", [1.0, math.inf])])
+    assert "diverged (1 of 2 runs)" in page  # summary cell of the aggregation error
+    assert "mean (1 of 2 runs diverged)" in page  # its curve's legend
+    assert "0.6 ± 0" in page  # the finite column is unaffected
+    page = render("t", [_run("0", [1.0, 2.0]), _run("1", [1.0, 4.0])])
+    assert "diverged" not in page and "3 ± 1.4" in page
