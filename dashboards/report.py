@@ -209,6 +209,34 @@ document.querySelectorAll('svg.chart').forEach(function (svg) {
 """
 
 
+def _mechanism_table(runs: list[RunData]) -> list[str]:
+    """Each sweep point's mechanism (its first run's trade-off curve): the best attacker's
+    advantage, and the Delta-divergence between every ordered pair (Kaissis et al. 2024; see
+    docs/privacy.md): Delta(row || column) is the worst-case excess vulnerability of choosing
+    the column's mechanism over the row's."""
+    import numpy as np
+
+    from strategies.privacy import delta_divergence
+
+    curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for r in runs:
+        if r.tradeoff is not None and r.group not in curves:
+            curves[r.group] = (np.asarray(r.tradeoff[0]), np.asarray(r.tradeoff[1]))
+    if len(curves) < 2:
+        return []
+    curves = dict(list(curves.items())[:MAX_SERIES])
+    names = list(curves)
+    rows = []
+    for a in names:
+        alpha, f = curves[a]
+        cells = [f"{delta_divergence(alpha, f, np.interp(alpha, *curves[b])):.4f}" for b in names]
+        rows.append([a, f"{1 - np.min(alpha + f):.4f}", *cells])
+    return [('<p class="note">Delta(row || column): the worst-case excess vulnerability of '
+            "choosing the column's mechanism over the row's (0: the column is at least as "
+            "private everywhere); advantage: the best attacker's max TPR - FPR.</p>"),
+            _table(["mechanism", "advantage", *names], rows, "mechanisms")]
+
+
 def render(title: str, runs: list[RunData]) -> str:
     """The report as one HTML document (inline CSS, SVG and a few lines of script)."""
     groups: dict[str, list[RunData]] = {}
@@ -236,7 +264,8 @@ def render(title: str, runs: list[RunData]) -> str:
     if trade:
         parts += ["<h2>Privacy</h2>", line_chart(
             "f-DP trade-off curve of each mechanism (an attacker's type II error beta against "
-            "type I error alpha; higher is more private)", trade, "alpha", "beta")]
+            "type I error alpha; higher is more private)", trade, "alpha", "beta"),
+            *_mechanism_table(runs)]
     maps = _heat_maps(runs, "aggregator", "attack", "attack",
                       {"aggregator", "aggregator.name", "attack", "attack.name"})
     if maps:

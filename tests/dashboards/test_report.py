@@ -119,3 +119,14 @@ def test_report_shows_privacy_curves(tmp_path, _mlflow_template):
     assert "privacy spent: epsilon" in text  # epsilon per round, one curve per noise level
     section = text.split("<h2>Privacy</h2>")[1]
     assert section.count('<polyline class="curve"') == 2  # one trade-off curve per mechanism
+    # the Delta table: more noise is more private, so choosing 0.8 over 2.0 costs something,
+    # Delta(2.0 || 0.8) > 0, and the other way round nothing
+    table = section.split('<table class="mechanisms">')[1].split("</table>")[0]
+    rows = [r.split("</td>") for r in table.split("<tr>")[2:]]
+    names = [r[0].rsplit(">", 1)[1] for r in rows]
+    low, high = (0, 1) if "0.8" in names[0] else (1, 0)
+    value = lambda i, j: float(rows[i][2 + j].rsplit(">", 1)[1])
+    assert value(high, low) > 0.05 and value(low, high) == 0.0
+    assert value(low, low) == 0.0 == value(high, high)
+    adv = [float(r[1].rsplit(">", 1)[1]) for r in rows]
+    assert 0 < adv[high] < adv[low] < 1
