@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.privacy import SubsampledGaussian, delta_divergence, excess_bayes_vulnerability
+from strategies.privacy import (
+    SubsampledGaussian,
+    advantage,
+    delta_divergence,
+    excess_bayes_vulnerability,
+)
 
 EPSILON, DELTA = 2.0, 1e-5
 CONFIGS = [("full batch, 10 steps", 1.0, 10), ("q = 0.1, 100 steps", 0.1, 100),
@@ -42,7 +47,7 @@ def main() -> None:
         mechs.append((name, m))
         curves.append(beta)
         print(f"| {name} | {m.sigma:.4f} | {m.epsilon(DELTA):.4f} | {np.interp(0.01, alpha, beta):.4f} "
-              f"| {np.interp(0.1, alpha, beta):.4f} | {1 - np.min(alpha + beta):.4f} |")
+              f"| {np.interp(0.1, alpha, beta):.4f} | {advantage(alpha, beta):.4f} |")
     print("\nDelta(row || column): the excess vulnerability of choosing the column's mechanism "
           "over the row's\n")
     print("| | " + " | ".join(n for n, _ in mechs) + " |")

@@ -216,7 +216,7 @@ def _mechanism_table(runs: list[RunData]) -> list[str]:
     the column's mechanism over the row's."""
     import numpy as np
 
-    from strategies.privacy import delta_divergence
+    from strategies.privacy import advantage, delta_divergence
 
     curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for r in runs:
@@ -230,7 +230,7 @@ def _mechanism_table(runs: list[RunData]) -> list[str]:
     for a in names:
         alpha, f = curves[a]
         cells = [f"{delta_divergence(alpha, f, np.interp(alpha, *curves[b])):.4f}" for b in names]
-        rows.append([a, f"{1 - np.min(alpha + f):.4f}", *cells])
+        rows.append([a, f"{advantage(alpha, f):.4f}", *cells])
     return [('<p class="note">Delta(row || column): the worst-case excess vulnerability of '
             "choosing the column's mechanism over the row's (0: the column is at least as "
             "private everywhere); advantage: the best attacker's max TPR - FPR.</p>"),

@@ -455,7 +455,7 @@ def privacy_compare(paths: list[str], overrides: list[str] | None = None,
 
     from simulator.engine import Engine
     from simulator.runtime.backend import InlineBackend
-    from strategies.privacy import delta_divergence, excess_bayes_vulnerability
+    from strategies.privacy import advantage, delta_divergence, excess_bayes_vulnerability
 
     alpha = np.linspace(0.0, 1.0, 2001)
     out = []
@@ -468,7 +468,7 @@ def privacy_compare(paths: list[str], overrides: list[str] | None = None,
         beta = mech.tradeoff(alpha)
         out.append({"path": path, "mechanism": mech, "delta": at,
                     "epsilon": mech.epsilon(at, sc.privacy["accountant"]), "beta": beta,
-                    "advantage": float(1 - np.min(alpha + beta))})
+                    "advantage": advantage(alpha, beta)})
     for a in out:
         a["divergence"] = {b["path"]: delta_divergence(alpha, a["beta"], b["beta"]) for b in out}
         a["binding_prior"] = {b["path"]: excess_bayes_vulnerability(alpha, a["beta"], b["beta"])[1]
@@ -477,6 +477,9 @@ def privacy_compare(paths: list[str], overrides: list[str] | None = None,
 
 
 def cmd_privacy(args: argparse.Namespace) -> int:
+    if args.delta is not None and not 0 < args.delta < 1:
+        print(f"--delta: must be in (0, 1), got {args.delta:g}", file=sys.stderr)
+        return EXIT_INVALID
     try:
         rows = privacy_compare(args.scenarios, args.set, args.delta)
     except (ScenarioError, ValueError) as e:

@@ -136,6 +136,12 @@ def bayes_risk(alpha: np.ndarray, f: np.ndarray, priors: np.ndarray) -> np.ndarr
     return np.min(pi * alpha[None, :] + (1 - pi) * f[None, :], axis=1)
 
 
+def advantage(alpha: np.ndarray, f: np.ndarray) -> float:
+    """The best membership attacker's advantage max_a (1 - f(a)) - a, i.e. max TPR - FPR
+    (= delta(0), the total variation between the neighbouring output distributions)."""
+    return float(1 - np.min(np.asarray(alpha, dtype=np.float64) + np.asarray(f, dtype=np.float64)))
+
+
 def excess_bayes_vulnerability(alpha: np.ndarray, f: np.ndarray, g: np.ndarray,
                                priors: np.ndarray | None = None) -> tuple[float, float]:
     """sup over priors pi of R_f(pi) - R_g(pi) (clamped at 0), and the prior attaining it: by

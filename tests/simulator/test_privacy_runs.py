@@ -142,3 +142,5 @@ def test_privacy_compare_cli(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert "at delta 0.001," in out[0] and "at delta 0.001," in out[1]
     assert float(out[0].split("epsilon ")[1].split()[0]) < eps_a
+    assert main(["privacy", "compare", str(a), "--delta", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "--delta: must be in (0, 1), got 0"

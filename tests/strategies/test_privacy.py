@@ -6,6 +6,7 @@ import torch
 
 from strategies.privacy import (
     SubsampledGaussian,
+    advantage,
     bayes_risk,
     clip_rows,
     delta_divergence,
@@ -73,6 +74,8 @@ def test_delta_divergence_matches_an_independent_continuous_computation():
     for mu_f, mu_g in [(1.0, 1.5), (1.0, 3.0), (0.5, 5.0)]:
         ours = delta_divergence(ALPHA, gaussian_tradeoff(ALPHA, mu_f), gaussian_tradeoff(ALPHA, mu_g))
         assert ours == pytest.approx(_delta_continuous(gauss(mu_f), gauss(mu_g)), abs=2e-4)
+        assert advantage(ALPHA, gaussian_tradeoff(ALPHA, mu_g)) == pytest.approx(
+            2 * norm.cdf(mu_g / 2) - 1, abs=1e-6)
         # closed form: the binding prior is 1/2, where mu-GDP leaves the attacker Phi(-mu/2)
         assert ours == pytest.approx(norm.cdf(mu_g / 2) - norm.cdf(mu_f / 2), abs=1e-5)
     # crossing curves: pure 1-DP against 1-GDP, both ways (neither dominates)
@@ -116,6 +119,9 @@ def test_delta_bounds_the_excess_delta_of_dp_sgd_profiles():
     kappa = delta_divergence(ALPHA, a.tradeoff(ALPHA), b.tradeoff(ALPHA))
     assert kappa == pytest.approx(0.072, abs=0.002)
     assert delta_divergence(ALPHA, b.tradeoff(ALPHA), a.tradeoff(ALPHA)) == 0.0
+    # the advantage (max TPR - FPR) from riskcal's curve is dp-accounting's delta(0)
+    assert advantage(ALPHA, a.tradeoff(ALPHA)) == pytest.approx(a.profile(np.zeros(1))[0], abs=1e-3)
+    assert advantage(ALPHA, b.tradeoff(ALPHA)) == pytest.approx(b.profile(np.zeros(1))[0], abs=1e-3)
     eps = np.linspace(0.0, 6.0, 61)
     excess = (b.profile(eps) - a.profile(eps)) / (1 + np.exp(eps))
     assert (excess <= kappa + 1e-3).all()
