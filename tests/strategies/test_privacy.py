@@ -163,3 +163,48 @@ def test_clip_rows():
     x = torch.tensor([[3.0, 4.0], [0.3, 0.4], [0.0, 0.0]])
     torch.testing.assert_close(clip_rows(x, 1.0), torch.tensor([[0.6, 0.8], [0.3, 0.4], [0.0, 0.0]]))
     assert x[0, 0] == 3.0  # not in place
+
+
+def _curves() -> dict[str, np.ndarray]:
+    """Trade-off curves of several kinds: GDP, (eps, delta)-DP, DP-SGD, and a Laplace one."""
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+    from riskcal.analysis import get_beta_from_pld
+
+    lap = pld_lib.from_laplace_mechanism(1.0, value_discretization_interval=1e-3)
+    return {"G1": gaussian_tradeoff(ALPHA, 1.0), "G2": gaussian_tradeoff(ALPHA, 2.0),
+            "pure1": _f_eps_delta(1.0, 0.0)(ALPHA), "ed": _f_eps_delta(0.5, 0.05)(ALPHA),
+            "dpsgd": SubsampledGaussian(0.05, 1.0, 50).tradeoff(ALPHA),
+            "laplace": np.asarray(get_beta_from_pld(lap, alpha=ALPHA))}
+
+
+def test_delta_satisfies_the_triangle_inequality_and_its_symmetrisation_is_a_metric():
+    curves = _curves()
+    names = list(curves)
+    d = {(a, b): delta_divergence(ALPHA, curves[a], curves[b]) for a in names for b in names}
+    for a in names:
+        for b in names:
+            for c in names:  # shifting by k1 then k2 is shifting by k1 + k2
+                assert d[a, c] <= d[a, b] + d[b, c] + 2e-6
+            if a != b:  # distinct curves are at a positive symmetrised distance
+                assert max(d[a, b], d[b, a]) > 1e-3
+                assert symmetric_delta(ALPHA, curves[a], curves[b]) == max(d[a, b], d[b, a])
+
+
+def test_composition_orders_mechanisms_that_one_release_leaves_unordered():
+    """Laplace (scale 1) against Gaussian (sigma 1.2), both from dp-accounting's PLDs: after one
+    release neither curve lies above the other (Delta > 0 both ways); after 16 compositions the
+    Gaussian one is at least as private everywhere, as composition drives both towards
+    Gaussian curves, which are totally ordered."""
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+    from riskcal.analysis import get_beta_from_pld
+
+    lap = pld_lib.from_laplace_mechanism(1.0, value_discretization_interval=1e-3)
+    gauss = pld_lib.from_gaussian_mechanism(1.2, value_discretization_interval=1e-3)
+    for k, both_ways in [(1, True), (16, False)]:
+        fl = np.asarray(get_beta_from_pld(lap.self_compose(k), alpha=ALPHA))
+        fg = np.asarray(get_beta_from_pld(gauss.self_compose(k), alpha=ALPHA))
+        lap_over_gauss = delta_divergence(ALPHA, fg, fl)  # choosing Laplace over Gaussian
+        gauss_over_lap = delta_divergence(ALPHA, fl, fg)
+        assert lap_over_gauss > 0.005
+        # ordered: 0 up to the PLD's numerical noise (curves within 5e-8) and the bisection's 1e-6
+        assert (gauss_over_lap > 0.01) if both_ways else (gauss_over_lap < 2e-6)
