@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dashboards.stats import Summary, summarize
+from dashboards.stats import Summary, from_mlflow, summarize
 from dashboards.svg import heat_map, line_chart
 
 CURVES = [("test_accuracy", "test accuracy"), ("test_loss", "test loss"),
@@ -87,7 +87,7 @@ def _load(client: Any, run: Any) -> RunData:
     for key, _ in CURVES:
         if key in run.data.metrics:
             hist = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
-            data.history[key] = [(m.step, m.value) for m in hist]
+            data.history[key] = [(m.step, from_mlflow(m.value)) for m in hist]
     if "privacy.epsilon" in run.data.params and data.seed in ("", "0"):
         import tempfile
 
@@ -118,7 +118,7 @@ def _series(groups: dict[str, list[RunData]], key: str) -> list[dict]:
             hi.append(max(vals) if vals else math.nan)
         bad = sum(1 for h in by_run if not all(math.isfinite(v) for v in h.values()))
         if bad:  # the curve is over the finite values; say whose are missing
-            label = f"{label} ({bad} of {len(runs)} runs diverged)"
+            label = f"{label} ({bad} of {len(runs)} runs not finite)"
         out.append({"label": label, "x": steps, "mean": mean, "lo": lo, "hi": hi})
     return out
 
@@ -209,26 +209,39 @@ document.querySelectorAll('svg.chart').forEach(function (svg) {
 """
 
 
-def _mechanism_table(runs: list[RunData]) -> list[str]:
-    """Each sweep point's mechanism (its first run's trade-off curve): the best attacker's
-    advantage, and the Delta-divergence between every ordered pair (Kaissis et al. 2024; see
-    docs/privacy.md): Delta(row || column) is the worst-case excess vulnerability of choosing
-    the column's mechanism over the row's."""
+def _mechanisms(runs: list[RunData]) -> dict[str, tuple[list[float], list[float]]]:
+    """The trade-off curve (alpha, beta) of each distinct privacy block among the runs (runs
+    that differ only in, say, the aggregator share one mechanism), named by the privacy params
+    that vary between mechanisms; at most MAX_SERIES."""
+    by_mech: dict[tuple, RunData] = {}
+    for r in runs:
+        if r.tradeoff is not None:
+            key = tuple(sorted((k, v) for k, v in r.params.items()
+                               if k.startswith("privacy.") and k != "privacy.epsilon"))
+            by_mech.setdefault(key, r)
+    varying = sorted({k for key in by_mech for k, _ in key
+                      if len({dict(other).get(k) for other in by_mech}) > 1})
+    out = {}
+    for key, r in list(by_mech.items())[:MAX_SERIES]:
+        name = ", ".join(f"{k.removeprefix('privacy.')}={dict(key).get(k)}" for k in varying)
+        out[name or r.group] = r.tradeoff
+    return out
+
+
+def _mechanism_table(curves: dict[str, tuple[list[float], list[float]]]) -> list[str]:
+    """Each mechanism's best attacker's advantage, and the Delta-divergence between every
+    ordered pair (Kaissis et al. 2024; see docs/privacy.md): Delta(row || column) is the
+    worst-case excess vulnerability of choosing the column's mechanism over the row's."""
     import numpy as np
 
     from strategies.privacy import advantage, delta_divergence
 
-    curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for r in runs:
-        if r.tradeoff is not None and r.group not in curves:
-            curves[r.group] = (np.asarray(r.tradeoff[0]), np.asarray(r.tradeoff[1]))
     if len(curves) < 2:
         return []
-    curves = dict(list(curves.items())[:MAX_SERIES])
     names = list(curves)
     rows = []
     for a in names:
-        alpha, f = curves[a]
+        alpha, f = np.asarray(curves[a][0]), np.asarray(curves[a][1])
         cells = [f"{delta_divergence(alpha, f, np.interp(alpha, *curves[b])):.4f}" for b in names]
         rows.append([a, f"{advantage(alpha, f):.4f}", *cells])
     return [('<p class="note">Delta(row || column): the worst-case excess vulnerability of '
@@ -259,13 +272,13 @@ def render(title: str, runs: list[RunData]) -> str:
             charts.append(line_chart(label + note, series, "round", key))
     if charts:
         parts += ["<h2>Curves</h2>", *charts]
-    trade = [{"label": r.group, "x": r.tradeoff[0], "mean": r.tradeoff[1]}
-             for r in runs if r.tradeoff is not None][:MAX_SERIES]
-    if trade:
+    mechanisms = _mechanisms(runs)
+    if mechanisms:
+        trade = [{"label": name, "x": ab[0], "mean": ab[1]} for name, ab in mechanisms.items()]
         parts += ["<h2>Privacy</h2>", line_chart(
             "f-DP trade-off curve of each mechanism (an attacker's type II error beta against "
             "type I error alpha; higher is more private)", trade, "alpha", "beta"),
-            *_mechanism_table(runs)]
+            *_mechanism_table(mechanisms)]
     maps = _heat_maps(runs, "aggregator", "attack", "attack",
                       {"aggregator", "aggregator.name", "attack", "attack.name"})
     if maps:

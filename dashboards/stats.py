@@ -7,13 +7,20 @@ import statistics
 from collections.abc import Iterable
 from typing import NamedTuple
 
-HUGE = 1e300  # a value this large is a diverged run, as inf is
+HUGE = 1e300  # MLflow stores inf as the largest float: read any value this large as inf
+
+
+def from_mlflow(value: float) -> float:
+    """A metric value as logged: MLflow's stores keep +-inf as +-1.797e308, which would read as
+    finite (and overflow any sum); this gives the infinity back."""
+    return math.copysign(math.inf, value) if abs(value) >= HUGE else value
 
 
 class Summary(NamedTuple):
     """mean and standard deviation over the runs that logged the metric (``n``). A run whose
-    value is infinite or huge (``diverged``) is not dropped: it makes the mean that value and
-    the spread nan, so a sweep point where one seed blew up never reads as a finite number."""
+    value is infinite (``diverged``; MLflow's huge stand-in counts) is not dropped: it makes
+    the mean infinite and the spread nan, so a sweep point where one seed blew up never reads
+    as a finite number."""
 
     mean: float
     std: float
@@ -27,7 +34,8 @@ def summarize(values: Iterable[float]) -> Summary:
     vals = [float(v) for v in values if not math.isnan(v)]
     if not vals:
         return Summary(math.nan, math.nan, 0, 0)
-    diverged = sum(1 for v in vals if not math.isfinite(v) or abs(v) >= HUGE)
+    vals = [from_mlflow(v) for v in vals]
+    diverged = sum(1 for v in vals if not math.isfinite(v))
     if diverged:
         return Summary(sum(vals) / len(vals), math.nan, len(vals), diverged)
     return Summary(statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0,

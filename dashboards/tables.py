@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from dashboards.stats import summarize
+from dashboards.stats import from_mlflow, summarize
 
 SUMMARIES: dict[str, str] = {
     "test_accuracy": "final",
@@ -43,8 +43,8 @@ def _summary(client: Any, run: Any, metric: str, how: str) -> float:
         except ValueError:
             return math.nan
     if how == "final":
-        return float(run.data.metrics.get(metric, math.nan))
-    values = [m.value for m in client.get_metric_history(run.info.run_id, metric)]
+        return from_mlflow(float(run.data.metrics.get(metric, math.nan)))
+    values = [from_mlflow(m.value) for m in client.get_metric_history(run.info.run_id, metric)]
     if not values:
         return math.nan
     return float(sum(values) if how == "sum" else statistics.fmean(values))

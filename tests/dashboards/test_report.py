@@ -130,3 +130,32 @@ def test_report_shows_privacy_curves(tmp_path, _mlflow_template):
     assert value(low, low) == 0.0 == value(high, high)
     adv = [float(r[1].rsplit(">", 1)[1]) for r in rows]
     assert 0 < adv[high] < adv[low] < 1
+
+
+def test_report_lists_each_mechanism_once():
+    """Runs that differ only in the aggregator share one mechanism: one trade-off curve and one
+    row of the Delta table each, named by the privacy param that varies."""
+    import numpy as np
+
+    from dashboards.report import RunData, render
+    from strategies.privacy import gaussian_tradeoff
+
+    alpha = np.linspace(0, 1, 1001)
+    runs = []
+    for sigma, mu in [("1.0", 2.0), ("2.0", 1.0)]:
+        for agg in ("mean", "median"):
+            params = {"privacy.noise_multiplier": sigma, "privacy.clip": "1.0",
+                      "privacy.epsilon": str(mu), "aggregator.name": agg}
+            runs.append(RunData(f"{sigma}{agg}", f"{sigma} {agg} seed=0", f"{sigma} {agg}", "0",
+                                {}, params, {"test_accuracy": [(0, 0.5)]},
+                                (alpha.tolist(), gaussian_tradeoff(alpha, mu).tolist())))
+    section = render("t", runs).split("<h2>Privacy</h2>")[1]
+    assert section.count('<polyline class="curve"') == 2
+    table = section.split('<table class="mechanisms">')[1].split("</table>")[0]
+    assert table.count("<tr>") == 3  # header + 2 mechanisms
+    assert "noise_multiplier=1.0" in table and "aggregator" not in table
+    # G_2 against G_1: Phi(1) - Phi(1/2), choosing sigma 1 (mu 2) over sigma 2 (mu 1)
+    from scipy.stats import norm
+
+    expect = f"{norm.cdf(1.0) - norm.cdf(0.5):.4f}"
+    assert expect in table

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from dashboards.report import RunData, render
-from dashboards.stats import summarize
+from dashboards.stats import from_mlflow, summarize
 
 
 def test_summarize_mean_std_missing_and_diverged():
@@ -15,7 +15,12 @@ def test_summarize_mean_std_missing_and_diverged():
     assert summarize([0.5]) == (0.5, 0.0, 1, 0)
     d = summarize([0.1, math.inf, 0.3])
     assert d.mean == math.inf and math.isnan(d.std) and (d.n, d.diverged) == (3, 1)
-    assert summarize([1.0, 2e300]).diverged == 1  # huge is diverged too
+    # MLflow stores inf as the largest float: it reads back as inf, and sums do not overflow
+    big = 1.7976931348623157e308
+    assert from_mlflow(big) == math.inf and from_mlflow(-big) == -math.inf
+    assert from_mlflow(3.5) == 3.5
+    s = summarize([big, big, 0.5])
+    assert s.mean == math.inf and (s.n, s.diverged) == (3, 2)
     empty = summarize([math.nan])
     assert empty.n == 0 and math.isnan(empty.mean)
 
@@ -29,7 +34,7 @@ def _run(seed: str, err: list[float]) -> RunData:
 def test_report_does_not_hide_a_diverged_seed():
     page = render("t", [_run("0", [1.0, 2.0]), _run("1", [1.0, math.inf])])
     assert "diverged (1 of 2 runs)" in page  # summary cell of the aggregation error
-    assert "mean (1 of 2 runs diverged)" in page  # its curve's legend
+    assert "mean (1 of 2 runs not finite)" in page  # its curve's legend
     assert "0.6 ± 0" in page  # the finite column is unaffected
     page = render("t", [_run("0", [1.0, 2.0]), _run("1", [1.0, 4.0])])
     assert "diverged" not in page and "3 ± 1.4" in page
