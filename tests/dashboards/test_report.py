@@ -110,7 +110,7 @@ def test_report_shows_privacy_curves(tmp_path, _mlflow_template):
                           "clients: {total: 10, per_round: 6}")
                  .replace("attack: {name: sign_flip}\n", "")
                  .replace("  aggregator.name: [mean, median]\n  attack.name: [sign_flip, alie]\n",
-                          "  privacy.noise_multiplier: [0.8, 2.0]\n")
+                          "  privacy.noise_multiplier: [0.0, 0.8, 2.0]\n")
                  .replace("runtime: {backend: inline}", "runtime: {backend: inline}\n"
                           "privacy: {name: dp_sgd, clip: 1.0, noise_multiplier: 1.0}"))
     run_loaded(load(p), tracking_uri=uri, quiet=True)
@@ -118,13 +118,19 @@ def test_report_shows_privacy_curves(tmp_path, _mlflow_template):
     assert "<h2>Privacy</h2>" in text
     assert "privacy spent: epsilon" in text  # epsilon per round, one curve per noise level
     section = text.split("<h2>Privacy</h2>")[1]
-    assert section.count('<polyline class="curve"') == 2  # one trade-off curve per mechanism
+    # noise 0: epsilon is inf, which MLflow stores as the largest float; it must read back as
+    # inf (its curve is not drawn) rather than overflow the mean over seeds
+    assert "noise_multiplier=0.0 (2 of 2 runs not finite)" in text
+    # one trade-off curve per mechanism (noise 0: beta = 0 everywhere, a curve too)
+    assert section.count('<polyline class="curve"') == 3
     # the Delta table: more noise is more private, so choosing 0.8 over 2.0 costs something,
     # Delta(2.0 || 0.8) > 0, and the other way round nothing
     table = section.split('<table class="mechanisms">')[1].split("</table>")[0]
     rows = [r.split("</td>") for r in table.split("<tr>")[2:]]
     names = [r[0].rsplit(">", 1)[1] for r in rows]
-    low, high = (0, 1) if "0.8" in names[0] else (1, 0)
+    assert names == ["noise_multiplier=0.0", "noise_multiplier=0.8", "noise_multiplier=2.0"]
+    none, low, high = 0, 1, 2
+    assert float(rows[none][1].rsplit(">", 1)[1]) == 1.0  # no noise: advantage 1
     value = lambda i, j: float(rows[i][2 + j].rsplit(">", 1)[1])
     assert value(high, low) > 0.05 and value(low, high) == 0.0
     assert value(low, low) == 0.0 == value(high, high)
