@@ -144,3 +144,21 @@ def test_privacy_compare_cli(tmp_path, capsys):
     assert float(out[0].split("epsilon ")[1].split()[0]) < eps_a
     assert main(["privacy", "compare", str(a), "--delta", "0"]) == 2
     assert capsys.readouterr().err.strip() == "--delta: must be in (0, 1), got 0"
+
+
+def test_privacy_compare_takes_every_mechanism_of_a_sweep(tmp_path, capsys):
+    """A sweep over the noise multiplier and the aggregator holds two mechanisms (the
+    aggregator is post-processing): each listed once, named by its noise multiplier."""
+    from simulator.cli import main
+
+    a = tmp_path / "sweep.yaml"
+    a.write_text(DP + "sweep:\n  privacy.noise_multiplier: [1.0, 2.0]\n"
+                 "  aggregator.name: [mean, median]\n")
+    assert main(["privacy", "compare", str(a)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 4  # two mechanisms, Delta both ways
+    assert out[0].startswith(f"{a} [noise_multiplier=1.0]: epsilon 3.311 at delta 1e-05")
+    assert out[1].startswith(f"{a} [noise_multiplier=2.0]: epsilon 0.9679 at delta 1e-05")
+    assert out[2].startswith(f"Delta({a} [noise_multiplier=1.0] || {a} [noise_multiplier=2.0]) "
+                             "= 0.0000")
+    assert float(out[3].split("= ")[1].split()[0]) > 0.04
