@@ -484,7 +484,7 @@ def privacy_compare(paths: list[str], overrides: list[str] | None = None,
     for a in out:
         a["divergence"] = {b["path"]: delta_divergence(alpha, a["beta"], b["beta"]) for b in out}
         a["binding_prior"] = {b["path"]: excess_bayes_vulnerability(alpha, a["beta"], b["beta"])[1]
-                              for b in out}
+                              for b in out if a["divergence"][b["path"]] > 0}  # printed only then
     return out
 
 

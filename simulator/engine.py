@@ -117,6 +117,7 @@ class Engine:
         self._handles: list[Any] = []
         self._trained: set[int] = set()  # clients that have trained (and may hold state)
         self.privacy = instantiate("privacy", scenario.privacy) if scenario.privacy else None
+        self._mechanism: tuple[int, Any] = (-1, None)  # (rounds, mechanism) last composed
 
     def _spawn_workers(self) -> None:
         """The ClientWorker pool; the partition table goes into the object store once."""
@@ -231,11 +232,14 @@ class Engine:
         and the most local steps any client takes in a round."""
         if self.privacy is None:
             return None
-        c = self.sc.clients
-        sizes = np.maximum(self.data.client_sizes(), 1)
-        return self.privacy.mechanism(
-            rounds, min(1.0, c.sampled / c.total),
-            float(min(1.0, self.sc.local.batch_size / sizes.min())), int(self.local_steps.max()))
+        if self._mechanism[0] != rounds:  # the last one is kept: the final round's epsilon
+            c = self.sc.clients  # and the run's privacy outputs share one composition
+            sizes = np.maximum(self.data.client_sizes(), 1)
+            self._mechanism = (rounds, self.privacy.mechanism(
+                rounds, min(1.0, c.sampled / c.total),
+                float(min(1.0, self.sc.local.batch_size / sizes.min())),
+                int(self.local_steps.max())))
+        return self._mechanism[1]
 
     def _spent(self, rounds: int) -> dict[str, float]:
         """``{"epsilon": ...}``: the privacy spent after ``rounds`` rounds at the scenario's
