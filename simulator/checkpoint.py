@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from simulator.errors import CheckpointUnreadable
+
 ROOT = Path(".fedray") / "checkpoints"
 _NAME = re.compile(r"round_(\d+)\.pt$")
 
@@ -50,7 +52,12 @@ def latest(run_id: str, base: Path | None = None) -> dict[str, Any] | None:
     files = sorted(p for p in d.glob("round_*.pt") if _NAME.search(p.name)) if d.is_dir() else []
     if not files:
         return None
-    return torch.load(files[-1], weights_only=True)
+    try:
+        return torch.load(files[-1], weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch/pickle/zip errors: one line, no unsafe advice
+        raise CheckpointUnreadable(
+            f"checkpoint {files[-1]} cannot be read ({type(e).__name__}); move it away to "
+            f"resume from the one before it, or remove {d} to start the run over") from None
 
 
 def remove(run_id: str, base: Path | None = None) -> None:

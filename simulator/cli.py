@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -16,9 +17,33 @@ import yaml
 
 import simulator
 from simulator import registry
+from simulator.data.datasets import DataError
+from simulator.errors import FedrayError, Terminated, UsageError
 from simulator.scenario import LoadedScenario, RunPoint, ScenarioError, load
 
 EXIT_INVALID = 2
+
+# Runs this process ended without finishing them: (run_id, label, status), for the one-line
+# report of a failure or an interrupt.
+UNFINISHED: list[tuple[str, str, str]] = []
+
+
+_SIGNALS: list[int] = []  # the signals received (Ray's get re-raises a bare KeyboardInterrupt)
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    _SIGNALS.append(signum)
+    raise Terminated(signum)
+
+
+def trap_sigterm() -> None:
+    """SIGTERM ends a run like Ctrl-C: runs marked KILLED, the resume command printed. Called
+    again after ray.init, which installs its own SIGTERM handler."""
+    signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def _end_status(status: str, error: BaseException | None) -> str:
+    return "KILLED" if isinstance(error, KeyboardInterrupt) else status
 
 
 def _tags(sc: Any, backend: Any) -> dict[str, str]:
@@ -104,13 +129,15 @@ def run_loaded(
     from simulator.tracking import Tracker, default_uri
 
     sc = loaded.scenario
-    backend = make_backend(backend_name or sc.runtime.backend, address, **(ray_init or {}))
     uri = tracking_uri or default_uri()
-    tracker = Tracker(uri, sc.name)
-    status, parent = "FAILED", None
+    tracker = Tracker(uri, sc.name)  # before Ray: a store that cannot be used stops it here
+    backend = make_backend(backend_name or sc.runtime.backend, address, **(ray_init or {}))
+    trap_sigterm()
+    status, parent, error = "FAILED", None, None
     try:
         with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
-            parent = _open_parent(loaded, backend, tracker, Path(tmp))
+            parent = _open_parent(loaded, backend, tracker, Path(tmp),
+                                  {"fedray.points": str(len(loaded.points))})
             out: dict[str, Any] = {"parent_run_id": parent, "experiment_id": tracker.experiment_id,
                                    "tracking_uri": uri, "runs": []}
             for i, point in enumerate(loaded.points):
@@ -118,9 +145,15 @@ def run_loaded(
                                               quiet, workers))
         status = "FINISHED"
         return out
+    except BaseException as e:
+        error = e
+        raise
     finally:
         if parent is not None:
+            status = _end_status(status, error)
             tracker.end(parent, status)
+            if status != "FINISHED":
+                UNFINISHED.append((parent, f"parent of {len(loaded.points)} point(s)", status))
         backend.shutdown()
 
 
@@ -183,7 +216,7 @@ def _execute(point: RunPoint, run_id: str, backend: Any, tracker: Any, tmp: Path
 
     sc = point.scenario
     progress = Progress(point.label, sc.rounds, quiet)
-    status = "FAILED"
+    status, error = "FAILED", None
     rows: list[dict[str, float]] = list(resume["metrics"]) if resume else []
 
     def on_round(r: int, m: dict[str, float]) -> None:
@@ -200,56 +233,154 @@ def _execute(point: RunPoint, run_id: str, backend: Any, tracker: Any, tmp: Path
         checkpoint.remove(run_id)
         return {"run_id": run_id, "label": point.label, "values": point.values, "seed": point.seed,
                 "final_test_accuracy": result.final("test_accuracy"), "workers": engine.n_workers}
+    except BaseException as e:
+        error = e
+        raise
     finally:
+        status = _end_status(status, error)
         if status != "FINISHED" and rows:  # keep what was computed
             try:
                 tmp.mkdir(parents=True, exist_ok=True)
                 tracker.log_artifact(run_id, write_metrics(rows, tmp / "metrics.parquet"))
-            except Exception as e:  # noqa: BLE001 - the run's end must still be recorded
-                print(f"warning: could not log metrics.parquet for run {run_id}: {e}",
+            except OSError as e:  # a local file could not be written; the status still is
+                print(f"warning: could not write metrics.parquet for run {run_id}: {e}",
                       file=sys.stderr)
         tracker.end(run_id, status)
+        if status != "FINISHED":
+            UNFINISHED.append((run_id, point.label, status))
 
 
 def resume_run(run_id: str, tracking_uri: str | None = None, backend_name: str | None = None,
                address: str | None = None, quiet: bool = False, workers: int | None = None,
                ray_init: dict | None = None) -> dict[str, Any]:
-    """Continue the child run ``run_id`` in the same MLflow run: from its newest checkpoint in
-    ``.fedray/checkpoints/`` (from round 0 without one), with the resolved scenario it logged
-    when it started. Rounds MLflow already holds are not logged again (their values are the
-    same: every draw is derived from the seed). Marks the parent FINISHED once all its
-    children are."""
-    from simulator import checkpoint
+    """Continue an interrupted ``fedray run`` in the same MLflow runs. ``run_id`` is a point
+    (a child run): it goes on from its newest checkpoint in ``.fedray/checkpoints/`` (from
+    round 0 without one) with the resolved scenario it logged when it started; then every
+    point of its parent that has not FINISHED is run (resumed from its checkpoint, or from the
+    start), and the parent is marked FINISHED. ``run_id`` may also be the parent itself.
+
+    The run's own journal (``.fedray/pending``) is sent first, so that every round is logged
+    exactly once: rounds MLflow or the journal already hold are not logged again (their
+    values are the same: every draw is derived from the seed). A FINISHED run is refused."""
     from simulator.runtime.backend import make_backend
-    from simulator.scenario import Scenario
-    from simulator.tracking import Tracker, default_uri
+    from simulator.tracking import Tracker, default_uri, sync
 
     uri = tracking_uri or default_uri()
     tracker = Tracker.of_run(uri, run_id)
+    sync(uri=tracking_uri, runs={run_id})  # what an outage left of this run, before anything
     run = tracker.client.get_run(run_id)
-    if run.data.tags.get("fedray.kind") != "point":
-        raise ValueError(f"run {run_id} is not a fedray point run (a child run of `fedray run`)")
-    with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
-        local = tracker.client.download_artifacts(run_id, "scenario.yaml", tmp)
-        sc = Scenario.model_validate(yaml.safe_load(Path(local).read_text()))
-        state = checkpoint.latest(run_id)
-        logged = [m.step for m in tracker.client.get_metric_history(run_id, "sampled")] or \
-            [m.step for m in tracker.client.get_metric_history(run_id, "byzantine_peers")]
-        point = RunPoint({}, sc.seeds[0], sc)
-        start = state["round"] + 1 if state else 0
-        print(f"resuming {run.info.run_name} ({run_id}) at round {start + 1}/{sc.rounds}"
-              + ("" if state else " (no checkpoint: from the start)"), file=sys.stderr)
-        backend = make_backend(backend_name or sc.runtime.backend, address, **(ray_init or {}))
-        try:
-            tracker.reopen(run_id)
-            out = _execute(point, run_id, backend, tracker, Path(tmp) / "out", quiet, workers,
-                           state, max(logged, default=-1))
-        finally:
+    kind = run.data.tags.get("fedray.kind")
+    if kind not in ("point", "scenario"):
+        raise ResumeRefused(f"run {run_id} is not a fedray run (a child or parent run of "
+                            "`fedray run`)")
+    if run.info.status == "FINISHED":
+        raise ResumeRefused(f"run {run.info.run_name} ({run_id}) is FINISHED: nothing to "
+                            "resume (`fedray run` starts a new one)")
+    parent = run_id if kind == "scenario" else run.data.tags.get("mlflow.parentRunId")
+    backend = None
+    out: dict[str, Any] = {"runs": []}
+    try:
+        with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
+            if kind == "point":
+                backend = make_backend(
+                    backend_name or _logged_scenario(tracker, run_id, Path(tmp)).runtime.backend,
+                    address, **(ray_init or {}))
+                trap_sigterm()
+                out["runs"].append(_resume_point(run_id, tracker, backend, Path(tmp), quiet,
+                                                 workers))
+            if parent:
+                tracker.reopen(parent)
+                status, error = "FAILED", None
+                try:
+                    out["runs"] += _continue_parent(parent, tracker, lambda: backend, Path(tmp),
+                                                    quiet, workers)
+                    status = "FINISHED"
+                except BaseException as e:
+                    error = e
+                    raise
+                finally:
+                    status = _end_status(status, error)
+                    tracker.end(parent, status)
+                    if status != "FINISHED":
+                        UNFINISHED.append((parent, "parent", status))
+    finally:
+        if backend is not None:
             backend.shutdown()
+    return out
+
+
+class ResumeRefused(FedrayError):
+    """``fedray resume`` of a run that cannot be resumed."""
+
+
+def _logged_scenario(tracker: Any, run_id: str, tmp: Path, name: str = "scenario.yaml") -> Any:
+    """The resolved scenario a run logged as an artifact."""
+    from simulator.scenario import Scenario
+
+    local = tracker.client.download_artifacts(run_id, name, str(tmp / run_id))
+    return Scenario.model_validate(yaml.safe_load(Path(local).read_text()))
+
+
+def _resume_point(run_id: str, tracker: Any, backend: Any, tmp: Path, quiet: bool,
+                  workers: int | None) -> dict[str, Any]:
+    """One point run from its newest checkpoint, in its own MLflow run."""
+    from simulator import checkpoint
+    from simulator.tracking import journaled_steps
+
+    run = tracker.client.get_run(run_id)
+    sc = _logged_scenario(tracker, run_id, tmp)
+    state = checkpoint.latest(run_id)
+    logged = {m.step for m in tracker.client.get_metric_history(run_id, "sampled")} or \
+        {m.step for m in tracker.client.get_metric_history(run_id, "byzantine_peers")}
+    logged |= journaled_steps(run_id)  # still in the journal: `fedray sync` sends them
+    start = state["round"] + 1 if state else 0
+    print(f"resuming {run.info.run_name} ({run_id}) at round {start + 1}/{sc.rounds}"
+          + ("" if state else " (no checkpoint: from the start)"), file=sys.stderr)
+    tracker.reopen(run_id)
+    out = _execute(RunPoint({}, sc.seeds[0], sc), run_id, backend, tracker, tmp / "out", quiet,
+                   workers, state, max(logged, default=-1))
     out["label"] = run.info.run_name
-    parent = run.data.tags.get("mlflow.parentRunId")
-    if parent and all(c.info.status == "FINISHED" for c in tracker.children(parent)):
-        tracker.end(parent, "FINISHED")
+    return out
+
+
+def _continue_parent(parent: str, tracker: Any, get_backend: Any, tmp: Path, quiet: bool,
+                     workers: int | None) -> list[dict[str, Any]]:
+    """Every point of ``parent`` without a FINISHED child run: resumed where a child run has a
+    checkpoint, else run from the start as a new child."""
+    from simulator import checkpoint
+    from simulator.runtime.backend import make_backend
+    from simulator.scenario import expand
+
+    resolved = tracker.client.download_artifacts(parent, "scenario/resolved.yaml", str(tmp))
+    points, full = expand(yaml.safe_load(Path(resolved).read_text()))
+    children = tracker.children(parent)
+    finished = {c.data.tags.get("fedray.point_key") for c in children
+                if c.info.status == "FINISHED"}
+    partial = {c.data.tags.get("fedray.point_key"): c.info.run_id for c in children
+               if c.info.status != "FINISHED" and checkpoint.latest(c.info.run_id) is not None}
+    todo = [p for p in points if point_key(p) not in finished]
+    out: list[dict[str, Any]] = []
+    if not todo:
+        return out
+    print(f"resume: {len(todo)} of {len(points)} point(s) of parent run {parent} left",
+          file=sys.stderr)
+    backend = get_backend()
+    owned = backend is None
+    if owned:
+        backend = make_backend(full.runtime.backend)
+        trap_sigterm()
+    try:
+        for i, point in enumerate(todo):
+            key = point_key(point)
+            if key in partial:
+                out.append(_resume_point(partial[key], tracker, backend, tmp / f"r{i}", quiet,
+                                         workers))
+            else:
+                out.append(_run_point(point, backend, tracker, parent, tmp / f"p{i}", quiet,
+                                      workers))
+    finally:
+        if owned:
+            backend.shutdown()
     return out
 
 
@@ -375,15 +506,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ScenarioError as e:
         print("\n".join(e.lines), file=sys.stderr)
         return EXIT_INVALID
-    try:
-        out = run_loaded(loaded, args.backend, args.address, args.tracking_uri, args.quiet, args.workers)
-    except Exception as e:
-        from simulator.data import DataError
-
-        if isinstance(e, (DataError, ValueError)) and not isinstance(e, KeyError):
-            print(f"{args.scenario}: {e}", file=sys.stderr)
-            return EXIT_INVALID
-        raise
+    out = run_loaded(loaded, args.backend, args.address, args.tracking_uri, args.quiet, args.workers)
     for r in out["runs"]:
         print(f"{r['label']}: final test accuracy {r['final_test_accuracy']:.4f}  (run {r['run_id']})")
     print(f"MLflow parent run: {out['parent_run_id']}  experiment: {loaded.scenario.name}")
@@ -414,13 +537,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    try:
-        out = resume_run(args.run_id, args.tracking_uri, args.backend, args.address, args.quiet,
-                         args.workers)
-    except ValueError as e:
-        print(f"fedray resume: {e}", file=sys.stderr)
-        return EXIT_INVALID
-    print(f"{out['label']}: final test accuracy {out['final_test_accuracy']:.4f}  (run {out['run_id']})")
+    out = resume_run(args.run_id, args.tracking_uri, args.backend, args.address, args.quiet,
+                     args.workers)
+    for r in out["runs"]:
+        print(f"{r['label']}: final test accuracy {r['final_test_accuracy']:.4f}  "
+              f"(run {r['run_id']})")
     return 0
 
 
@@ -642,9 +763,51 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _unfinished(resume: bool) -> str:
+    """``; marked KILLED: label (run id), ...`` and the command that continues them."""
+    if not UNFINISHED:
+        return ""
+    text = "; " + ", ".join(f"{label} ({run_id}) marked {status}"
+                            for run_id, label, status in UNFINISHED)
+    if resume:
+        first = UNFINISHED[0][0]
+        text += f"; continue with `fedray resume {first}`"
+    return text
+
+
+def _pending_note() -> None:
+    """What a tracking outage left in the journal, and the command that sends it."""
+    from simulator.tracking import pending
+
+    for run_id, what in pending().items():
+        print(f"fedray: run {run_id}: {what} not yet in MLflow (kept in .fedray/pending/); "
+              "send them with `fedray sync`", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    tracked = args.command in ("run", "sweep", "resume")
+    if tracked:
+        trap_sigterm()
+    UNFINISHED.clear()
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM through trap_sigterm
+        signum = e.signum if isinstance(e, Terminated) else \
+            (_SIGNALS[-1] if _SIGNALS else int(signal.SIGINT))
+        print(f"fedray {args.command}: interrupted by {signal.Signals(signum).name}"
+              f"{_unfinished(resume=True)}", file=sys.stderr)
+        return 128 + signum
+    except (FedrayError, DataError) as e:
+        print(f"fedray {args.command}: {e}{_unfinished(resume=True)}", file=sys.stderr)
+        return EXIT_INVALID if isinstance(e, (DataError, UsageError)) else 1
+    except Exception:
+        if UNFINISHED:  # a bug: its traceback follows, after the runs it ended
+            print(f"fedray {args.command}: failed{_unfinished(resume=True)}", file=sys.stderr)
+        raise
+    finally:
+        if tracked:
+            _pending_note()
 
 
 if __name__ == "__main__":

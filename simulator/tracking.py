@@ -3,21 +3,29 @@
 One parent run per ``fedray run`` and one child run per sweep point x seed. Per-round metrics
 go in one ``log_batch`` per round (single ``log_metric`` calls cost ~12 ms each on SQLite).
 
-A tracking outage never loses a number and never stops a run: metrics that could not be sent
-are kept, written to a local journal (``.fedray/pending/<run_id>/metrics-<pid>.parquet``) and
-resent with the next round's batch; artifacts and a run's final status that could not be sent
-go to the same journal. ``fedray sync`` replays whatever a run left there (after the process
-ended, say). Against a tracking server, MLflow's own HTTP retries are shortened so that a run
-goes on within seconds while the server is down.
+Per-round metrics leave the round loop at once: a background sender thread sends them, so a
+slow or hung tracking server costs the simulation no round time. A tracking outage never loses
+a number and never stops a run: metrics that could not be sent are kept, written to a local
+journal (``.fedray/pending/<run_id>/metrics-<pid>.parquet``) and resent a few seconds later;
+artifacts and a run's final status that could not be sent go to the same journal (directly,
+without waiting, while the store is known to be down). ``fedray sync`` replays whatever a run
+left there (after the process ended, say). Against a tracking server, MLflow's own HTTP retries
+are shortened so that a call fails within seconds while the server is down.
+
+The embedded SQLite store is created (its migrations run) once, under a file lock: several
+``fedray`` processes started at once in a fresh folder do not race in the migration.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import simulator
+from simulator.errors import TrackingUnavailable, UsageError, brief_text
 
 PENDING = Path(".fedray") / "pending"
 PARAMS_PER_BATCH = 100
@@ -34,6 +43,8 @@ PARAMS_PER_BATCH = 100
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 METRICS_PER_BATCH = 1000
 PARAM_VALUE_MAX = 6000
+RETRY_SECONDS = 5.0  # after a failed call, the store counts as down this long
+END_WAIT_SECONDS = 15.0  # what the end of a run waits for metrics still being sent
 
 
 def default_uri(cwd: Path | None = None) -> str:
@@ -49,6 +60,56 @@ def artifact_root(uri: str) -> str | None:
     if uri.startswith("sqlite:///"):
         return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
     return None
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+def ensure_store(uri: str) -> None:
+    """Make the tracking store usable before anything is logged: an embedded SQLite store is
+    created (MLflow's migrations) by one process at a time, under a lock file beside it, and a
+    store that an interrupted migration left broken is diagnosed in one line; any store that
+    cannot be reached raises TrackingUnavailable."""
+    from mlflow.tracking import MlflowClient
+
+    db = _sqlite_path(uri)
+    if db is None:
+        try:
+            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+        except Exception as e:  # noqa: BLE001 - MLflow/requests errors, reported in one line
+            raise TrackingUnavailable(
+                f"tracking store {uri} cannot be reached ({type(e).__name__}: "
+                f"{brief_text(str(e).splitlines()[0] if str(e) else '', 160)}); start it, or "
+                "leave out --tracking-uri and MLFLOW_TRACKING_URI for the embedded store") from None
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        _diagnose_sqlite(db)
+        try:
+            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+        except Exception as e:  # noqa: BLE001 - SQLAlchemy/alembic errors, in one line
+            raise TrackingUnavailable(
+                f"tracking store {db} cannot be opened ({type(e).__name__}: "
+                f"{brief_text(str(e).splitlines()[0] if str(e) else '', 160)}); move it "
+                "away and run again, or pass --tracking-uri") from None
+
+
+def _diagnose_sqlite(db: Path) -> None:
+    if not db.exists() or db.stat().st_size == 0:
+        return
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    except sqlite3.DatabaseError as e:
+        raise TrackingUnavailable(f"tracking store {db} is not an SQLite database ({e}); move "
+                                  "it away and run again") from None
+    tmp = [n for n in names if n.startswith("_alembic_tmp_")]
+    if tmp:
+        raise TrackingUnavailable(
+            f"tracking store {db} is broken: an interrupted MLflow migration left table {tmp[0]}; "
+            f"move it away (mv {db} {db}.broken) and run again")
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, str]:
@@ -85,6 +146,7 @@ class Tracker:
                 os.environ.setdefault(k, v)
         from mlflow.tracking import MlflowClient
 
+        ensure_store(uri)
         self.uri = uri
         self.journal = (journal or Path.cwd()) / PENDING
         self.client = MlflowClient(tracking_uri=uri)
@@ -103,6 +165,11 @@ class Tracker:
             self.experiment_id = exp.experiment_id
         self._pending: dict[str, list[Any]] = {}
         self.failures = 0
+        self._lock = threading.Lock()  # guards _pending and the journal files
+        self._sending = threading.Lock()  # one sender at a time (thread or end())
+        self._wake = threading.Event()
+        self._down_until = 0.0  # monotonic time before which the store counts as down
+        self._thread: threading.Thread | None = None
 
     @classmethod
     def of_run(cls, uri: str, run_id: str) -> Tracker:
@@ -111,8 +178,8 @@ class Tracker:
 
         try:
             run = MlflowClient(tracking_uri=uri).get_run(run_id)
-        except Exception as e:  # MLflow raises its own exception types
-            raise ValueError(f"no run {run_id!r} in {uri}") from e
+        except Exception:  # noqa: BLE001 - MLflow raises its own exception types
+            raise UsageError(f"no run {run_id!r} in {uri}") from None
         return cls(uri, MlflowClient(tracking_uri=uri).get_experiment(run.info.experiment_id).name)
 
     def create_run(self, name: str, tags: dict[str, str], parent_id: str | None = None,
@@ -134,46 +201,89 @@ class Tracker:
             self.client.log_batch(run_id, params=items[i : i + PARAMS_PER_BATCH])
 
     def log_round(self, run_id: str, step: int, metrics: dict[str, float]) -> None:
-        """One batch per round; on failure the batch is kept and resent later."""
+        """Queue one round's metrics for the background sender and return at once."""
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
-        batch = [Metric(k, float(v), ts, step) for k, v in metrics.items()]
-        self._pending.setdefault(run_id, []).extend(batch)
-        self.flush(run_id)
+        with self._lock:
+            self._pending.setdefault(run_id, []).extend(
+                Metric(k, float(v), ts, step) for k, v in metrics.items())
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._sender, name="fedray-tracking",
+                                            daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def _sender(self) -> None:
+        while True:
+            self._wake.wait(timeout=1.0)
+            self._wake.clear()
+            if self.down():
+                continue
+            with self._lock:
+                runs = [r for r, ms in self._pending.items() if ms]
+            for run_id in runs:
+                self.flush(run_id, wait=None)
+
+    def down(self) -> bool:
+        """Whether a call failed in the last RETRY_SECONDS (calls then go to the journal)."""
+        return time.monotonic() < self._down_until
 
     def _journal_file(self, run_id: str) -> Path:
         return self.journal / run_id / f"metrics-{os.getpid()}.parquet"
 
     def _warn(self, what: str, e: Exception) -> None:
         self.failures += 1
+        self._down_until = time.monotonic() + RETRY_SECONDS
         if self.failures <= 3:
             print(f"fedray: MLflow {what} failed ({type(e).__name__}: {str(e)[:200]}); kept in "
                   f"{self.journal} and sent later (or by `fedray sync`)", file=sys.stderr)
 
-    def flush(self, run_id: str) -> bool:
-        """Send the run's pending metrics; on failure keep them (memory and journal)."""
-        pending = self._pending.get(run_id, [])
-        journal = self._journal_file(run_id)
-        try:
-            while pending:
-                self.client.log_batch(run_id, metrics=pending[:METRICS_PER_BATCH])
-                del pending[:METRICS_PER_BATCH]
-        except Exception as e:  # noqa: BLE001 - tracking outage: keep the numbers, go on
-            self._warn("log_batch", e)
-            _write_journal(journal, pending, self.uri)
+    def _journal_pending(self, run_id: str) -> None:
+        with self._lock:
+            pending = list(self._pending.get(run_id, []))
+        if pending:
+            _write_journal(self._journal_file(run_id), pending, self.uri)
+
+    def flush(self, run_id: str, wait: float | None = 0.0, force: bool = False) -> bool:
+        """Send the run's pending metrics; on failure keep them (memory and journal). While
+        another send is in flight, wait at most ``wait`` seconds for it (None: as long as it
+        takes); while the store counts as down, journal without trying unless ``force``."""
+        if not self._sending.acquire(timeout=-1 if wait is None else wait):
+            self._journal_pending(run_id)
             return False
-        journal.unlink(missing_ok=True)
-        return True
+        try:
+            if self.down() and not force:
+                self._journal_pending(run_id)
+                return not self._pending.get(run_id)
+            while True:
+                with self._lock:
+                    batch = list(self._pending.get(run_id, [])[:METRICS_PER_BATCH])
+                if not batch:
+                    break
+                try:
+                    self.client.log_batch(run_id, metrics=batch)
+                except Exception as e:  # noqa: BLE001 - tracking outage: keep the numbers, go on
+                    self._warn("log_batch", e)
+                    self._journal_pending(run_id)
+                    return False
+                with self._lock:
+                    del self._pending[run_id][: len(batch)]
+            self._journal_file(run_id).unlink(missing_ok=True)
+            return True
+        finally:
+            self._sending.release()
 
     def log_history(self, run_id: str, rows: list[dict[str, float]]) -> None:
         """A whole run's per-round metrics (row i = step i), in batches of up to 1000 values."""
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
-        self._pending.setdefault(run_id, []).extend(
-            Metric(k, float(v), ts, step) for step, row in enumerate(rows) for k, v in row.items())
-        self.flush(run_id)
+        with self._lock:
+            self._pending.setdefault(run_id, []).extend(
+                Metric(k, float(v), ts, step) for step, row in enumerate(rows)
+                for k, v in row.items())
+        self.flush(run_id, wait=None)
 
     def find_run(self, tags: dict[str, str]) -> str | None:
         """The most recent run of this experiment carrying every one of ``tags``."""
@@ -195,6 +305,8 @@ class Tracker:
     def log_artifact(self, run_id: str, path: Path, artifact_path: str | None = None) -> None:
         """Log a file; while the tracking store is unreachable, keep a copy in the journal."""
         try:
+            if self.down():
+                raise ConnectionError("the tracking store failed a call moments ago")
             self.client.log_artifact(run_id, str(path), artifact_path)
         except Exception as e:  # noqa: BLE001 - tracking outage
             self._warn("log_artifact", e)
@@ -204,11 +316,14 @@ class Tracker:
             (self.journal / run_id / "tracking_uri").write_text(self.uri)
 
     def end(self, run_id: str, status: str = "FINISHED") -> None:
-        """Flush and set the final status (kept in the journal while the store is down)."""
-        sent = self.flush(run_id)
+        """Flush (waiting at most END_WAIT_SECONDS for a send in flight) and set the final
+        status; what cannot be sent stays in the journal for ``fedray sync``."""
+        sent = self.flush(run_id, wait=END_WAIT_SECONDS)
         try:
             if not sent:
                 raise ConnectionError("metrics still pending")
+            if self.down():
+                raise ConnectionError("the tracking store failed a call moments ago")
             self.client.set_terminated(run_id, status=status)
         except Exception as e:  # noqa: BLE001 - tracking outage
             self._warn("set_terminated", e)
@@ -237,10 +352,38 @@ def _remove_if_empty(d: Path) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def sync(base: Path | None = None, uri: str | None = None) -> dict[str, int]:
+def pending(base: Path | None = None) -> dict[str, str]:
+    """What the journal under ``base`` still holds, per run: ``{run_id: "N metric values,
+    K artifacts, final status"}``."""
+    root = (base or Path.cwd()) / PENDING
+    out = {}
+    for d in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        n = sum(pq.read_metadata(f).num_rows for f in d.glob("metrics-*.parquet"))
+        art = sum(1 for f in (d / "artifacts").rglob("*") if f.is_file()) \
+            if (d / "artifacts").is_dir() else 0
+        parts = [f"{n} metric values"] if n else []
+        parts += [f"{art} artifact(s)"] if art else []
+        parts += ["the final status"] if (d / "status").exists() else []
+        if parts:
+            out[d.name] = ", ".join(parts)
+    return out
+
+
+def journaled_steps(run_id: str, base: Path | None = None) -> set[int]:
+    """The steps of ``run_id`` that its journal holds (sent by ``fedray sync`` later)."""
+    d = (base or Path.cwd()) / PENDING / run_id
+    steps: set[int] = set()
+    for f in d.glob("metrics-*.parquet") if d.is_dir() else []:
+        steps.update(pq.read_table(f, columns=["step"]).column("step").to_pylist())
+    return steps
+
+
+def sync(base: Path | None = None, uri: str | None = None,
+         runs: set[str] | None = None) -> dict[str, int]:
     """Replay the journal under ``base`` (default: the working directory): pending metrics,
-    artifacts and final statuses, each to the tracking URI it was meant for (or ``uri``).
-    What is sent is removed; what still fails stays. Returns counts."""
+    artifacts and final statuses, each to the tracking URI it was meant for (or ``uri``);
+    only the runs in ``runs`` when given. What is sent is removed; what still fails stays.
+    Returns counts."""
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
@@ -248,6 +391,8 @@ def sync(base: Path | None = None, uri: str | None = None) -> dict[str, int]:
     out = {"runs": 0, "metrics": 0, "artifacts": 0, "statuses": 0, "failed_runs": 0}
     for d in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
         run_id = d.name
+        if runs is not None and run_id not in runs:
+            continue
         target = uri or (d / "tracking_uri").read_text().strip()
         client = MlflowClient(tracking_uri=target)
         try:

@@ -21,6 +21,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from simulator import registry
 from simulator.data import client_arrays
+from simulator.errors import TooFewRows, guarded
 from simulator.models import build_model
 from simulator.runtime.pipeline import Pipeline
 from simulator.scenario import build_client_rule, instantiate
@@ -440,6 +441,7 @@ class Adversary:
             pipeline = Pipeline.from_scenario(scenario)
             context["aggregate"] = lambda x: pipeline.simulate(x, self._round)
         self.attack = instantiate("attacks", attack_spec, **context)
+        self.name = attack_spec["name"]
         self.omniscient = bool(getattr(self.attack, "omniscient", False))
 
     def attack_rows(self, round_: int, f: int, order: list[int], d: int, *results: dict) -> np.ndarray:
@@ -447,7 +449,8 @@ class Adversary:
         attack) or the Byzantine clients' own honest updates, stacked in ``order``."""
         seen = torch.from_numpy(stack_updates(order, results, d))
         self._round = round_
-        rows = self.attack(seen, f, torch_generator(self.seed, "attack", round_))
+        rows = guarded("attack", self.name, self.attack)(
+            seen, f, torch_generator(self.seed, "attack", round_))
         if tuple(rows.shape) != (f, d):
             raise ValueError(f"attack: returned shape {tuple(rows.shape)}, expected {(f, d)}")
         return rows.to(torch.float32).numpy()
@@ -470,6 +473,7 @@ class Server:
         self.x = parameters_to_vector(self.model.parameters()).detach().clone()
         self.pipeline = Pipeline.from_scenario(scenario)
         self.optimizer = instantiate("optimizers", scenario["server"]["optimizer"])
+        self.optimizer_name = scenario["server"]["optimizer"]["name"]
         privacy = scenario.get("privacy")
         self.privacy = instantiate("privacy", privacy) if privacy else None
         self.seed = seed
@@ -498,7 +502,7 @@ class Server:
             rows = dp.privatize(rows)
         try:
             agg = self.pipeline.aggregate(rows, round_) if len(honest) else None
-        except ValueError as e:  # too few rows left this round (dropouts, stragglers)
+        except TooFewRows as e:  # too few rows left this round (dropouts, stragglers)
             print(f"fedray: round {round_}: aggregation skipped: {e}", file=sys.stderr)
             agg = None
         if agg is None:  # nothing to aggregate: the model stays, the round is counted
@@ -511,7 +515,8 @@ class Server:
         honest_mean = honest.mean(dim=0)
         finite = bool(torch.isfinite(agg).all())
         if finite:
-            self.x = self.optimizer.step(self.x, agg)
+            self.x = guarded("server.optimizer", self.optimizer_name, self.optimizer.step)(
+                self.x, agg)
         honest_norm = float(torch.linalg.vector_norm(honest_mean))
         error = float(torch.linalg.vector_norm(agg - honest_mean)) if finite else float("inf")
         return {

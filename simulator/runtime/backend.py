@@ -8,6 +8,8 @@ import contextlib
 import os
 from typing import Any, Protocol
 
+from simulator.errors import FedrayError, UsageError
+
 ROLE_OPTIONS: dict[str, dict[str, Any]] = {
     # A worker takes a CPU and is spread over nodes; a dead one is restarted and its call
     # retried (a client's computation is a pure function of seed, round and client).
@@ -15,6 +17,10 @@ ROLE_OPTIONS: dict[str, dict[str, Any]] = {
     "server": {"num_cpus": 0},
     "adversary": {"num_cpus": 0},
 }
+
+
+class ClusterUnreachable(FedrayError):
+    """``--address`` names a Ray cluster this process cannot join."""
 
 
 class Backend(Protocol):
@@ -74,12 +80,21 @@ class RayBackend:
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
             kwargs.update(init_kwargs)
             if address is None:
-                # a fresh local instance; never silently join a cluster from the environment
+                # A fresh local instance. Never join a cluster from the environment: a bare
+                # ray.init() also joins the one `ray start` recorded on this machine (and
+                # hangs when its head is dead); "local" always starts a new instance.
                 os.environ.pop("RAY_ADDRESS", None)
-                ray.init(**kwargs)
+                ray.init(address="local", **kwargs)
             else:
                 kwargs.pop("include_dashboard", None)
-                ray.init(address=address, **kwargs)
+                try:
+                    ray.init(address=address, **kwargs)
+                except ConnectionError as e:
+                    raise ClusterUnreachable(
+                        f"--address {address}: cannot connect to the Ray cluster ({e}); check "
+                        "that it runs (`ray status`), and if it keeps Ray's token authentication "
+                        "run with RAY_AUTH_MODE=token and its token in ~/.ray/auth_token "
+                        "(README: On a Ray cluster)") from None
             self._owns = True
         self._classes: dict[tuple[type, str], Any] = {}
 
@@ -127,8 +142,8 @@ class RayBackend:
 def make_backend(name: str, address: str | None = None, **init_kwargs: Any) -> Backend:
     if name == "inline":
         if address:
-            raise ValueError("--address: only with --backend ray")
+            raise UsageError("--address: only with --backend ray")
         return InlineBackend()
     if name == "ray":
         return RayBackend(address, **init_kwargs)
-    raise ValueError(f"runtime.backend: must be one of 'ray' or 'inline', got {name!r}")
+    raise UsageError(f"runtime.backend: must be one of 'ray' or 'inline', got {name!r}")

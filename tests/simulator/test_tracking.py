@@ -107,10 +107,13 @@ def test_failed_log_batch_is_kept_and_resent(mlflow_uri):
         return real(run_id, metrics=metrics, params=params, tags=tags)
 
     tracker.client.log_batch = flaky
-    tracker.log_round(run, 0, {"a": 1.0})  # fails, kept in memory and in the journal
+    tracker.log_round(run, 0, {"a": 1.0})  # queued for the background sender
+    assert not tracker.flush(run, wait=None)  # the send fails: kept in memory and the journal
+    assert tracker.down()  # for RETRY_SECONDS calls go to the journal without trying
     journal = list((tracker.journal / run).glob("metrics-*.parquet"))
     assert len(journal) == 1 and pq.read_table(journal[0]).column("step").to_pylist() == [0]
-    tracker.log_round(run, 1, {"a": 2.0})  # sends both
+    tracker.log_round(run, 1, {"a": 2.0})
+    assert tracker.flush(run, wait=None, force=True)  # sends both
     assert not journal[0].exists()
     tracker.end(run)
     hist = MlflowClient(mlflow_uri).get_metric_history(run, "a")

@@ -1,0 +1,85 @@
+"""fedray's own exception types: what the CLI reports in one line, without a traceback.
+
+Only these (and the scenario's ``ScenarioError``, the data's ``DataError``) are caught by the
+commands; any other exception is a bug and keeps its traceback (the run is still marked
+FAILED and named first).
+"""
+
+from __future__ import annotations
+
+import reprlib
+from typing import Any
+
+
+class FedrayError(Exception):
+    """A failure fedray explains in one line."""
+
+
+class UsageError(FedrayError):
+    """A command line that asks for something impossible (exit 2, like an invalid scenario)."""
+
+
+class PluginError(FedrayError):
+    """A plugin raised while the run used it: the run fails, naming the plugin."""
+
+    def __init__(self, where: str, name: str, error: BaseException) -> None:
+        self.where, self.name, self.error = where, name, error
+        text = (str(error).strip().splitlines() or [""])[0]
+        super().__init__(f"{where} {name!r} raised {type(error).__name__}: {brief_text(text)}")
+
+
+def guarded(where: str, name: str, fn: Any) -> Any:
+    """``fn`` with any exception it raises turned into a PluginError naming the plugin: a bug
+    in a plugin fails the run in one line, and is never mistaken for a condition of the run."""
+    def call(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as e:
+            raise PluginError(where, name, e) from e
+    return call
+
+
+class TooFewRows(FedrayError):
+    """A round left fewer rows than a rule of the aggregation pipeline accepts (dropouts,
+    stragglers): the round is skipped, not the run."""
+
+
+class WorkerLost(FedrayError):
+    """A ClientWorker died (its node went away, or it was killed)."""
+
+
+class ClientStateLost(FedrayError):
+    """Per-client state (worker momentum, mu2-SGD) died with its worker: the run cannot go on
+    with the same numbers; ``fedray resume`` continues it from its last checkpoint."""
+
+
+class TrackingUnavailable(FedrayError):
+    """The tracking store cannot be reached or opened before the run starts."""
+
+
+class CheckpointUnreadable(FedrayError):
+    """A checkpoint file that does not load (truncated, or not one of fedray's)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"signal {signum}")
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = 60
+_REPR.maxother = 60
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
+_REPR.maxlevel = 3
+
+
+def brief(value: Any) -> str:
+    """A bounded repr for messages: a huge (or alias-expanded) value never becomes a huge line."""
+    return _REPR.repr(value)
+
+
+def brief_text(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
