@@ -9,6 +9,7 @@ meta-aggregator), step the server optimizer, evaluate every ``evaluation.every``
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,9 +19,10 @@ import numpy as np
 
 from simulator import data as fdata
 from simulator import registry
+from simulator.errors import ClientStateLost, WorkerLost
 from simulator.runtime.actors import Adversary, ClientWorker, Mixer, Server
-from simulator.runtime.backend import Backend
-from simulator.scenario import Scenario, instantiate
+from simulator.runtime.backend import PING_TIMEOUT, PLACE_TIMEOUT, Backend
+from simulator.scenario import Scenario, build_client_rule, instantiate
 from simulator.seeding import numpy_rng
 
 RoundCallback = Callable[[int, dict[str, float]], None]
@@ -116,6 +118,11 @@ class Engine:
                             (lc.epochs or 1) * np.ceil(np.maximum(sizes, 1) / lc.batch_size))
         self._handles: list[Any] = []
         self._trained: set[int] = set()  # clients that have trained (and may hold state)
+        # a gradient rule keeps per-client state in the worker that owns the client
+        self.stateful_clients = bool(getattr(build_client_rule(*scenario.client_rule()),
+                                             "GRADIENT_RULE", False))
+        self.owner: dict[int, int] = {}  # clients moved off a lost worker -> their new worker
+        self.live: list[int] = list(range(self.n_workers))  # indices of the live workers
         self.privacy = instantiate("privacy", scenario.privacy) if scenario.privacy else None
         self._mechanism: tuple[int, Any] = (-1, None)  # (rounds, mechanism) last composed
 
@@ -131,6 +138,17 @@ class Engine:
                     sc.model, local, self.seed, sc.client_rule(), dp_sgd, role="worker")
             for _ in range(self.n_workers)
         ]
+        self._handles = list(self.workers)
+        placed = b.ready(self.workers, PLACE_TIMEOUT)
+        if not all(placed):
+            raise WorkerLost(
+                f"{placed.count(False)} of {self.n_workers} ClientWorkers did not start within "
+                f"{PLACE_TIMEOUT:.0f} s (each needs 1 free CPU; the cluster has "
+                f"{b.default_workers()}); use fewer workers (--workers, runtime.workers)")
+
+    def worker_of(self, client: int) -> int:
+        """The index of the worker that owns ``client`` (k % W, unless moved off a lost one)."""
+        return self.owner.get(client, client % self.n_workers)
 
     def _spawn(self) -> None:
         b, sc, data = self.backend, self.sc, self.data
@@ -153,7 +171,7 @@ class Engine:
         """One train call per worker that owns some of ``clients`` (client k -> worker k % W)."""
         per: dict[int, list[int]] = {}
         for c in clients:
-            per.setdefault(c % self.n_workers, []).append(c)
+            per.setdefault(self.worker_of(c), []).append(c)
         calls = [self.backend.call(self.workers[w], "train", round_, ids, params_ref, poison,
                                    [c for c in ids if c in self._trained])
                  for w, ids in sorted(per.items())]
@@ -200,8 +218,8 @@ class Engine:
         """Every round (from the one after ``resume["round"]`` when resuming a checkpoint),
         then the final model; every ``runtime.checkpoint_every`` rounds ``on_checkpoint``
         gets the run's whole state. The actors are released whatever happens."""
-        self._spawn()
         try:
+            self._spawn()
             rows: list[dict[str, float]] = []
             timings: list[dict[str, float]] = []
             start = 0
@@ -211,7 +229,7 @@ class Engine:
                 start = int(resume["round"]) + 1
             every = self.sc.runtime.checkpoint_every
             for r in range(start, self.sc.rounds):
-                m, t = self.run_round(r)
+                m, t = self._round_surviving_losses(r)
                 rows.append(m)
                 timings.append(t)
                 if on_round is not None:
@@ -224,6 +242,41 @@ class Engine:
             return RunResult(rows, final, state, timings, {**params, **privacy_params}, tables)
         finally:
             self.backend.release(self._handles)
+
+    def _round_surviving_losses(self, round_: int) -> tuple[dict[str, float], dict[str, float]]:
+        """``run_round``; when a ClientWorker is lost, its clients move to the live workers
+        and the round is computed again: the same numbers, since a client's computation is
+        a pure function of (seed, round, client) and the round's server step never ran."""
+        while True:
+            try:
+                return self.run_round(round_)
+            except WorkerLost as e:
+                self._move_clients(round_, e)
+
+    def _move_clients(self, round_: int, error: WorkerLost) -> None:
+        """Find the dead workers and give their clients to the live ones (client k to the
+        (k mod L)-th live worker); per-client state that died with them stops the run."""
+        live = [self.workers[w] for w in self.live]
+        dead = [w for w, ok in zip(self.live, self.backend.ready(live, PING_TIMEOUT)) if not ok]
+        if not dead:
+            raise error  # a loss that is not a worker's
+        self.live = [w for w in self.live if w not in dead]
+        moved = [c for c in range(self.sc.clients.total) if self.worker_of(c) in dead]
+        lost = sorted(c for c in moved if c in self._trained) if self.stateful_clients else []
+        if lost:
+            raise ClientStateLost(
+                f"ClientWorker lost the state of clients {lost[:5]}{' ...' if len(lost) > 5 else ''}"
+                f" in round {round_ + 1} (its node went away, or it was killed); worker momentum "
+                "and mu2-SGD keep per-client state: resume the run from its last checkpoint "
+                "(fedray resume RUN_ID)")
+        if not self.live:
+            raise WorkerLost(f"every ClientWorker was lost in round {round_ + 1} ({error}); "
+                             "resume the run from its last checkpoint (fedray resume RUN_ID)")
+        for c in moved:
+            self.owner[c] = self.live[c % len(self.live)]
+        print(f"fedray: round {round_ + 1}: ClientWorker(s) {dead} lost ({error}); their "
+              f"{len(moved)} clients moved to {len(self.live)} live worker(s), the round is "
+              "computed again", file=sys.stderr)
 
     def privacy_mechanism(self, rounds: int) -> Any:
         """The run's DP mechanism after ``rounds`` rounds, as a composition of subsampled
@@ -264,13 +317,13 @@ class Engine:
                  "tradeoff": {"alpha": alpha.tolist(), "beta": mech.tradeoff(alpha).tolist()}})
 
     def _owned(self, worker: int) -> list[int]:
-        return [c for c in range(self.sc.clients.total) if c % self.n_workers == worker]
+        return [c for c in range(self.sc.clients.total) if self.worker_of(c) == worker]
 
     def _checkpoint(self) -> dict[str, Any]:
-        """The server's state and every worker's client states (after a round)."""
+        """The server's state and every live worker's client states (after a round)."""
         b = self.backend
         clients: dict[int, dict] = {}
-        for states in b.get([b.call(w, "client_states") for w in self.workers]):
+        for states in b.get([b.call(self.workers[w], "client_states") for w in self.live]):
             clients.update(states)
         return {"server": b.get(b.call(self.server, "checkpoint")), "clients": clients}
 
@@ -278,9 +331,9 @@ class Engine:
         b = self.backend
         self._trained = {int(c) for c in state["clients"]}
         calls = [b.call(self.server, "restore", state["server"])]
-        for w, handle in enumerate(self.workers):
+        for w in self.live:
             mine = {c: st for c, st in state["clients"].items() if int(c) in set(self._owned(w))}
-            calls.append(b.call(handle, "load_client_states", mine))
+            calls.append(b.call(self.workers[w], "load_client_states", mine))
         b.get(calls)
 
     def _final(self) -> tuple[np.ndarray, dict[str, Any], dict[str, str]]:
@@ -307,26 +360,41 @@ class DecentralizedEngine(Engine):
         self._handles = [*self.workers, self.mixer]
         self._x0 = b.call(self.mixer, "params")
         self._state: list[Any] | None = None  # result refs holding the peers' current models
+        # the peer_step arguments that made _state (None: the Mixer's gossip made it), to
+        # make it again when a worker holding part of it is lost
+        self._made_by: tuple | None = None
+        self._round_start: tuple = (None, None)
+
+    def _move_clients(self, round_: int, error: WorkerLost) -> None:
+        """As for server-based runs; then the round starts again from the peers' models of
+        the round before (made again by peer_step when they lived in workers)."""
+        super()._move_clients(round_, error)
+        self._state, self._made_by = self._round_start
+        if self._made_by is not None:
+            self._state = self._peer_step(*self._made_by)
 
     def _peer_step(self, round_: int, mixed: Any, train: bool) -> list[Any]:
         per: dict[int, list[int]] = {}
         for c in self.honest:
-            per.setdefault(c % self.n_workers, []).append(c)
+            per.setdefault(self.worker_of(c), []).append(c)
         return [self.backend.call(self.workers[w], "peer_step", round_, ids, self._x0, mixed, train)
                 for w, ids in sorted(per.items())]
 
     def run_round(self, round_: int) -> tuple[dict[str, float], dict[str, float]]:
         b, sc = self.backend, self.sc
         t0 = time.perf_counter()
+        self._round_start = (self._state, self._made_by)
         if sc.dsgd.order == "local_then_gossip":
             mixed = self._state[0] if self._state else None
             trained = self._peer_step(round_, mixed, True)
-            self._state = [b.call(self.mixer, "gossip", round_, *trained)]
+            self._state, self._made_by = [b.call(self.mixer, "gossip", round_, *trained)], None
         else:
             if self._state is None:
-                self._state = self._peer_step(round_, None, False)
+                self._made_by = (round_, None, False)
+                self._state = self._peer_step(*self._made_by)
             mixed = b.call(self.mixer, "gossip", round_, *self._state)
-            self._state = self._peer_step(round_, mixed, True)
+            self._made_by = (round_, mixed, True)
+            self._state = self._peer_step(*self._made_by)
         evaluate = (round_ + 1) % sc.evaluation.every == 0 or round_ + 1 == sc.rounds
         metrics: dict[str, float] = {"byzantine_peers": float(len(self.byzantine))}
         if evaluate:
@@ -348,6 +416,7 @@ class DecentralizedEngine(Engine):
 
     def _restore(self, state: dict[str, Any]) -> None:
         x = state["peers"].numpy()
+        self._made_by = None
         self._state = [self.backend.put({"clients": np.asarray(self.honest, dtype=np.int64),
                                          "updates": x, "losses": np.full(len(x), np.nan),
                                          "seconds": 0.0})]

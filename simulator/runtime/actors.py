@@ -392,8 +392,10 @@ class ClientWorker:
         from each peer's own model. Returns the peers' models as ``updates`` rows."""
         t0 = time.perf_counter()
         if not hasattr(self, "peer_x"):
-            x0 = torch.from_numpy(np.array(start, dtype=np.float32))
-            self.peer_x = {int(p): x0 for p in peers}
+            self.peer_x = {}
+        x0 = torch.from_numpy(np.array(start, dtype=np.float32))
+        for p in peers:  # new here: at the start, or moved off a lost worker
+            self.peer_x.setdefault(int(p), x0)
         if mixed is not None:
             pos = {int(c): i for i, c in enumerate(mixed["clients"])}
             for p in peers:

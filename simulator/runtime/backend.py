@@ -8,12 +8,16 @@ import contextlib
 import os
 from typing import Any, Protocol
 
-from simulator.errors import FedrayError, UsageError
+from simulator.errors import FedrayError, UsageError, WorkerLost, brief_text
 
 ROLE_OPTIONS: dict[str, dict[str, Any]] = {
-    # A worker takes a CPU and is spread over nodes; a dead one is restarted and its call
-    # retried (a client's computation is a pure function of seed, round and client).
-    "worker": {"num_cpus": 1, "scheduling_strategy": "SPREAD", "max_restarts": 3, "max_task_retries": -1},
+    # A worker takes a CPU and is spread over nodes. Ray does not restart a dead one: a
+    # restart would wait, silently and forever, for a CPU that the surviving nodes may not
+    # have, and its constructor's object refs are not kept for restarts. The engine moves the
+    # lost worker's clients to live workers instead and recomputes the round (a client's
+    # computation is a pure function of seed, round and client).
+    "worker": {"num_cpus": 1, "scheduling_strategy": "SPREAD", "max_restarts": 0,
+               "max_task_retries": 0},
     "server": {"num_cpus": 0},
     "adversary": {"num_cpus": 0},
 }
@@ -23,10 +27,15 @@ class ClusterUnreachable(FedrayError):
     """``--address`` names a Ray cluster this process cannot join."""
 
 
+PLACE_TIMEOUT = 120.0  # seconds a new worker may wait for a CPU before the run stops
+PING_TIMEOUT = 600.0  # seconds a live worker may take to finish its calls and answer
+
+
 class Backend(Protocol):
     name: str
 
     def spawn(self, cls: type, *args: Any, role: str) -> Any: ...
+    def ready(self, handles: list[Any], timeout: float) -> list[bool]: ...
     def call(self, handle: Any, method: str, *args: Any) -> Any: ...
     def get(self, ref: Any) -> Any: ...
     def put(self, value: Any) -> Any: ...
@@ -43,6 +52,9 @@ class InlineBackend:
 
     def spawn(self, cls: type, *args: Any, role: str) -> Any:
         return cls(*args)
+
+    def ready(self, handles: list[Any], timeout: float) -> list[bool]:
+        return [True] * len(handles)
 
     def call(self, handle: Any, method: str, *args: Any) -> Any:
         return getattr(handle, method)(*args)
@@ -118,7 +130,32 @@ class RayBackend:
         return getattr(handle, method).remote(*args)
 
     def get(self, ref: Any) -> Any:
-        return self.ray.get(ref)
+        """``ray.get``; a result lost with a dead actor (or its node) raises WorkerLost."""
+        from ray.exceptions import ObjectLostError, RayActorError
+
+        try:
+            return self.ray.get(ref)
+        except (RayActorError, ObjectLostError) as e:
+            raise WorkerLost(f"{type(e).__name__}: {brief_text(str(e).splitlines()[0], 200)}") \
+                from None
+
+    def ready(self, handles: list[Any], timeout: float) -> list[bool]:
+        """Which actors answer a ping within ``timeout`` seconds (a busy actor answers once
+        its queued calls are done; a dead one, or one still waiting for resources, does not).
+        Actors that do not answer are killed, so that they cannot come back later."""
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        refs = [h.__ray_ready__.remote() for h in handles]
+        self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        out = []
+        for h, ref in zip(handles, refs):
+            try:
+                self.ray.get(ref, timeout=0)
+                out.append(True)
+            except (RayActorError, GetTimeoutError):
+                self.release([h])
+                out.append(False)
+        return out
 
     def put(self, value: Any) -> Any:
         return self.ray.put(value)

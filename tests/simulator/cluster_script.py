@@ -1,7 +1,8 @@
-"""Run by tests/simulator/test_cluster.py in a fresh process: a Ray cluster of a head and two
-worker nodes on this machine (ray.cluster_utils.Cluster), a run whose ClientWorkers land on
-both worker nodes, then the same run with one worker node removed after round 2. Prints one
-JSON line with what the test asserts."""
+"""Run by tests/simulator/test_cluster.py in a fresh process: a Ray cluster of a head (no CPU)
+and two worker nodes of one CPU each on this machine (ray.cluster_utils.Cluster), a run whose
+two ClientWorkers take both CPUs, then the same run with one worker node removed after round
+2: no CPU is left for a replacement, so the lost worker's clients must move to the live one.
+Prints one JSON line with what the test asserts."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def main(scenario_path: str) -> None:
         "num_cpus": 0, "object_store_memory": 200 * 1024**2, "_system_config": {
             "health_check_period_ms": 500, "health_check_failure_threshold": 2,
             "health_check_initial_delay_ms": 0}})
-    nodes = [cluster.add_node(num_cpus=2, object_store_memory=200 * 1024**2) for _ in range(2)]
+    nodes = [cluster.add_node(num_cpus=1, object_store_memory=200 * 1024**2) for _ in range(2)]
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
     backend = RayBackend()
@@ -56,8 +57,10 @@ def main(scenario_path: str) -> None:
                 time.sleep(0.2)
             killed.append(victim)
 
+    t0 = time.monotonic()
     faulty = engine.run(kill_after_round_2)
     print(json.dumps({
+        "seconds": time.monotonic() - t0, "live_workers": len(engine.live),
         "placed": sorted(placed), "worker_nodes": worker_nodes, "killed": killed,
         "same_metrics": faulty.metrics == full.metrics, "rounds": len(faulty.metrics),
         "final_equal": bool((faulty.final_params == full.final_params).all()),
