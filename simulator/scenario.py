@@ -18,6 +18,7 @@ import difflib
 import inspect
 import itertools
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,16 +26,23 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from annotated_types import Ge, Gt, Lt
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import AllowInfNan, BaseModel, ConfigDict, ValidationError, create_model
 
 from simulator import registry
+from simulator.errors import brief, brief_text
 
 Loc = tuple[Any, ...]
 PluginSpec = dict[str, Any]
 
 
+# Non-finite numbers are refused wherever a float is expected (a plugin or a field opts in
+# with ``Annotated[float, AllowInfNan(True)]`` where inf means something, such as "no
+# clipping"), and a value that is accepted keeps its value through every JSON dump.
+FINITE = ConfigDict(allow_inf_nan=False, ser_json_inf_nan="constants")
+
+
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, **FINITE)
 
 
 class Data(Strict):
@@ -65,7 +73,7 @@ class Stragglers(Strict):
     seeded; median 1); a client whose local work (its number of minibatch steps) takes more
     than ``deadline`` step-times misses the round."""
 
-    deadline: Annotated[float, Gt(0)]
+    deadline: Annotated[float, Gt(0), AllowInfNan(True)]  # inf: nobody misses a round
     sigma: Annotated[float, Ge(0)] = 0.5
     jitter: Annotated[float, Ge(0)] = 0.1
 
@@ -118,7 +126,7 @@ class DSGD(Strict):
     order: Literal["local_then_gossip", "gossip_then_local"] = "local_then_gossip"
     gossip_steps: Annotated[int, Ge(1)] = 1
     defense: Literal["none", "clipped_gossip", "aggregator"] = "none"
-    clip_tau: Annotated[float, Gt(0)] | None = None
+    clip_tau: Annotated[float, Gt(0), AllowInfNan(True)] | None = None  # inf: plain gossip
 
 
 class Evaluation(Strict):
@@ -207,7 +215,7 @@ def _short(v: Any) -> str:
         return f"{v['name']}({args})" if args else v["name"]
     if isinstance(v, list) and all(isinstance(x, dict) for x in v):
         return "[" + ", ".join(_short(x) for x in v) + "]"
-    return "none" if v is None else json.dumps(v)
+    return "none" if v is None else brief_text(json.dumps(v), 60)
 
 
 # --------------------------------------------------------------------------- errors
@@ -283,23 +291,25 @@ def _message(err: dict, root: type[BaseModel], loc: Loc) -> str:
     for k, op in _OPS.items():
         if kind == k:
             bound = next(iter(ctx.values())) if ctx else "?"
-            return f"must be {op} {bound}, got {got!r}"
+            return f"must be {op} {bound}, got {brief(got)}"
     if kind == "literal_error":
-        return f"must be one of {ctx.get('expected')}, got {got!r}"
+        return f"must be one of {ctx.get('expected')}, got {brief(got)}"
     if kind in ("int_type", "int_parsing", "int_from_float"):
-        return f"must be an integer, got {got!r}"
+        return f"must be an integer, got {brief(got)}"
     if kind in ("float_type", "float_parsing"):
-        return f"must be a number, got {got!r}"
+        return f"must be a number, got {brief(got)}"
+    if kind == "finite_number":
+        return f"must be a finite number, got {brief(got)}"
     if kind in ("string_type",):
-        return f"must be a string, got {got!r}"
+        return f"must be a string, got {brief(got)}"
     if kind in ("bool_type", "bool_parsing"):
-        return f"must be true or false, got {got!r}"
+        return f"must be true or false, got {brief(got)}"
     if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return f"must be a mapping, got {got!r}"
+        return f"must be a mapping, got {brief(got)}"
     if kind == "list_type":
-        return f"must be a list, got {got!r}"
+        return f"must be a list, got {brief(got)}"
     if kind in ("too_short", "too_long"):
-        return err["msg"].replace("List", "list") + f", got {got!r}"
+        return err["msg"].replace("List", "list") + f", got {brief(got)}"
     return err["msg"]
 
 
@@ -335,7 +345,7 @@ def plugin_params_model(cls: Any) -> type[BaseModel]:
             tp = hints.get(p.name, Any)
             fields[p.name] = (tp, ... if p.default is p.empty else p.default)
     return create_model(f"{getattr(cls, '__name__', 'plugin')}Params",
-                        __config__=ConfigDict(extra="forbid"), **fields)
+                        __config__=ConfigDict(extra="forbid", **FINITE), **fields)
 
 
 def instantiate(kind: str, spec: PluginSpec, **context: Any) -> Any:
@@ -353,7 +363,7 @@ def build_client_rule(kind: str, spec: PluginSpec) -> Any:
 
 def _check_plugin(kind: str, spec: Any, loc: Loc, problems: list[Problem]) -> PluginSpec | None:
     if not isinstance(spec, dict):
-        problems.append(Problem(loc, f"must be a mapping with a 'name', got {spec!r}"))
+        problems.append(Problem(loc, f"must be a mapping with a 'name', got {brief(spec)}"))
         return None
     name = spec.get("name")
     if not isinstance(name, str):
@@ -639,7 +649,7 @@ def _apply_b_hat(raw: dict, problems: list[Problem]) -> dict:
     for loc, spec in _trimmed_rules(out):
         if "f" in spec and spec["f"] != value:
             problems.append(Problem(loc + ("f",), f"set by clients.b_hat (= {value}); remove "
-                                    f"it, got {spec['f']!r}"))
+                                    f"it, got {brief(spec['f'])}"))
         spec["f"] = value
     return out
 
@@ -686,6 +696,9 @@ def validate_point(raw: dict) -> Scenario:
     return sc
 
 
+MAX_POINTS = 10_000  # sweep points of one scenario file
+
+
 def _sweep_parts(key: str) -> list[str]:
     """The dotted paths of a sweep key: ``"local.steps, local.lr"`` zips two paths (each value
     of that key is a list with one value per path); a plain key is one path."""
@@ -703,18 +716,22 @@ def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
     sweep = raw.get("sweep") or {}
     problems: list[Problem] = []
     if not isinstance(sweep, dict):
-        raise ScenarioError([Problem(("sweep",), f"must map dotted paths to lists, got {sweep!r}")])
+        raise ScenarioError([Problem(("sweep",), f"must map dotted paths to lists, got {brief(sweep)}")])
     for k, v in sweep.items():
         if not isinstance(v, list) or not v:
-            problems.append(Problem(("sweep", k), f"must be a non-empty list of values, got {v!r}"))
+            problems.append(Problem(("sweep", k), f"must be a non-empty list of values, got {brief(v)}"))
             continue
         width = len(_sweep_parts(k))
         bad = [e for e in v if width > 1 and (not isinstance(e, list) or len(e) != width)]
         if bad:
             problems.append(Problem(("sweep", k), f"zips {width} paths: each value must be a "
-                                    f"list of {width} values, one per path, got {bad[0]!r}"))
+                                    f"list of {width} values, one per path, got {brief(bad[0])}"))
     if problems:
         raise ScenarioError(problems)
+    n_grid = math.prod(len(v) for v in sweep.values())
+    if n_grid > MAX_POINTS:
+        raise ScenarioError([Problem(("sweep",), f"{n_grid:,} points; at most {MAX_POINTS:,} "
+                                     "(split the study into several files)")])
     base_raw = {k: v for k, v in raw.items() if k != "sweep"}
     keys = list(sweep)
     points: list[RunPoint] = []
@@ -802,12 +819,57 @@ def _resolve_paths(raw: dict, base: Path) -> None:
                 spec[key] = str((base / value).resolve())
 
 
+MAX_FILE_BYTES = 1 << 20  # a scenario file is text of a few kB
+MAX_VALUES = 100_000  # values in a scenario once YAML aliases are expanded
+
+
+def _expanded_size(root: yaml.Node | None, limit: int) -> int:
+    """How many values the YAML document holds once its aliases are expanded (counted on the
+    node graph, where an alias is a shared node: a small file cannot make this walk big);
+    stops counting past ``limit``."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        sizes[id(node)] = 1  # a recursive alias counts once
+        if isinstance(node, yaml.MappingNode):
+            total = 1 + sum(size(k) + size(v) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            total = 1 + sum(size(v) for v in node.value)
+        else:
+            total = 1
+        sizes[id(node)] = total = min(total, limit + 1)
+        return total
+
+    return 0 if root is None else size(root)
+
+
+def read_yaml(text: str, loc: Loc = ()) -> tuple[Any, yaml.Node | None]:
+    """``(value, node tree)`` of a YAML text; ``ScenarioError`` (one line) when it is not
+    valid YAML or holds more than MAX_VALUES values once its aliases are expanded."""
+    try:
+        root = yaml.compose(text)
+        n = _expanded_size(root, MAX_VALUES)
+        if n > MAX_VALUES:
+            raise ScenarioError([Problem(loc, f"more than {MAX_VALUES:,} values once its YAML "
+                                         "aliases are expanded; a scenario is far smaller")])
+        return yaml.safe_load(text), root
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        msg = brief_text(str(getattr(e, "problem", None) or e).strip().splitlines()[0], 160)
+        raise ScenarioError([Problem(loc, f"not valid YAML: {msg}",
+                                     mark.line + 1 if mark and not loc else None)]) from None
+
+
 def parse_override(item: str) -> tuple[str, Any]:
     """``key.path=value`` from ``--set``; the value is read as YAML (``rounds=5`` -> 5)."""
     key, sep, value = item.partition("=")
     if not sep or not key:
-        raise ScenarioError([Problem(("--set",), f"expected KEY=VALUE, got {item!r}")])
-    return key.strip(), yaml.safe_load(value) if value.strip() else None
+        raise ScenarioError([Problem(("--set",), f"expected KEY=VALUE, got {brief(item)}")])
+    if not value.strip():
+        return key.strip(), None
+    return key.strip(), read_yaml(value, (f"--set {brief_text(key.strip(), 60)}",))[0]
 
 
 def load(path: str | Path, overrides: list[str] | None = None) -> LoadedScenario:
@@ -815,25 +877,28 @@ def load(path: str | Path, overrides: list[str] | None = None) -> LoadedScenario
     path = Path(path)
     source = str(path)
     try:
+        if not path.is_file():
+            raise ScenarioError([Problem((), "not a regular file" if path.exists()
+                                         else "no such file")], source)
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise ScenarioError([Problem((), f"larger than {MAX_FILE_BYTES >> 20} MiB: not a "
+                                         "scenario file")], source)
         text = path.read_text()
     except OSError as e:
         raise ScenarioError([Problem((), f"cannot read: {e.strerror}")], source) from None
+    except UnicodeDecodeError:
+        raise ScenarioError([Problem((), "not a text file")], source) from None
     try:
-        raw = yaml.safe_load(text)
-        root = yaml.compose(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        msg = str(getattr(e, "problem", None) or e).strip()
-        raise ScenarioError([Problem((), f"not valid YAML: {msg}", mark.line + 1 if mark else None)],
-                            source) from None
-    if raw is None:
-        raw = {}
+        raw, root = read_yaml(text)
+        raw = {} if raw is None else raw
+        if isinstance(raw, dict):
+            for item in overrides or []:
+                k, v = parse_override(item)
+                set_path(raw, k, v)
+    except ScenarioError as e:
+        raise ScenarioError(e.problems, source) from None
     if isinstance(raw, dict):
         raw.setdefault("name", path.stem)
-        for item in overrides or []:
-            k, v = parse_override(item)
-            set_path(raw, k, v)
-    if isinstance(raw, dict):
         _resolve_paths(raw, path.parent)
     try:
         points, sc = expand(raw)

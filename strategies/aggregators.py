@@ -29,6 +29,7 @@ from typing import Annotated, Literal
 import numpy as np
 import torch
 from annotated_types import Ge, Gt
+from pydantic import AllowInfNan
 
 # ---------------------------------------------------------------------------- shared maths
 
@@ -569,10 +570,11 @@ class CenteredClipping:
     ``iterations`` times ``v <- v + (1/n) sum_i clip_tau(x_i - v)``.
 
     The centre is the rule's state (``state_dict()``). A non-finite row contributes nothing
-    (its clipped difference has no direction); it still counts in the 1/n.
+    (its clipped difference has no direction); it still counts in the 1/n. ``tau: .inf``
+    clips nothing (each iteration moves the centre to the mean).
     """
 
-    def __init__(self, tau: Annotated[float, Gt(0)] = 1.0,
+    def __init__(self, tau: Annotated[float, Gt(0), AllowInfNan(True)] = 1.0,
                  iterations: Annotated[int, Ge(1)] = 1) -> None:
         self.tau, self.iterations = tau, iterations
         self.centre: torch.Tensor | None = None

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import torch
 from annotated_types import Ge, Gt
+from pydantic import AllowInfNan
 
 from strategies.aggregators import finite_rows, squared_distances
 
@@ -31,9 +32,10 @@ def clip_rows(x: torch.Tensor, threshold: torch.Tensor | float) -> torch.Tensor:
 
 
 class StaticClipping:
-    """Rescale every row whose Euclidean norm exceeds ``c`` to norm ``c``."""
+    """Rescale every row whose Euclidean norm exceeds ``c`` to norm ``c`` (``c: .inf`` in a
+    scenario: no clipping)."""
 
-    def __init__(self, c: Annotated[float, Gt(0)] = 1.0) -> None:
+    def __init__(self, c: Annotated[float, Gt(0), AllowInfNan(True)] = 1.0) -> None:
         self.c = c
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

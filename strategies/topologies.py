@@ -265,23 +265,39 @@ class EdgeList(_Static):
         self.path = path
         self.mixing = mixing
 
+    MAX_BYTES = 64 << 20  # an edge list of a few million edges
+
     def _edges(self) -> list[tuple[int, int, float]]:
-        out = []
+        """The file's edges. Only a regular file of at most MAX_BYTES is read, and errors
+        name the line, never echo its content (the path may point at any file)."""
+        path = Path(self.path)
+        if not path.is_file():
+            raise ValueError(f"path: {'not a regular file' if path.exists() else 'no such file'}"
+                             f": {self.path}")
+        if path.stat().st_size > self.MAX_BYTES:
+            raise ValueError(f"path: {self.path} is larger than {self.MAX_BYTES >> 20} MiB")
         try:
-            lines = Path(self.path).read_text().splitlines()
+            lines = path.read_text().splitlines()
         except OSError as e:
             raise ValueError(f"path: cannot read {self.path}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"path: {self.path} is not a text file") from None
+        out = []
         for no, line in enumerate(lines, 1):
             parts = line.split("#", 1)[0].split()
             if not parts:
                 continue
             if len(parts) not in (2, 3):
-                raise ValueError(f"path: {self.path}:{no}: expected 'i j' or 'i j weight', got {line!r}")
+                raise ValueError(f"path: {self.path}:{no}: expected 'i j' or 'i j weight', got "
+                                 f"{len(parts)} fields")
             try:
                 i, j = int(parts[0]), int(parts[1])
                 wgt = float(parts[2]) if len(parts) == 3 else 1.0
             except ValueError:
-                raise ValueError(f"path: {self.path}:{no}: not numbers: {line!r}") from None
+                raise ValueError(f"path: {self.path}:{no}: expected integers i j and a number "
+                                 "weight") from None
+            if not math.isfinite(wgt):
+                raise ValueError(f"path: {self.path}:{no}: the weight must be finite")
             out.append((i, j, wgt))
         return out
 
