@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import inspect
 import itertools
 import json
 import math
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,7 +158,8 @@ class Scenario(Strict):
     name: str = ""
     description: str = ""
     rounds: Annotated[int, Gt(0)]
-    seeds: list[int] = [0]
+    # derived seeds take 32 bits of it: 2**32 would repeat seed 0
+    seeds: list[Annotated[int, Ge(0), Lt(2**32)]] = [0]
     data: Data
     model: PluginSpec
     clients: Clients
@@ -471,8 +474,90 @@ def _cross_field(sc: Scenario, problems: list[Problem]) -> None:
                 ds.check()
             except ValueError as e:
                 problems.append(Problem(("data", "dataset") + _param_loc(e), _strip_param(e)))
+                return
+        _check_data_and_model(sc, problems)
     except registry.UnknownPlugin:  # already reported by the plugin pass
         pass
+
+
+@functools.lru_cache(maxsize=16)
+def _describe(dataset: str, total: int, seed: int, test_fraction: float) -> Any:
+    """The dataset's DatasetInfo (cached: every sweep point of a file asks for the same)."""
+    return instantiate("datasets", json.loads(dataset)).describe(total, seed, test_fraction)
+
+
+def _check_data_and_model(sc: Scenario, problems: list[Problem]) -> None:
+    """What the data and the model say before anything runs: enough training samples for
+    the clients, labels and features a model can learn from, a model that takes the data's
+    samples and gives one score per class, and that fits in this machine's memory."""
+    from simulator.data import DataError
+
+    c = sc.clients
+    if not hasattr(registry.get("datasets", sc.data.dataset["name"]), "describe"):
+        return  # a third-party dataset without describe(): checked when it loads
+    try:
+        info = _describe(json.dumps(sc.data.dataset, sort_keys=True), c.total, sc.seeds[0],
+                         sc.data.test_fraction)
+    except (DataError, ValueError) as e:
+        problems.append(Problem(("data", "dataset") + _param_loc(e), _strip_param(e)))
+        return
+    if info.train_samples < c.total:
+        problems.append(Problem(("clients", "total"), f"more clients ({c.total}) than training "
+                                f"samples ({info.train_samples}); each client needs one at least"))
+    if info.num_classes < 2:
+        problems.append(Problem(("data", "dataset"), f"the labels name {info.num_classes} class; "
+                                "a classifier needs 2 at least"))
+        return
+    _check_model(sc, info, problems)
+
+
+def _available_memory() -> int | None:
+    """MemAvailable of this machine in bytes (None where /proc/meminfo is missing)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _check_model(sc: Scenario, info: Any, problems: list[Problem]) -> None:
+    import torch
+
+    from simulator.models import build_model
+
+    name = sc.model["name"]
+    try:
+        with torch.device("meta"):  # shapes only: no memory, no arithmetic
+            model = build_model(sc.model, info.input_shape, info.num_classes, 0)
+            out = model(torch.zeros((2, *info.input_shape)))
+    except Exception as e:  # noqa: BLE001 - the model plugin's own error, in one line
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0].removeprefix("model: ")
+        problems.append(Problem(("model",), f"{name} does not take the data's samples of shape "
+                                f"{tuple(info.input_shape)}: {brief_text(first, 200)}"))
+        return
+    if tuple(out.shape) != (2, info.num_classes):
+        problems.append(Problem(("model",), f"{name} gives outputs of shape {tuple(out.shape)} "
+                                f"for a batch of 2; expected (2, {info.num_classes}): one score "
+                                "per class"))
+        return
+    d = sum(p.numel() for p in model.parameters())
+    workers = sc.runtime.workers or os.cpu_count() or 1
+    # per worker: parameters, gradients, an optimizer buffer and the update; the server: the
+    # model, the round's (n, d) update matrix and the optimizer's state; per-client state
+    per_client = 4 if sc.runtime.state_dtype == "float32" else 2
+    stateful = getattr(build_client_rule(*sc.client_rule()), "GRADIENT_RULE", False)
+    need = 4 * d * (4 * workers + 3 + min(sc.clients.sampled, sc.clients.total)) + \
+        (per_client * d * sc.clients.total if stateful else 0) + \
+        (4 * d * sc.clients.total if sc.topology is not None else 0)  # D-SGD peers' models
+    have = _available_memory()
+    if have is not None and need > have:
+        problems.append(Problem(("model",), f"{name} has {d:,} parameters: this run needs about "
+                                f"{need / 2**30:.1f} GiB ({workers} workers, "
+                                f"{sc.clients.sampled} updates a round"
+                                + (f", state for {sc.clients.total} clients" if stateful else "")
+                                + f"), more than the {have / 2**30:.1f} GiB available here"))
 
 
 def _check_dsgd(sc: Scenario, problems: list[Problem]) -> None:

@@ -15,6 +15,12 @@ import numpy as np
 from annotated_types import Ge, Gt
 
 
+def pa_is_float(values: object) -> bool:
+    import pyarrow.types as pt
+
+    return bool(pt.is_floating(values.type))  # type: ignore[attr-defined]
+
+
 class DataError(ValueError):
     """A dataset or partition that cannot be built from the scenario as written."""
 
@@ -28,6 +34,20 @@ class DatasetSplit:
     input_shape: tuple[int, ...]
     num_classes: int
     clients_train: np.ndarray | None = None  # natural client of each train sample, if any
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What validation needs to know of a dataset before anything runs, found without
+    loading it: the training samples (after the test split), one sample's shape, the classes."""
+
+    train_samples: int
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+
+def _n_train(n: int, test_fraction: float) -> int:
+    return n - round(n * test_fraction)
 
 
 def _holdout(n: int, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -57,10 +77,18 @@ class Synthetic:
         self.alpha, self.beta = alpha, beta
         self.dimension, self.classes, self.max_samples = dimension, classes, max_samples
 
+    def _counts(self, rng: np.random.Generator, num_clients: int) -> np.ndarray:
+        return np.minimum(rng.lognormal(4, 2, num_clients).astype(np.int64) + 50, self.max_samples)
+
+    def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
+        counts = self._counts(np.random.default_rng([seed, 0x5F]), num_clients)
+        return DatasetInfo(sum(_n_train(int(k), test_fraction) for k in counts),
+                           (self.dimension,), self.classes)
+
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
         rng = np.random.default_rng([seed, 0x5F])
         d, c = self.dimension, self.classes
-        counts = np.minimum(rng.lognormal(4, 2, num_clients).astype(np.int64) + 50, self.max_samples)
+        counts = self._counts(rng, num_clients)
         u = rng.normal(0, self.alpha, num_clients)
         big_b = rng.normal(0, self.beta, num_clients)
         sd = np.power(np.arange(1, d + 1, dtype=np.float64), -1.2) ** 0.5
@@ -99,6 +127,9 @@ class GaussianMixture:
         self.samples, self.dimension = samples, dimension
         self.classes, self.separation = classes, separation
 
+    def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
+        return DatasetInfo(_n_train(self.samples, test_fraction), (self.dimension,), self.classes)
+
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
         rng = np.random.default_rng([seed, 0x6A])
         means = rng.normal(0, self.separation, (self.classes, self.dimension))
@@ -112,6 +143,11 @@ class GaussianMixture:
 class Digits:
     """scikit-learn's handwritten digits (1,797 8x8 images, 10 classes; UCI optical
     recognition of handwritten digits), scaled to [0, 1], shape (1, 8, 8)."""
+
+    SAMPLES = 1797
+
+    def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
+        return DatasetInfo(_n_train(self.SAMPLES, test_fraction), (1, 8, 8), 10)
 
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
         from sklearn.datasets import load_digits
@@ -143,10 +179,71 @@ class ParquetDataset:
         self.client, self.test_path = client, test_path
 
     def check(self) -> None:
+        """Both files exist, are regular files and are Parquet, with the named columns."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
         for key in ("path", "test_path"):
             p = getattr(self, key)
-            if p is not None and not Path(p).is_file():
-                raise ValueError(f"{key}: file not found: {p}")
+            if p is None:
+                continue
+            if not Path(p).is_file():
+                raise ValueError(f"{key}: {'not a regular file' if Path(p).exists() else 'file not found'}: {p}")
+            try:
+                names = pq.read_schema(p).names
+            except (pa.ArrowInvalid, OSError):
+                raise ValueError(f"{key}: not a Parquet file: {p}") from None
+            for what, col in [("label", self.label), ("client", self.client)] + \
+                    [("features", c) for c in self.features or []]:
+                if col is not None and col not in names:
+                    raise ValueError(f"{what}: column {col!r} not in {p}; columns: "
+                                     f"{', '.join(names[:20])}")
+
+    def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
+        """Rows, feature width and classes, reading the label and feature columns in batches
+        (labels must be integers >= 0, features finite); the file is never held whole."""
+        self.check()
+        x_width, n, top = 0, 0, -1
+        for path in [self.path] + ([self.test_path] if self.test_path else []):
+            width, rows, hi = self._scan(path)
+            if x_width and width != x_width:
+                raise DataError(f"test_path: {width} features per sample, {self.path} has {x_width}")
+            x_width, top = width, max(top, hi)
+            n = n or rows
+        train = n if self.test_path else _n_train(n, test_fraction)
+        return DatasetInfo(train, (x_width,), top + 1)
+
+    def _scan(self, path: str) -> tuple[int, int, int]:
+        """(features per sample, rows, largest label) of one file, checked batch by batch."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        f = pq.ParquetFile(path)
+        names = f.schema_arrow.names
+        feats = self.features or [c for c in names if c not in (self.label, self.client)]
+        width, rows, top = 0, 0, -1
+        for batch in f.iter_batches(columns=[self.label, *feats], batch_size=65536):
+            y = batch.column(0)
+            if not pa.types.is_integer(y.type):
+                raise DataError(f"label: column {self.label!r} must hold integers, got {y.type}")
+            lo, hi = pc.min_max(y).values()
+            if lo.as_py() is not None and lo.as_py() < 0:
+                raise DataError(f"label: column {self.label!r} holds {lo.as_py()}; labels are "
+                                "class indices 0..classes-1")
+            top = max(top, hi.as_py() if hi.as_py() is not None else -1)
+            w = 0
+            for col in batch.columns[1:]:
+                values = col.flatten() if str(col.type).startswith(("fixed_size_list", "list",
+                                                                     "large_list")) else col
+                if len(col) and values.null_count:
+                    raise DataError(f"features: {path} has missing feature values")
+                if len(values) and pa_is_float(values) and not pc.all(pc.is_finite(values)).as_py():
+                    raise DataError(f"features: {path} has NaN or infinite feature values")
+                w += len(values) // max(len(col), 1)
+            width = width or w
+            rows += batch.num_rows
+        return width, rows, top
 
     def _read(self, path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         import pyarrow.parquet as pq

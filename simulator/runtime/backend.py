@@ -8,7 +8,7 @@ import contextlib
 import os
 from typing import Any, Protocol
 
-from simulator.errors import FedrayError, UsageError, WorkerLost, brief_text
+from simulator.errors import FedrayError, UsageError, WorkerLost
 
 ROLE_OPTIONS: dict[str, dict[str, Any]] = {
     # A worker takes a CPU and is spread over nodes. Ray does not restart a dead one: a
@@ -136,8 +136,10 @@ class RayBackend:
         try:
             return self.ray.get(ref)
         except (RayActorError, ObjectLostError) as e:
-            raise WorkerLost(f"{type(e).__name__}: {brief_text(str(e).splitlines()[0], 200)}") \
-                from None
+            # a RayTaskError subclass carries the cause's type: name that one
+            kinds = [c.__name__ for c in type(e).__mro__ if c.__module__ == "ray.exceptions"
+                     and c.__name__ != "RayTaskError" and not c.__name__.startswith("RayTaskError(")]
+            raise WorkerLost(kinds[0] if kinds else type(e).__name__) from None
 
     def ready(self, handles: list[Any], timeout: float) -> list[bool]:
         """Which actors answer a ping within ``timeout`` seconds (a busy actor answers once
