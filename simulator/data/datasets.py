@@ -188,15 +188,15 @@ class ParquetDataset:
             if p is None:
                 continue
             if not Path(p).is_file():
-                raise ValueError(f"{key}: {'not a regular file' if Path(p).exists() else 'file not found'}: {p}")
+                raise DataError(f"{key}: {'not a regular file' if Path(p).exists() else 'file not found'}: {p}")
             try:
                 names = pq.read_schema(p).names
             except (pa.ArrowInvalid, OSError):
-                raise ValueError(f"{key}: not a Parquet file: {p}") from None
+                raise DataError(f"{key}: not a Parquet file: {p}") from None
             for what, col in [("label", self.label), ("client", self.client)] + \
                     [("features", c) for c in self.features or []]:
                 if col is not None and col not in names:
-                    raise ValueError(f"{what}: column {col!r} not in {p}; columns: "
+                    raise DataError(f"{what}: column {col!r} not in {p}; columns: "
                                      f"{', '.join(names[:20])}")
 
     def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
