@@ -10,6 +10,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,9 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 def trap_sigterm() -> None:
     """SIGTERM ends a run like Ctrl-C: runs marked KILLED, the resume command printed. Called
-    again after ray.init, which installs its own SIGTERM handler."""
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    again after ray.init, which installs its own SIGTERM handler. Only the main thread can."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 def _end_status(status: str, error: BaseException | None) -> str:
@@ -267,7 +269,10 @@ def resume_run(run_id: str, tracking_uri: str | None = None, backend_name: str |
 
     uri = tracking_uri or default_uri()
     tracker = Tracker.of_run(uri, run_id)
-    sync(uri=tracking_uri, runs={run_id})  # what an outage left of this run, before anything
+    run = tracker.client.get_run(run_id)
+    family = {run_id, run.data.tags.get("mlflow.parentRunId") or run_id}
+    family |= {c.info.run_id for p in family for c in tracker.children(p)}
+    sync(uri=tracking_uri, runs=family)  # what an outage left of these runs, before anything
     run = tracker.client.get_run(run_id)
     kind = run.data.tags.get("fedray.kind")
     if kind not in ("point", "scenario"):
