@@ -120,3 +120,15 @@ def test_fedray_ui_serves_on_127_0_0_1_only(mlflow_uri, tmp_path):
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=30)
+
+
+def test_set_with_invalid_yaml_is_one_line_exit_2(tmp_path):
+    r = fedray("validate", str(ROOT / "scenarios" / "quickstart.yaml"), "--set", "rounds=[1, ",
+               cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "--set rounds: not valid YAML" in line
+    r = fedray("run", str(ROOT / "scenarios" / "quickstart.yaml"), "--set", "local={lr: ",
+               cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "mlflow.db").exists()

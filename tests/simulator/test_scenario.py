@@ -197,3 +197,126 @@ def test_zipped_sweep_keys_vary_together(tmp_path):
         load(p)
     assert e.value.lines == [(f"{p}:8: sweep.local.steps, local.lr: zips 2 paths: each value "
                               "must be a list of 2 values, one per path, got [4]")]
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_inf_is_kept_where_it_means_something_and_survives_json(tmp_path):
+    """``.inf`` is refused where the maths needs a finite number and kept where it means
+    "no threshold" (clipping c, centered clipping's tau): it reaches the plugin unchanged
+    (it used to turn into null on its way through JSON)."""
+    import json
+
+    from simulator.engine import make_engine
+    from simulator.runtime.backend import InlineBackend
+    from simulator.tracking import flatten
+
+    p = tmp_path / "s.yaml"
+    p.write_text(BASE + "preaggregators: [{name: clipping, c: .inf}]\naggregator: {name: cc, tau: .inf}\n")
+    sc = load(p).points[0].scenario
+    assert sc.preaggregators[0]["c"] == float("inf") and sc.aggregator["tau"] == float("inf")
+    dumped = sc.model_dump(mode="json")
+    assert dumped["preaggregators"][0]["c"] == float("inf")
+    assert json.loads(json.dumps(dumped))["aggregator"]["tau"] == float("inf")
+    assert flatten(dumped)["preaggregators"] == '[{"name": "clipping", "c": Infinity}]'
+    # no clipping at all: the run is the plain mean's (cc with tau = inf moves to the mean)
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(BASE)
+    a = make_engine(sc.model_copy(update={"rounds": 2}), InlineBackend()).run()
+    b = make_engine(load(plain).points[0].scenario.model_copy(update={"rounds": 2}),
+                    InlineBackend()).run()
+    assert [m["test_accuracy"] for m in a.metrics] == pytest.approx(
+        [m["test_accuracy"] for m in b.metrics], abs=1e-6)
+
+
+def test_messages_bound_every_value_they_print(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text(BASE + "aggregator: " + str(list(range(20000))) + "\n")
+    with pytest.raises(ScenarioError) as e:
+        load(p)
+    (line,) = e.value.lines
+    assert "aggregator: must be a mapping with a 'name', got [0, 1, 2, 3, 4, 5, ...]" in line
+    assert len(line) < 300
+
+
+def test_edge_list_errors_never_echo_the_file(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("db_password hunter2 extra words\n")
+    p = tmp_path / "s.yaml"
+    p.write_text(BASE.replace("clients: {total: 10, per_round: 8}", "clients: {total: 6}")
+                 + f"topology: {{name: edge_list, path: {secret}}}\n")
+    with pytest.raises(ScenarioError) as e:
+        load(p)
+    (line,) = e.value.lines
+    assert "secret.txt:1: expected 'i j' or 'i j weight', got 4 fields" in line
+    assert "hunter2" not in line and "db_password" not in line
+
+
+def test_a_sweep_too_large_is_refused_before_expansion(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text(BASE + "sweep:\n  local.lr: " + str([0.1] * 200) + "\n  rounds: "
+                 + str(list(range(1, 201))) + "\n")
+    with pytest.raises(ScenarioError, match="sweep: 40,000 points; at most 10,000"):
+        load(p)
+
+
+def _parquet_scenario(tmp_path, table) -> Path:
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, tmp_path / "d.parquet")
+    p = tmp_path / "s.yaml"
+    p.write_text("rounds: 2\ndata:\n  dataset: {name: parquet, path: d.parquet}\n"
+                 "model: {name: logreg}\nclients: {total: 2}\n")
+    return p
+
+
+@pytest.mark.parametrize("case,expected", [
+    ("not_parquet", "data.dataset.path: not a Parquet file"),
+    ("no_label", "data.dataset.label: column 'label' not in"),
+    ("negative_label", "data.dataset.label: column 'label' holds -1"),
+    ("float_label", "data.dataset.label: column 'label' must hold integers, got double"),
+    ("nan_feature", "data.dataset.features: "),
+    ("one_class", "data.dataset: the labels name 1 class"),
+], ids=lambda v: v if " " not in v else "")
+def test_parquet_problems_are_found_before_anything_runs(tmp_path, case, expected):
+    import numpy as np
+    import pyarrow as pa
+
+    x = np.arange(6.0)
+    table = {
+        "no_label": pa.table({"a": x, "y": [0, 1, 0, 1, 0, 1]}),
+        "negative_label": pa.table({"a": x, "label": [0, 1, -1, 1, 0, 1]}),
+        "float_label": pa.table({"a": x, "label": [0.0, 1, 0, 1, 0, 1]}),
+        "nan_feature": pa.table({"a": [0.0, np.nan, 2, 3, 4, 5], "label": [0, 1, 0, 1, 0, 1]}),
+        "one_class": pa.table({"a": x, "label": [0] * 6}),
+    }.get(case, pa.table({"a": x, "label": [0, 1, 0, 1, 0, 1]}))
+    p = _parquet_scenario(tmp_path, table)
+    if case == "not_parquet":
+        (tmp_path / "d.parquet").write_text("a,label\n1,0\n")
+    with pytest.raises(ScenarioError) as e:
+        load(p)
+    assert len(e.value.lines) == 1 and expected in e.value.lines[0], e.value.lines
+
+
+def test_parquet_list_feature_width_and_classes_are_read_without_loading(tmp_path):
+    import numpy as np
+    import pyarrow as pa
+
+    from simulator.data.datasets import ParquetDataset
+
+    feats = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(24, dtype=np.float32)), 4)
+    p = _parquet_scenario(tmp_path, pa.table({"x": feats, "label": [0, 3, 1, 2, 0, 1]}))
+    info = ParquetDataset(str(tmp_path / "d.parquet")).describe(2, 0, 0.5)
+    assert (info.train_samples, info.input_shape, info.num_classes) == (3, (4,), 4)
+    assert load(p).points
+
+
+def test_a_model_too_large_for_this_machine_is_refused(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text(BASE.replace("model: {name: logreg}",
+                              "model: {name: mlp, hidden: [200000, 200000, 200000]}"))
+    with pytest.raises(ScenarioError) as e:
+        load(p)
+    (line,) = e.value.lines
+    assert "model: mlp has 80,015,400,010 parameters" in line and "GiB available here" in line
