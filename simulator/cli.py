@@ -138,8 +138,7 @@ def run_loaded(
     status, parent, error = "FAILED", None, None
     try:
         with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
-            parent = _open_parent(loaded, backend, tracker, Path(tmp),
-                                  {"fedray.points": str(len(loaded.points))})
+            parent = _open_parent(loaded, backend, tracker, Path(tmp))
             out: dict[str, Any] = {"parent_run_id": parent, "experiment_id": tracker.experiment_id,
                                    "tracking_uri": uri, "runs": []}
             for i, point in enumerate(loaded.points):
@@ -436,13 +435,16 @@ def run_sweep(
     from simulator.tracking import Tracker, default_uri
 
     sc = loaded.scenario
-    backend = RayBackend(address, **(ray_init or {}))
-    ray = backend.ray
     uri = tracking_uri or default_uri()
-    tracker = Tracker(uri, sc.name)
+    tracker = Tracker(uri, sc.name)  # before Ray: a store that cannot be used stops it here
+    backend = RayBackend(address, **(ray_init or {}))
+    trap_sigterm()
+    ray = backend.ray
     key = sweep_key(loaded)
     out: dict[str, Any] = {"tracking_uri": uri, "skipped": [], "runs": [], "failed": []}
     parent = None if fresh else tracker.find_run({"fedray.sweep_key": key, "fedray.kind": "scenario"})
+    pending: dict[Any, tuple[RunPoint, str]] = {}
+    status = ""
     try:
         with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
             done: set[str] = set()
@@ -465,7 +467,6 @@ def run_sweep(
                     todo.append(point)
             cap = max(1, min(parallel or backend.default_workers(), len(todo) or 1))
             remote = ray.remote(num_cpus=1, max_retries=1)(_simulate)
-            pending: dict[Any, tuple[RunPoint, str]] = {}
             queue = list(enumerate(todo))
             print(f"sweep: {len(loaded.points)} points, {len(out['skipped'])} already finished, "
                   f"running {len(todo)}, {cap} at a time", file=sys.stderr)
@@ -495,10 +496,20 @@ def run_sweep(
                 print(f"{point.label}: final test accuracy {acc:.4f}  (run {run_id}; "
                       f"{len(out['runs']) + len(out['failed'])}/{len(todo)})", file=sys.stderr)
         return out
+    except KeyboardInterrupt:
+        for point, run_id in pending.values():  # the points in flight
+            tracker.end(run_id, "KILLED")
+            UNFINISHED.append((run_id, point.label, "KILLED"))
+        status = "KILLED"
+        raise
     finally:
         if parent is not None:
-            tracker.end(parent, "FAILED" if out["failed"] or len(out["runs"]) + len(out["skipped"])
-                        < len(loaded.points) else "FINISHED")
+            if status != "KILLED":
+                status = "FAILED" if out["failed"] or len(out["runs"]) + len(out["skipped"]) \
+                    < len(loaded.points) else "FINISHED"
+            tracker.end(parent, status)
+            if status != "FINISHED":
+                UNFINISHED.append((parent, "sweep parent", status))
         backend.shutdown()
 
 

@@ -176,6 +176,7 @@ class Tracker:
         """The tracker of an existing run's experiment (a missing run: ValueError)."""
         from mlflow.tracking import MlflowClient
 
+        ensure_store(uri)
         try:
             run = MlflowClient(tracking_uri=uri).get_run(run_id)
         except Exception:  # noqa: BLE001 - MLflow raises its own exception types

@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 
 import torch
 from annotated_types import Ge, Gt, Lt
+from pydantic import AllowInfNan
 
 from strategies.aggregators import squared_distances
 
@@ -37,11 +38,13 @@ class SignFlip:
 
 
 class GaussianNoise:
-    """Every Byzantine client sends an independent N(mu, sigma^2 I) vector."""
+    """Every Byzantine client sends an independent N(mu, sigma^2 I) vector (``mu: .nan`` or
+    ``.inf`` in a scenario: non-finite rows, a Byzantine client may send anything)."""
 
     omniscient = False
 
-    def __init__(self, mu: float = 0.0, sigma: Annotated[float, Ge(0)] = 200.0) -> None:
+    def __init__(self, mu: Annotated[float, AllowInfNan(True)] = 0.0,
+                 sigma: Annotated[float, Ge(0)] = 200.0) -> None:
         self.mu = mu
         self.sigma = sigma
 

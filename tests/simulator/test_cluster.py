@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.engine import Engine
+from simulator.engine import Engine, make_engine
 from simulator.runtime.backend import InlineBackend
 from simulator.scenario import load
 
@@ -103,3 +103,36 @@ def test_lost_client_state_is_reported_not_silently_replaced(tmp_path, shared_ra
 
     with pytest.raises(Exception, match="ClientWorker lost the state of clients"):
         engine.run(kill)
+
+
+class KillDuringPeerStep(KillDuringTrain):
+    """Kills a worker right after submitting its D-SGD ``peer_step`` of round 2."""
+
+    def call(self, handle, method, *args):
+        import ray
+
+        ref = self._b.call(handle, method, *args)
+        if method == "peer_step" and args[0] == 2 and not self.killed:
+            ray.kill(handle, no_restart=False)
+            self.killed += 1
+        return ref
+
+
+@pytest.mark.parametrize("order", ["local_then_gossip", "gossip_then_local"])
+def test_dsgd_peers_of_a_lost_worker_move_and_the_round_is_recomputed(tmp_path, shared_ray,
+                                                                       order):
+    """D-SGD peers live in the workers between rounds (gossip_then_local: the models of the
+    round before are results held by the workers): the lost ones are made again from the
+    round before's gossip, on the live worker, with the same numbers."""
+    p = tmp_path / "s.yaml"
+    p.write_text(SCENARIO.replace("clients: {total: 10, per_round: 6, byzantine: 1}\n"
+                                  "attack: {name: sign_flip}\naggregator: {name: median}\n",
+                                  f"clients: {{total: 8}}\ntopology: {{name: ring}}\n"
+                                  f"dsgd: {{order: {order}}}\n"))
+    sc = load(p).points[0].scenario
+    reference = make_engine(sc, InlineBackend()).run()
+    backend = KillDuringPeerStep(shared_ray)
+    faulty = make_engine(sc, backend, workers=2).run()
+    assert backend.killed == 1
+    assert faulty.metrics == reference.metrics
+    np.testing.assert_array_equal(faulty.final_params, reference.final_params)
