@@ -797,7 +797,7 @@ def _pending_note() -> None:
 
     for run_id, what in pending().items():
         print(f"fedray: run {run_id}: {what} not yet in MLflow (kept in .fedray/pending/); "
-              "send them with `fedray sync`", file=sys.stderr)
+              "`fedray sync` sends it", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
