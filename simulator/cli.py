@@ -19,7 +19,13 @@ import yaml
 import simulator
 from simulator import registry
 from simulator.data.datasets import DataError
-from simulator.errors import FedrayError, Terminated, UsageError
+from simulator.errors import (
+    ClientStateLost,
+    FedrayError,
+    Terminated,
+    UsageError,
+    WorkerLost,
+)
 from simulator.scenario import LoadedScenario, RunPoint, ScenarioError, load
 
 EXIT_INVALID = 2
@@ -779,15 +785,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _unfinished(resume: bool) -> str:
-    """``; marked KILLED: label (run id), ...`` and the command that continues them."""
+def _unfinished(command: str, resumable: bool) -> str:
+    """``; label (run id) marked KILLED, ...`` and, when going on makes sense (an interrupt,
+    a lost worker), the command that continues them."""
     if not UNFINISHED:
         return ""
     text = "; " + ", ".join(f"{label} ({run_id}) marked {status}"
                             for run_id, label, status in UNFINISHED)
-    if resume:
-        first = UNFINISHED[0][0]
-        text += f"; continue with `fedray resume {first}`"
+    if resumable and command == "sweep":
+        text += "; run the same `fedray sweep` command again to continue"
+    elif resumable:
+        text += f"; continue with `fedray resume {UNFINISHED[0][0]}`"
     return text
 
 
@@ -812,14 +820,17 @@ def main(argv: list[str] | None = None) -> int:
         signum = e.signum if isinstance(e, Terminated) else \
             (_SIGNALS[-1] if _SIGNALS else int(signal.SIGINT))
         print(f"fedray {args.command}: interrupted by {signal.Signals(signum).name}"
-              f"{_unfinished(resume=True)}", file=sys.stderr)
+              f"{_unfinished(args.command, True)}", file=sys.stderr)
         return 128 + signum
     except (FedrayError, DataError) as e:
-        print(f"fedray {args.command}: {e}{_unfinished(resume=True)}", file=sys.stderr)
+        resumable = isinstance(e, (WorkerLost, ClientStateLost))
+        print(f"fedray {args.command}: {e}{_unfinished(args.command, resumable)}",
+              file=sys.stderr)
         return EXIT_INVALID if isinstance(e, (DataError, UsageError)) else 1
     except Exception:
         if UNFINISHED:  # a bug: its traceback follows, after the runs it ended
-            print(f"fedray {args.command}: failed{_unfinished(resume=True)}", file=sys.stderr)
+            print(f"fedray {args.command}: failed{_unfinished(args.command, False)}",
+                  file=sys.stderr)
         raise
     finally:
         if tracked:

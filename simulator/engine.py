@@ -248,9 +248,11 @@ class Engine:
         and the round is computed again: the same numbers, since a client's computation is
         a pure function of (seed, round, client) and the round's server step never ran."""
         while True:
+            trained = set(self._trained)
             try:
                 return self.run_round(round_)
             except WorkerLost as e:
+                self._trained = trained  # the round's training did not happen
                 self._move_clients(round_, e)
 
     def _move_clients(self, round_: int, error: WorkerLost) -> None:
@@ -267,11 +269,10 @@ class Engine:
             raise ClientStateLost(
                 f"ClientWorker lost the state of clients {lost[:5]}{' ...' if len(lost) > 5 else ''}"
                 f" in round {round_ + 1} (its node went away, or it was killed); worker momentum "
-                "and mu2-SGD keep per-client state: resume the run from its last checkpoint "
-                "(fedray resume RUN_ID)")
+                "and mu2-SGD keep per-client state: resume the run from its last checkpoint")
         if not self.live:
             raise WorkerLost(f"every ClientWorker was lost in round {round_ + 1} ({error}); "
-                             "resume the run from its last checkpoint (fedray resume RUN_ID)")
+                             "resume the run from its last checkpoint")
         for c in moved:
             self.owner[c] = self.live[c % len(self.live)]
         print(f"fedray: round {round_ + 1}: ClientWorker(s) {dead} lost ({error}); their "

@@ -241,10 +241,10 @@ class Tracker:
                   f"{self.journal} and sent later (or by `fedray sync`)", file=sys.stderr)
 
     def _journal_pending(self, run_id: str) -> None:
-        with self._lock:
+        with self._lock:  # the sender thread and end() may both write it
             pending = list(self._pending.get(run_id, []))
-        if pending:
-            _write_journal(self._journal_file(run_id), pending, self.uri)
+            if pending:
+                _write_journal(self._journal_file(run_id), pending, self.uri)
 
     def flush(self, run_id: str, wait: float | None = 0.0, force: bool = False) -> bool:
         """Send the run's pending metrics; on failure keep them (memory and journal). While
@@ -270,7 +270,8 @@ class Tracker:
                     return False
                 with self._lock:
                     del self._pending[run_id][: len(batch)]
-            self._journal_file(run_id).unlink(missing_ok=True)
+            with self._lock:
+                self._journal_file(run_id).unlink(missing_ok=True)
             return True
         finally:
             self._sending.release()
