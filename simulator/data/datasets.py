@@ -9,10 +9,36 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import numpy as np
 from annotated_types import Ge, Gt
+
+
+def _is_list(arr: Any) -> bool:
+    import pyarrow.types as pt
+
+    return bool(pt.is_list(arr.type) or pt.is_large_list(arr.type) or
+                pt.is_fixed_size_list(arr.type))
+
+
+def feature_matrix(arr: Any, name: str, path: str) -> np.ndarray:
+    """One feature column as a float32 ``(rows, width)`` matrix: a numeric column is one
+    feature; a list column (list, large_list or fixed_size_list, every row the same length)
+    holds a row's features."""
+    import pyarrow.compute as pc
+
+    if not _is_list(arr):
+        return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.float32)[:, None]
+    if arr.null_count:
+        raise DataError(f"features: column {name!r} of {path} has {arr.null_count} missing rows")
+    lengths = pc.list_value_length(arr)
+    lo, hi = (v.as_py() for v in pc.min_max(lengths).values())
+    if len(arr) and lo != hi:
+        raise DataError(f"features: the rows of list column {name!r} of {path} have "
+                        f"{lo} to {hi} values; every sample needs the same number")
+    values = arr.flatten()  # the rows' values in order (offsets of a slice respected)
+    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(len(arr), -1)
 
 
 def pa_is_float(values: object) -> bool:
@@ -233,9 +259,10 @@ class ParquetDataset:
                                 "class indices 0..classes-1")
             top = max(top, hi.as_py() if hi.as_py() is not None else -1)
             w = 0
-            for col in batch.columns[1:]:
-                values = col.flatten() if str(col.type).startswith(("fixed_size_list", "list",
-                                                                     "large_list")) else col
+            for name, col in zip(batch.schema.names[1:], batch.columns[1:]):
+                if _is_list(col):
+                    feature_matrix(col, name, path)  # same lengths, no missing rows
+                values = col.flatten() if _is_list(col) else col
                 if len(col) and values.null_count:
                     raise DataError(f"features: {path} has missing feature values")
                 if len(values) and pa_is_float(values) and not pc.all(pc.is_finite(values)).as_py():
@@ -254,13 +281,7 @@ class ParquetDataset:
             if col not in names:
                 raise DataError(f"data.dataset: column {col!r} not in {path}; columns: {', '.join(names)}")
         feats = self.features or [c for c in names if c not in (self.label, self.client)]
-        cols = []
-        for c in feats:
-            arr = table.column(c).combine_chunks()
-            if hasattr(arr, "flatten") and arr.type.num_fields == 0 and str(arr.type).startswith(("fixed_size_list", "list")):
-                cols.append(np.asarray(arr.flatten().to_numpy(), dtype=np.float32).reshape(len(arr), -1))
-            else:
-                cols.append(np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.float32)[:, None])
+        cols = [feature_matrix(table.column(c).combine_chunks(), c, path) for c in feats]
         x = np.concatenate(cols, axis=1)
         y_raw = table.column(self.label).to_numpy()
         if not np.issubdtype(y_raw.dtype, np.integer):

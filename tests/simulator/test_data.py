@@ -107,3 +107,33 @@ def test_partition_table_round_trips_and_reads_zero_copy():
 def test_empty_client_is_an_error():
     with pytest.raises(DataError, match="clients got no sample"):
         fdata.build({"name": "digits"}, {"name": "iid"}, 2000, seed=0, test_fraction=0.2)
+
+
+@pytest.mark.parametrize("kind", ["list", "large_list", "fixed_size_list"])
+def test_parquet_one_list_column_of_features(tmp_path, kind):
+    """The documented "one list column" form: it failed on current pyarrow ("setting an array
+    element with a sequence") for variable-size list types."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(40, 5)).astype(np.float32)
+    values = pa.array(x.reshape(-1))
+    col = {"list": lambda: pa.ListArray.from_arrays(pa.array(np.arange(0, 201, 5, dtype=np.int32)), values),
+           "large_list": lambda: pa.LargeListArray.from_arrays(pa.array(np.arange(0, 201, 5)), values),
+           "fixed_size_list": lambda: pa.FixedSizeListArray.from_arrays(values, 5)}[kind]()
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"pixels": col, "label": np.arange(40) % 3}), path)
+    ds = ParquetDataset(str(path))
+    split = ds.load(4, 0, 0.25)
+    assert split.input_shape == (5,) and split.num_classes == 3
+    got = np.concatenate([split.x_train, split.x_test])
+    np.testing.assert_array_equal(np.sort(got, axis=0), np.sort(x, axis=0))
+    info = ds.describe(4, 0, 0.25)
+    assert (info.train_samples, info.input_shape, info.num_classes) == (30, (5,), 3)
+
+
+def test_parquet_list_rows_of_different_lengths_are_one_error(tmp_path):
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"pixels": [[1.0, 2.0], [3.0], [4.0, 5.0]], "label": [0, 1, 0]}), path)
+    with pytest.raises(DataError, match="'pixels' .* have 1 to 2 values"):
+        ParquetDataset(str(path)).load(1, 0, 0.3)
+    with pytest.raises(DataError, match="have 1 to 2 values"):
+        ParquetDataset(str(path)).describe(1, 0, 0.3)
