@@ -528,10 +528,17 @@ def _check_model(sc: Scenario, info: Any, problems: list[Problem]) -> None:
     from simulator.models import build_model
 
     name = sc.model["name"]
-    try:
-        with torch.device("meta"):  # shapes only: no memory, no arithmetic
+
+    def forward(device: str) -> tuple[Any, Any]:
+        with torch.device(device):
             model = build_model(sc.model, info.input_shape, info.num_classes, 0)
-            out = model(torch.zeros((2, *info.input_shape)))
+            return model, model(torch.zeros((2, *info.input_shape)))
+
+    try:
+        try:
+            model, out = forward("meta")  # shapes only: no memory, no arithmetic
+        except Exception:  # noqa: BLE001 - a model that needs real tensors to be built
+            model, out = forward("cpu")  # (numpy in its constructor, say): as the run builds it
     except Exception as e:  # noqa: BLE001 - the model plugin's own error, in one line
         first = (str(e).strip().splitlines() or [type(e).__name__])[0].removeprefix("model: ")
         problems.append(Problem(("model",), f"{name} does not take the data's samples of shape "

@@ -320,3 +320,26 @@ def test_a_model_too_large_for_this_machine_is_refused(tmp_path):
         load(p)
     (line,) = e.value.lines
     assert "model: mlp has 80,015,400,010 parameters" in line and "GiB available here" in line
+
+
+def test_a_model_that_cannot_be_built_on_meta_tensors_is_checked_on_the_cpu(tmp_path,
+                                                                           monkeypatch):
+    """The shape check builds the model on torch's meta device; a model whose constructor
+    needs real tensors (numpy in __init__) is built on the CPU instead, not refused."""
+    from simulator import registry
+    from simulator.models import MLP
+
+    class NumpyInit(MLP):
+        def __init__(self, input_shape, num_classes, hidden: list[int] = [8]):  # noqa: B006
+            super().__init__(input_shape, num_classes, hidden)
+            self.first_row = self.net[1].weight.detach().numpy()[0].copy()  # fails on meta
+
+    real = registry.get
+    monkeypatch.setattr(registry, "get", lambda kind, name: NumpyInit
+                        if (kind, name) == ("models", "mlp") else real(kind, name))
+    p = tmp_path / "s.yaml"
+    p.write_text(BASE.replace("model: {name: logreg}", "model: {name: mlp}"))
+    assert load(p).scenario.model == {"name": "mlp", "hidden": [8]}
+    p.write_text(BASE.replace("model: {name: logreg}", "model: {name: mlp}").replace(
+        "dataset: {name: digits}", "dataset: {name: gaussian-mixture, dimension: 3}"))
+    assert load(p).points  # (3,) inputs: fine for an MLP
