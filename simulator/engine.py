@@ -8,6 +8,7 @@ meta-aggregator), step the server optimizer, evaluate every ``evaluation.every``
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
 import time
@@ -217,7 +218,12 @@ class Engine:
             resume: dict[str, Any] | None = None) -> RunResult:
         """Every round (from the one after ``resume["round"]`` when resuming a checkpoint),
         then the final model; every ``runtime.checkpoint_every`` rounds ``on_checkpoint``
-        gets the run's whole state. The actors are released whatever happens."""
+        gets the run's whole state. The actors are released whatever happens.
+
+        Per-client state that dies with a worker (worker momentum, mu2-SGD) is not lost for
+        the run: it goes back to the newest state it holds in memory (the last checkpoint
+        round, or the start) and computes the rounds since then again, on the live workers,
+        with the same numbers; ``on_round`` is not called again for rounds it has seen."""
         try:
             self._spawn()
             rows: list[dict[str, float]] = []
@@ -228,20 +234,50 @@ class Engine:
                 rows = [dict(m) for m in resume["metrics"]]
                 start = int(resume["round"]) + 1
             every = self.sc.runtime.checkpoint_every
-            for r in range(start, self.sc.rounds):
-                m, t = self._round_surviving_losses(r)
+            # (round, state) to go back to when per-client state is lost
+            rewind = (start - 1, self._snapshot(rows)) if self.stateful_clients else None
+            reported = start - 1  # the last round on_round has seen
+            r = start
+            while r < self.sc.rounds:
+                due = bool(every) and (r + 1) % every == 0 and r + 1 < self.sc.rounds and \
+                    (on_checkpoint is not None or rewind is not None)
+                try:
+                    m, t = self._round_surviving_losses(r)
+                    saved = self._checkpoint_surviving_losses(r) if due else None
+                except ClientStateLost as e:
+                    if rewind is None:
+                        raise
+                    r0, state = rewind
+                    where = "its start" if r0 < 0 else f"its state after round {r0 + 1}"
+                    print(f"fedray: {e}; the run goes back to {where} and computes rounds "
+                          f"{r0 + 2}-{r + 1} again", file=sys.stderr)
+                    self._restore(copy.deepcopy(state))
+                    rows = [dict(x) for x in state["metrics"]]
+                    del timings[len(timings) - (r - r0 - 1):]
+                    r = r0 + 1
+                    continue
                 rows.append(m)
                 timings.append(t)
-                if on_round is not None:
+                if on_round is not None and r > reported:
                     on_round(r, m)
-                if on_checkpoint is not None and every and (r + 1) % every == 0 \
-                        and r + 1 < self.sc.rounds:
-                    on_checkpoint(r, {**self._checkpoint(), "metrics": rows})
+                    reported = r
+                if saved is not None:
+                    state = {**saved, "metrics": rows}
+                    if on_checkpoint is not None:
+                        on_checkpoint(r, state)
+                    if rewind is not None:
+                        rewind = (r, self._snapshot(rows, state))
+                r += 1
             final, state, params = self._final()
             privacy_params, tables = self._privacy_outputs()
             return RunResult(rows, final, state, timings, {**params, **privacy_params}, tables)
         finally:
             self.backend.release(self._handles)
+
+    def _snapshot(self, rows: list[dict[str, float]],
+                  state: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A private copy of the run's state (``state``, or the current one) and ``rows``."""
+        return copy.deepcopy({**(state or self._checkpoint()), "metrics": rows})
 
     def _round_surviving_losses(self, round_: int) -> tuple[dict[str, float], dict[str, float]]:
         """``run_round``; when a ClientWorker is lost, its clients move to the live workers
@@ -255,29 +291,42 @@ class Engine:
                 self._trained = trained  # the round's training did not happen
                 self._move_clients(round_, e)
 
-    def _move_clients(self, round_: int, error: WorkerLost) -> None:
+    def _checkpoint_surviving_losses(self, round_: int) -> dict[str, Any]:
+        """``_checkpoint`` after ``round_``; a worker lost meanwhile has its clients moved
+        (its per-client state, if any, raises ClientStateLost: the run goes back)."""
+        while True:
+            try:
+                return self._checkpoint()
+            except WorkerLost as e:
+                self._move_clients(round_, e, redo_round=False)
+
+    def _move_clients(self, round_: int, error: WorkerLost, redo_round: bool = True) -> None:
         """Find the dead workers and give their clients to the live ones (client k to the
-        (k mod L)-th live worker); per-client state that died with them stops the run."""
+        (k mod L)-th live worker); per-client state that died with them raises
+        ClientStateLost. ``redo_round``: the round is computed again (else it is done)."""
         live = [self.workers[w] for w in self.live]
         dead = [w for w, ok in zip(self.live, self.backend.ready(live, PING_TIMEOUT)) if not ok]
         if not dead:
             raise error  # a loss that is not a worker's
         self.live = [w for w in self.live if w not in dead]
         moved = [c for c in range(self.sc.clients.total) if self.worker_of(c) in dead]
-        lost = sorted(c for c in moved if c in self._trained) if self.stateful_clients else []
-        if lost:
-            raise ClientStateLost(
-                f"ClientWorker lost the state of clients {lost[:5]}{' ...' if len(lost) > 5 else ''}"
-                f" in round {round_ + 1} (its node went away, or it was killed); worker momentum "
-                "and mu2-SGD keep per-client state: resume the run from its last checkpoint")
         if not self.live:
             raise WorkerLost(f"every ClientWorker was lost in round {round_ + 1} ({error}); "
                              "resume the run from its last checkpoint")
         for c in moved:
             self.owner[c] = self.live[c % len(self.live)]
+        lost = sorted(c for c in moved if c in self._trained) if self.stateful_clients else []
+        # a round computed again would advance the live workers' per-client state twice
+        if lost or (self.stateful_clients and redo_round):
+            raise ClientStateLost(
+                f"ClientWorker(s) {dead} lost in round {round_ + 1} with per-client state (a "
+                "node went away, or a worker was killed; "
+                + (f"the state of clients {lost[:5]}{' ...' if len(lost) > 5 else ''} died with "
+                   "it; " if lost else "")
+                + f"{len(moved)} clients moved to {len(self.live)} live worker(s))")
         print(f"fedray: round {round_ + 1}: ClientWorker(s) {dead} lost ({error}); their "
-              f"{len(moved)} clients moved to {len(self.live)} live worker(s), the round is "
-              "computed again", file=sys.stderr)
+              f"{len(moved)} clients moved to {len(self.live)} live worker(s)"
+              + (", the round is computed again" if redo_round else ""), file=sys.stderr)
 
     def privacy_mechanism(self, rounds: int) -> Any:
         """The run's DP mechanism after ``rounds`` rounds, as a composition of subsampled
@@ -366,11 +415,13 @@ class DecentralizedEngine(Engine):
         self._made_by: tuple | None = None
         self._round_start: tuple = (None, None)
 
-    def _move_clients(self, round_: int, error: WorkerLost) -> None:
-        """As for server-based runs; then the round starts again from the peers' models of
-        the round before (made again by peer_step when they lived in workers)."""
-        super()._move_clients(round_, error)
-        self._state, self._made_by = self._round_start
+    def _move_clients(self, round_: int, error: WorkerLost, redo_round: bool = True) -> None:
+        """As for server-based runs; then the peers' models are made again where they lived
+        in workers: those of the round before when the round is computed again, else this
+        round's."""
+        super()._move_clients(round_, error, redo_round)
+        if redo_round:
+            self._state, self._made_by = self._round_start
         if self._made_by is not None:
             self._state = self._peer_step(*self._made_by)
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -89,20 +90,37 @@ def test_worker_actor_killed_mid_round_its_clients_move_to_a_live_worker(tmp_pat
     assert "constructor arguments in the object store and max_restarts > 0" not in err
 
 
-def test_lost_client_state_is_reported_not_silently_replaced(tmp_path, shared_ray):
+@pytest.mark.parametrize("every", [0, 2], ids=["from-the-start", "from-a-checkpoint"])
+def test_lost_client_state_sends_the_run_back_to_a_state_it_holds(tmp_path, shared_ray, capfd,
+                                                                   every):
+    """Worker momentum keeps per-client state in the workers: when a worker dies with it, the
+    run goes back to the newest state it holds (the start, or the last checkpoint round),
+    restores it on the live workers and computes the rounds since again: the uninterrupted
+    run's numbers, each round reported once."""
     import ray
 
     p = tmp_path / "s.yaml"
     p.write_text(SCENARIO.replace("local: {steps: 3, batch_size: 16, lr: 0.1}",
-                                  "local: {batch_size: 16, lr: 0.1, optimizer: {name: momentum}}"))
-    engine = Engine(load(p).points[0].scenario, shared_ray, workers=2)
+                                  "local: {batch_size: 16, lr: 0.1, optimizer: {name: momentum}}")
+                 + f"runtime: {{checkpoint_every: {every}}}\n")
+    sc = load(p).points[0].scenario
+    reference = Engine(sc, InlineBackend()).run()
+    engine = Engine(sc, shared_ray, workers=2)
+    seen: list[int] = []
 
     def kill(r, m):
-        if r == 1:
+        seen.append(r)
+        if r == 2:
             ray.kill(engine.workers[0], no_restart=False)
 
-    with pytest.raises(Exception, match="ClientWorker lost the state of clients"):
-        engine.run(kill)
+    faulty = engine.run(kill)
+    assert seen == [0, 1, 2, 3, 4]
+    assert faulty.metrics == reference.metrics
+    np.testing.assert_array_equal(faulty.final_params, reference.final_params)
+    err = capfd.readouterr().err
+    back = "goes back to its start and computes rounds 1-4" if every == 0 else \
+        "goes back to its state after round 2 and computes rounds 3-4"
+    assert "with per-client state" in err and back in err
 
 
 class KillDuringPeerStep(KillDuringTrain):
@@ -136,3 +154,52 @@ def test_dsgd_peers_of_a_lost_worker_move_and_the_round_is_recomputed(tmp_path, 
     assert backend.killed == 1
     assert faulty.metrics == reference.metrics
     np.testing.assert_array_equal(faulty.final_params, reference.final_params)
+
+
+class KillAtCheckpoint(KillDuringTrain):
+    """Kills worker 0 just before the engine asks the workers for their client states after
+    round 2 (a loss found while checkpointing, not while training)."""
+
+    def __init__(self, backend, engine_box) -> None:
+        super().__init__(backend)
+        self.calls = 0
+        self.engine_box = engine_box
+
+    def call(self, handle, method, *args):
+        import ray
+
+        if method == "client_states":
+            self.calls += 1
+            if self.calls == 3 and not self.killed:  # 1, 2: the start's snapshot
+                victim = self.engine_box[0].workers[0]
+                ray.kill(victim, no_restart=False)
+                self.killed += 1
+                deadline = time.monotonic() + 60  # dead before the call goes out
+                while time.monotonic() < deadline:
+                    try:
+                        ray.get(victim.__ray_ready__.remote(), timeout=10)
+                    except ray.exceptions.RayActorError:
+                        break
+                    time.sleep(0.05)
+                else:
+                    raise AssertionError("the killed worker still answers after 60 s")
+        return self._b.call(handle, method, *args)
+
+
+def test_a_worker_lost_while_checkpointing_sends_the_run_back(tmp_path, shared_ray, capfd):
+    p = tmp_path / "s.yaml"
+    p.write_text(SCENARIO.replace("local: {steps: 3, batch_size: 16, lr: 0.1}",
+                                  "local: {batch_size: 16, lr: 0.1, optimizer: {name: momentum}}")
+                 + "runtime: {checkpoint_every: 2}\n")
+    sc = load(p).points[0].scenario
+    reference = Engine(sc, InlineBackend()).run()
+    box: list = []
+    backend = KillAtCheckpoint(shared_ray, box)
+    engine = Engine(sc, backend, workers=2)
+    box.append(engine)
+    saved: list[int] = []
+    faulty = engine.run(on_checkpoint=lambda r, st: saved.append(r))
+    assert backend.killed == 1 and faulty.metrics == reference.metrics
+    np.testing.assert_array_equal(faulty.final_params, reference.final_params)
+    assert set(saved) == {1, 3}  # after rounds 2 and 4 (round 2's written again, the same)
+    assert "goes back to its start and computes rounds 1-2" in capfd.readouterr().err
