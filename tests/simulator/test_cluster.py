@@ -203,3 +203,24 @@ def test_a_worker_lost_while_checkpointing_sends_the_run_back(tmp_path, shared_r
     np.testing.assert_array_equal(faulty.final_params, reference.final_params)
     assert set(saved) == {1, 3}  # after rounds 2 and 4 (round 2's written again, the same)
     assert "goes back to its start and computes rounds 1-2" in capfd.readouterr().err
+
+
+def test_workers_that_cannot_start_stop_the_run_in_one_line(tmp_path, shared_ray, monkeypatch):
+    """More workers than CPUs: Ray queues the extra actors for ever; the engine waits a
+    bounded time, releases what it started and says why."""
+    import simulator.engine as engine_module
+    from simulator.errors import WorkerLost
+
+    monkeypatch.setattr(engine_module, "PLACE_TIMEOUT", 5.0)
+    p = tmp_path / "s.yaml"
+    p.write_text(SCENARIO)
+    engine = Engine(load(p).points[0].scenario, shared_ray, workers=4)  # the session has 2 CPUs
+    with pytest.raises(WorkerLost, match=r"2 of 4 ClientWorkers did not start within 5 s \(each "
+                       r"needs 1 free CPU; the cluster has 2\); use fewer workers"):
+        engine.run()
+    import ray
+
+    deadline = time.monotonic() + 60  # every actor it started was released: both CPUs free
+    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == 2
