@@ -20,12 +20,19 @@ class UsageError(FedrayError):
 
 
 class PluginError(FedrayError):
-    """A plugin raised while the run used it: the run fails, naming the plugin."""
+    """A plugin raised while the run used it: the run fails, naming the plugin. ``error`` is
+    the plugin's exception (or its one-line text); only text travels, so the error pickles
+    across Ray whatever the plugin raised."""
 
-    def __init__(self, where: str, name: str, error: BaseException) -> None:
-        self.where, self.name, self.error = where, name, error
-        text = (str(error).strip().splitlines() or [""])[0]
-        super().__init__(f"{where} {name!r} raised {type(error).__name__}: {brief_text(text)}")
+    def __init__(self, where: str, name: str, error: BaseException | str) -> None:
+        if isinstance(error, BaseException):
+            first = (str(error).strip().splitlines() or [""])[0]
+            error = f"{type(error).__name__}: {brief_text(first)}"
+        self.where, self.name, self.text = where, name, error
+        super().__init__(f"{where} {name!r} raised {error}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (PluginError, (self.where, self.name, self.text))
 
 
 def guarded(where: str, name: str, fn: Any) -> Any:

@@ -131,15 +131,18 @@ class RayBackend:
 
     def get(self, ref: Any) -> Any:
         """``ray.get``; a result lost with a dead actor (or its node) raises WorkerLost."""
-        from ray.exceptions import ObjectLostError, RayActorError
+        from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
         try:
             return self.ray.get(ref)
+        except RayTaskError as e:
+            if isinstance(e.cause, FedrayError):  # ours, raised in an actor: its one line
+                raise e.cause from None
+            if not isinstance(e, (RayActorError, ObjectLostError)):
+                raise
+            raise WorkerLost(_ray_kind(e)) from None
         except (RayActorError, ObjectLostError) as e:
-            # a RayTaskError subclass carries the cause's type: name that one
-            kinds = [c.__name__ for c in type(e).__mro__ if c.__module__ == "ray.exceptions"
-                     and c.__name__ != "RayTaskError" and not c.__name__.startswith("RayTaskError(")]
-            raise WorkerLost(kinds[0] if kinds else type(e).__name__) from None
+            raise WorkerLost(_ray_kind(e)) from None
 
     def ready(self, handles: list[Any], timeout: float) -> list[bool]:
         """Which actors answer a ping within ``timeout`` seconds (a busy actor answers once
@@ -176,6 +179,13 @@ class RayBackend:
     def shutdown(self) -> None:
         if self._owns and self.ray.is_initialized():
             self.ray.shutdown()
+
+
+def _ray_kind(e: BaseException) -> str:
+    """The Ray error's own type name (a RayTaskError subclass carries its cause's type)."""
+    kinds = [c.__name__ for c in type(e).__mro__ if c.__module__ == "ray.exceptions"
+             and not c.__name__.startswith("RayTaskError")]
+    return kinds[0] if kinds else type(e).__name__
 
 
 def make_backend(name: str, address: str | None = None, **init_kwargs: Any) -> Backend:

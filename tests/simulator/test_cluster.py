@@ -224,3 +224,28 @@ def test_workers_that_cannot_start_stop_the_run_in_one_line(tmp_path, shared_ray
     while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ray.available_resources().get("CPU", 0) == 2
+
+
+def test_fedray_errors_raised_in_actors_reach_the_driver_as_themselves(shared_ray):
+    """A PluginError raised in the Server actor arrives as that PluginError (its one line),
+    not as Ray's multi-line RayTaskError; any other exception keeps Ray's wrapping."""
+    from ray.exceptions import RayTaskError
+
+    from simulator.errors import PluginError
+
+    class Raiser:  # defined here: pickled by value into the actor
+        def plugin(self):
+            raise PluginError("aggregator", "median", ValueError("boom"))
+
+        def bug(self):
+            return {}["missing"]
+
+    actor = shared_ray.spawn(Raiser, role="server")
+    try:
+        with pytest.raises(PluginError) as e:
+            shared_ray.get(shared_ray.call(actor, "plugin"))
+        assert str(e.value) == "aggregator 'median' raised ValueError: boom"
+        with pytest.raises(RayTaskError):
+            shared_ray.get(shared_ray.call(actor, "bug"))
+    finally:
+        shared_ray.release([actor])
