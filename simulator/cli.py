@@ -212,9 +212,10 @@ def _run_point(point: RunPoint, backend, tracker, parent, tmp: Path, quiet, work
 
 
 def _execute(point: RunPoint, run_id: str, backend: Any, tracker: Any, tmp: Path, quiet: bool,
-             workers: int | None, resume: dict | None = None, logged_until: int = -1) -> dict[str, Any]:
-    """Run one point into its child run: per-round metrics (rounds after ``logged_until``;
-    earlier ones are in MLflow already), checkpoints every ``runtime.checkpoint_every``
+             workers: int | None, resume: dict | None = None,
+             logged: set[int] | None = None) -> dict[str, Any]:
+    """Run one point into its child run: per-round metrics (rounds not in ``logged``: MLflow
+    or the journal hold those already), checkpoints every ``runtime.checkpoint_every``
     rounds, the artifacts, the final status. A failure keeps what was computed."""
     from simulator import checkpoint
     from simulator.engine import make_engine
@@ -228,7 +229,7 @@ def _execute(point: RunPoint, run_id: str, backend: Any, tracker: Any, tmp: Path
 
     def on_round(r: int, m: dict[str, float]) -> None:
         rows.append(m)
-        if r > logged_until:
+        if r not in (logged or ()):
             tracker.log_round(run_id, r, m)
         progress.update(r, m)
 
@@ -347,8 +348,13 @@ def _resume_point(run_id: str, tracker: Any, backend: Any, tmp: Path, quiet: boo
     print(f"resuming {run.info.run_name} ({run_id}) at round {start + 1}/{sc.rounds}"
           + ("" if state else " (no checkpoint: from the start)"), file=sys.stderr)
     tracker.reopen(run_id)
+    # rounds the checkpoint holds that never reached MLflow (queued when the driver died)
+    for r, row in enumerate(state["metrics"] if state else []):
+        if r not in logged:
+            tracker.log_round(run_id, r, row)
+            logged.add(r)
     out = _execute(RunPoint({}, sc.seeds[0], sc), run_id, backend, tracker, tmp / "out", quiet,
-                   workers, state, max(logged, default=-1))
+                   workers, state, logged)
     out["label"] = run.info.run_name
     return out
 
