@@ -229,19 +229,26 @@ def _interrupt_at(monkeypatch, label: str, round_: int) -> None:
     monkeypatch.setattr(progress.Progress, "update", update)
 
 
+def _interrupted(monkeypatch, tmp_path, loaded, label: str, round_: int, uri: str):
+    """Run ``loaded``, Ctrl-C after ``round_`` of point ``label``; (client, its point run)."""
+    _interrupt_at(monkeypatch, label, round_)
+    with pytest.raises(KeyboardInterrupt):
+        run_loaded(loaded, quiet=True)
+    monkeypatch.undo()  # also the fixture's chdir: back into the test's folder
+    monkeypatch.chdir(tmp_path)
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(loaded.scenario.name)
+    (child,) = client.search_runs([exp.experiment_id], "tags.`fedray.kind` = 'point'")
+    return client, child
+
+
 def test_resume_of_one_point_finishes_the_parent_and_refuses_a_finished_run(
         tmp_path, mlflow_uri, monkeypatch):
     p = tmp_path / "two.yaml"
     p.write_text(TWO_POINTS)
     loaded = load(p)
-    _interrupt_at(monkeypatch, "mean seed=0", 3)
-    with pytest.raises(KeyboardInterrupt):
-        run_loaded(loaded, quiet=True)
-    monkeypatch.undo()
-    monkeypatch.chdir(tmp_path)
-    client = MlflowClient(mlflow_uri)
+    client, child = _interrupted(monkeypatch, tmp_path, loaded, "mean seed=0", 3, mlflow_uri)
     exp = client.get_experiment_by_name("two")
-    (child,) = client.search_runs([exp.experiment_id], "tags.`fedray.kind` = 'point'")
     parent = child.data.tags["mlflow.parentRunId"]
     assert child.info.status == "KILLED" and client.get_run(parent).info.status == "KILLED"
 
@@ -282,14 +289,7 @@ def test_resume_sends_the_journal_first_so_every_step_is_logged_once(
         return real(self, run_id, metrics=metrics, params=params, tags=tags)
 
     monkeypatch.setattr(MlflowClient, "log_batch", outage)
-    _interrupt_at(monkeypatch, "seed=0", 4)
-    with pytest.raises(KeyboardInterrupt):
-        run_loaded(loaded, quiet=True)
-    monkeypatch.undo()
-    monkeypatch.chdir(tmp_path)
-    client = MlflowClient(mlflow_uri)
-    exp = client.get_experiment_by_name("two")
-    (child,) = client.search_runs([exp.experiment_id], "tags.`fedray.kind` = 'point'")
+    client, child = _interrupted(monkeypatch, tmp_path, loaded, "seed=0", 4, mlflow_uri)
     run_id = child.info.run_id
     assert max(m.step for m in client.get_metric_history(run_id, "test_accuracy")) < 3
     assert tracking.journaled_steps(run_id) >= {3, 4}
