@@ -13,9 +13,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from simulator.config import load
 from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
-from simulator.scenario import load
 
 SCENARIO = """\
 name: engine-overhead

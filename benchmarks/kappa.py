@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simulator import registry
-from simulator.scenario import instantiate
+from simulator.registry import instantiate
 from strategies.preaggregators import NearestNeighborMixing
 
 ATTACKS = ["sign_flip", "ipm", "foe", "alie", "min_max", "min_sum", "mimic", "gaussian",
@@ -50,7 +50,7 @@ def make_rule(name: str, f: int, with_nnm: bool):
     def rule(x: torch.Tensor) -> torch.Tensor:
         if with_nnm:
             x = NearestNeighborMixing(f)(x)
-        return agg(x, gen) if getattr(agg, "RANDOM", False) else agg(x)
+        return agg(x, gen) if agg.traits.random else agg(x)
     return rule
 
 
@@ -59,7 +59,7 @@ def byzantine_rows(attack: str, honest: torch.Tensor, f: int, rule, g: torch.Gen
         return torch.full((f, honest.shape[1]), 1e6)
     ctx = {"aggregate": rule} if attack.startswith("optimal") else {}
     a = instantiate("attacks", {"name": attack}, **ctx)
-    seen = honest if a.omniscient else honest[:f]
+    seen = honest if a.traits.omniscient else honest[:f]
     return a(seen, f, g)
 
 

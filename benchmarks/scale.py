@@ -35,9 +35,9 @@ runtime: {{backend: inline, state_dtype: {dtype}}}
 
 
 def one(per_round: int, dtype: str, rounds: int) -> dict:
+    from simulator.config import load
     from simulator.engine import Engine
     from simulator.runtime.backend import InlineBackend
-    from simulator.scenario import load
 
     with TemporaryDirectory() as tmp:
         p = Path(tmp) / "s.yaml"

@@ -13,9 +13,9 @@ from tempfile import TemporaryDirectory
 
 import torch
 
+from simulator.config import load
 from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
-from simulator.scenario import load
 
 SCENARIO = """\
 name: vec-bench

@@ -81,9 +81,9 @@ def measure(cmd: list[str], env: dict | None = None) -> tuple[dict, float, int]:
 
 def fedray_side(scenario: str) -> None:
     """Run in a subprocess: the fedray simulation; prints one JSON line."""
+    from simulator.config import load
     from simulator.engine import Engine
     from simulator.runtime.backend import RayBackend
-    from simulator.scenario import load
 
     t0 = time.perf_counter()
     backend = RayBackend(include_dashboard=False, num_cpus=2)
@@ -96,11 +96,11 @@ def export(scenario: str, path: Path) -> None:
     """fedray's partition and initial weights, for the Flower side."""
     import torch
 
+    from simulator.config import load
     from simulator.data import client_arrays
     from simulator.engine import Engine
     from simulator.models import build_model
     from simulator.runtime.backend import InlineBackend
-    from simulator.scenario import load
 
     sc = load(scenario).points[0].scenario
     data = Engine(sc, InlineBackend()).data

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
+
+from simulator.callbacks import Callback, PointRun
 
 PANELS = [
     ("accuracy", ["test_accuracy", "averaged_test_accuracy"]),
@@ -45,3 +48,14 @@ def run_figure(rows: list[dict[str, float]], path: Path, title: str = "") -> Pat
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+class RunFigure(Callback):
+    """A finished point run's curves as ``figures/curves.png`` on its MLflow run."""
+
+    def on_end(self, run: PointRun, result: Any, status: str) -> None:
+        if status != "FINISHED" or result is None:
+            return
+        run.tmp.mkdir(parents=True, exist_ok=True)
+        if run_figure(result.metrics, run.tmp / "curves.png", run.point.label) is not None:
+            run.tracker.log_artifact(run.run_id, run.tmp / "curves.png", "figures")

@@ -20,11 +20,15 @@ import numpy as np
 
 from simulator import data as fdata
 from simulator import registry
+from simulator.config import Scenario
 from simulator.errors import ClientStateLost, WorkerLost
-from simulator.runtime.actors import Adversary, ClientWorker, Mixer, Server
+from simulator.registry import instantiate
+from simulator.runtime.actors import Adversary, Mixer, Server
 from simulator.runtime.backend import PING_TIMEOUT, PLACE_TIMEOUT, Backend
-from simulator.scenario import Scenario, build_client_rule, instantiate
-from simulator.seeding import numpy_rng
+from simulator.runtime.common import stack_updates
+from simulator.runtime.worker import ClientWorker
+from simulator.sampling import byzantine_clients, missed_round, sample_clients
+from strategies.protocols import Privacy
 
 RoundCallback = Callable[[int, dict[str, float]], None]
 CheckpointCallback = Callable[[int, dict[str, Any]], None]
@@ -44,41 +48,6 @@ class RunResult:
             if key in row:
                 return row[key]
         return float("nan")
-
-
-def byzantine_clients(seed: int, total: int, f: int) -> np.ndarray:
-    """The fixed set of Byzantine client ids of a run (seeded)."""
-    return np.sort(numpy_rng(seed, "byzantine").choice(total, size=f, replace=False))
-
-
-def missed_round(seed: int, round_: int, clients: list[int], steps: np.ndarray, dropout: float,
-                 stragglers: Any) -> tuple[set[int], set[int]]:
-    """(dropped, late): the ``clients`` that drop out of the round (probability ``dropout``)
-    and those, of the rest, whose simulated time ``steps[c] * exp(sigma z_c + jitter e_cr)``
-    exceeds the deadline. One draw per client id from (seed, purpose, round): the outcome of
-    a client does not depend on who else was sampled."""
-    if not clients:
-        return set(), set()
-    ids = np.asarray(clients, dtype=np.int64)
-    total = len(steps)
-    dropped: set[int] = set()
-    if dropout > 0:
-        u = numpy_rng(seed, "dropout", round_).random(total)
-        dropped = set(ids[u[ids] < dropout].tolist())
-    late: set[int] = set()
-    if stragglers is not None:
-        z = numpy_rng(seed, "speed").standard_normal(total)
-        e = numpy_rng(seed, "jitter", round_).standard_normal(total)
-        duration = steps * np.exp(stragglers.sigma * z + stragglers.jitter * e)
-        late = set(ids[duration[ids] > stragglers.deadline].tolist()) - dropped
-    return dropped, late
-
-
-def sample_clients(seed: int, round_: int, total: int, k: int) -> np.ndarray:
-    """The ``k`` clients of a round, drawn without replacement, sorted by id."""
-    if k >= total:
-        return np.arange(total)
-    return np.sort(numpy_rng(seed, "sample", round_).choice(total, size=k, replace=False))
 
 
 _data_cache: dict[tuple, fdata.FederatedData] = {}
@@ -120,23 +89,20 @@ class Engine:
         self._handles: list[Any] = []
         self._trained: set[int] = set()  # clients that have trained (and may hold state)
         # a gradient rule keeps per-client state in the worker that owns the client
-        self.stateful_clients = bool(getattr(build_client_rule(*scenario.client_rule()),
-                                             "GRADIENT_RULE", False))
+        self.stateful_clients = scenario.client_rule().traits.gradient_rule
         self.owner: dict[int, int] = {}  # clients moved off a lost worker -> their new worker
         self.live: list[int] = list(range(self.n_workers))  # indices of the live workers
-        self.privacy = instantiate("privacy", scenario.privacy) if scenario.privacy else None
+        self.privacy: Privacy | None = (instantiate("privacy", scenario.privacy)
+                                        if scenario.privacy else None)
         self._mechanism: tuple[int, Any] = (-1, None)  # (rounds, mechanism) last composed
 
     def _spawn_workers(self) -> None:
         """The ClientWorker pool; the partition table goes into the object store once."""
         b, sc, data = self.backend, self.sc, self.data
         table_ref = b.put(data.table)
-        local = {**sc.local.model_dump(), "vectorize": sc.runtime.vectorize,
-                 "state_dtype": sc.runtime.state_dtype}
-        dp_sgd = sc.privacy if self.privacy is not None and self.privacy.LEVEL == "sample" else None
         self.workers = [
             b.spawn(ClientWorker, table_ref, data.offsets, data.input_shape, data.num_classes,
-                    sc.model, local, self.seed, sc.client_rule(), dp_sgd, role="worker")
+                    sc, role="worker")
             for _ in range(self.n_workers)
         ]
         self._handles = list(self.workers)
@@ -155,15 +121,12 @@ class Engine:
         b, sc, data = self.backend, self.sc, self.data
         self._spawn_workers()
         eval_ref = b.put((data.x_test, data.y_test, data.x_train_eval, data.y_train_eval))
-        self.server = b.spawn(Server, sc.model_dump(mode="json"), data.input_shape,
-                              data.num_classes, eval_ref, role="server")
-        self.adversary = (
-            b.spawn(Adversary, sc.attack, self.seed, sc.model_dump(mode="json"), role="adversary")
-            if sc.attack else None
-        )
-        attack_cls = registry.get("attacks", sc.attack["name"]) if sc.attack else None
-        self.omniscient = bool(getattr(attack_cls, "omniscient", False))
-        self.poison = sc.attack if getattr(attack_cls, "data_poisoning", False) else None
+        self.server = b.spawn(Server, sc, data.input_shape, data.num_classes, eval_ref,
+                              role="server")
+        self.adversary = b.spawn(Adversary, sc, role="adversary") if sc.attack else None
+        traits = registry.get("attacks", sc.attack["name"]).traits if sc.attack else None
+        self.omniscient = traits is not None and traits.omniscient
+        self.poison = sc.attack if traits is not None and traits.data_poisoning else None
         self._handles = [*self.workers, self.server] + ([self.adversary] if self.adversary else [])
         self.dim = len(self.backend.get(self.backend.call(self.server, "params")))
 
@@ -174,7 +137,8 @@ class Engine:
         for c in clients:
             per.setdefault(self.worker_of(c), []).append(c)
         calls = [self.backend.call(self.workers[w], "train", round_, ids, params_ref, poison,
-                                   [c for c in ids if c in self._trained])
+                                   [c for c in ids if c in self._trained]
+                                   if self.stateful_clients else [])
                  for w, ids in sorted(per.items())]
         self._trained.update(clients)
         return calls
@@ -404,7 +368,7 @@ class DecentralizedEngine(Engine):
         self.honest = [i for i in range(sc.clients.total) if i not in self.byzantine]
         self._spawn_workers()
         eval_ref = b.put((data.x_test, data.y_test, data.x_train_eval, data.y_train_eval))
-        self.mixer = b.spawn(Mixer, sc.model_dump(mode="json"), self.honest,
+        self.mixer = b.spawn(Mixer, sc, self.honest,
                              sorted(self.byzantine), data.input_shape, data.num_classes, eval_ref,
                              role="server")
         self._handles = [*self.workers, self.mixer]
@@ -459,8 +423,6 @@ class DecentralizedEngine(Engine):
     def _checkpoint(self) -> dict[str, Any]:
         """Every honest peer's model (rows in peer order)."""
         import torch
-
-        from simulator.runtime.actors import stack_updates
 
         results = self.backend.get(list(self._state))
         x = stack_updates(self.honest, tuple(results), len(results[0]["updates"][0]))

@@ -1,6 +1,6 @@
 """Small torch models addressed by name; input shape and class count come from the dataset.
 
-A model plugin's constructor takes ``input_shape`` and ``num_classes`` (listed in ``CONTEXT``,
+A model plugin's constructor takes ``input_shape`` and ``num_classes`` (listed in ``traits.context``,
 supplied by the engine) and then its own scenario keys.
 """
 
@@ -13,13 +13,12 @@ import torch
 from annotated_types import Ge, Len
 from torch import nn
 
-CONTEXT = ("input_shape", "num_classes")
+from strategies.protocols import Model
 
 
-class LogisticRegression(nn.Module):
+class LogisticRegression(Model):
     """Multinomial logistic regression: one linear layer on the flattened input."""
 
-    CONTEXT = CONTEXT
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
         super().__init__()
@@ -29,10 +28,9 @@ class LogisticRegression(nn.Module):
         return self.net(x)
 
 
-class MLP(nn.Module):
+class MLP(Model):
     """Fully connected network with ReLU hidden layers of the given widths."""
 
-    CONTEXT = CONTEXT
 
     def __init__(
         self,
@@ -53,11 +51,10 @@ class MLP(nn.Module):
         return self.net(x)
 
 
-class CNN(nn.Module):
+class CNN(Model):
     """Two 3x3 convolution blocks (ReLU, 2x2 max-pool when the map is large enough), then a
     hidden fully connected layer. Needs image input ``(C, H, W)``."""
 
-    CONTEXT = CONTEXT
 
     def __init__(
         self,

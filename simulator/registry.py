@@ -1,17 +1,28 @@
-"""Plugin kinds and lookup by registered name.
+"""Plugin kinds, lookup by registered name, and building a plugin from a scenario block.
 
 Every plugin, built-in or third-party, is an entry point in the group ``fedray.<kind>``.
 Entry points are read from the installed distributions' metadata, so lookup works the same in
 the driver and in fresh Ray worker processes (a decorator-filled registry would be empty there).
 A scenario file can only name registered plugins: nothing in YAML is ever imported as a path.
+
+A plugin class must subclass its kind's contract (``strategies.protocols``); one that does
+not, and two installed plugins of one kind under one name, are refused in one line when the
+kind is looked up.
 """
 
 from __future__ import annotations
 
 import difflib
+import inspect
+import typing
 from functools import cache
-from importlib.metadata import entry_points
+from importlib import import_module
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, create_model
+
+from simulator.errors import FedrayError
 
 KINDS: tuple[str, ...] = (
     "aggregators",
@@ -19,17 +30,31 @@ KINDS: tuple[str, ...] = (
     "meta",
     "attacks",
     "topologies",
+    "gossip_defenses",
     "datasets",
     "models",
     "optimizers",
     "client_optimizers",
+    "trainers",
     "partitioners",
     "privacy",
 )
 
+# Non-finite numbers are refused wherever a float is expected (a plugin or a field opts in
+# with ``Annotated[float, AllowInfNan(True)]`` where inf means something, such as "no
+# clipping"), and a value that is accepted keeps its value through every JSON dump.
+FINITE = ConfigDict(allow_inf_nan=False, ser_json_inf_nan="constants")
+
+PluginSpec = dict[str, Any]
+
 
 class UnknownPlugin(LookupError):
     """A name that no installed plugin of that kind is registered under."""
+
+
+class BadPlugin(FedrayError):
+    """An installed plugin that breaks the contract of its kind (not a subclass of the
+    kind's base class, or a name registered twice)."""
 
 
 def _check_kind(kind: str) -> None:
@@ -37,9 +62,21 @@ def _check_kind(kind: str) -> None:
         raise ValueError(f"unknown plugin kind {kind!r}; allowed: {', '.join(KINDS)}")
 
 
+def _origin(ep: EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)  # importlib.metadata sets it on entry points it reads
+    return f"{ep.value} (from {dist.name})" if dist is not None else ep.value
+
+
 @cache
-def _entry_points(kind: str) -> dict[str, Any]:
-    return {ep.name: ep for ep in entry_points(group=f"fedray.{kind}")}
+def _entry_points(kind: str) -> dict[str, EntryPoint]:
+    out: dict[str, EntryPoint] = {}
+    for ep in entry_points(group=f"fedray.{kind}"):
+        seen = out.get(ep.name)
+        if seen is not None and seen.value != ep.value:
+            raise BadPlugin(f"{kind.removesuffix('s')} {ep.name!r} is registered twice: "
+                            f"{_origin(seen)} and {_origin(ep)}; uninstall one or rename it")
+        out[ep.name] = ep
+    return out
 
 
 def refresh() -> None:
@@ -54,9 +91,21 @@ def available(kind: str) -> list[str]:
     return sorted(_entry_points(kind))
 
 
+def contract(kind: str) -> type:
+    """The base class every plugin of ``kind`` subclasses (``strategies.protocols``)."""
+    _check_kind(kind)
+    return import_module("strategies.protocols").CONTRACTS[kind]  # type: ignore[no-any-return]
+
+
 @cache
-def _loaded(kind: str, name: str) -> Any:
-    return _entry_points(kind)[name].load()
+def _loaded(kind: str, name: str) -> type:
+    ep = _entry_points(kind)[name]
+    cls = ep.load()
+    base = contract(kind)
+    if not (inspect.isclass(cls) and issubclass(cls, base)):
+        raise BadPlugin(f"{kind.removesuffix('s')} {name!r} ({_origin(ep)}) does not subclass "
+                        f"{base.__module__}.{base.__qualname__}, the contract of its kind")
+    return cls
 
 
 def unknown_message(kind: str, name: object) -> str:
@@ -69,8 +118,47 @@ def unknown_message(kind: str, name: object) -> str:
 
 
 def get(kind: str, name: str) -> Any:
-    """The plugin class (or factory) registered as ``name`` in ``fedray.<kind>``."""
+    """The plugin class registered as ``name`` in ``fedray.<kind>``."""
     _check_kind(kind)
     if name not in _entry_points(kind):
         raise UnknownPlugin(unknown_message(kind, name))
     return _loaded(kind, name)
+
+
+def instantiate(kind: str, spec: PluginSpec, **context: Any) -> Any:
+    """The plugin a validated spec ``{"name": ..., **keys}`` names. ``context`` offers what
+    the engine can supply; the plugin receives the entries its ``traits.context`` lists."""
+    cls = get(kind, spec["name"])
+    wanted = cls.traits.context
+    missing = [k for k in wanted if k not in context]
+    if missing:
+        raise BadPlugin(f"{kind.removesuffix('s')} {spec['name']!r} asks for "
+                        f"{', '.join(missing)}, which the engine does not supply to {kind}")
+    params = {k: v for k, v in spec.items() if k != "name"}
+    return cls(**{k: context[k] for k in wanted}, **params)
+
+
+def params_model(cls: type) -> type[BaseModel]:
+    """A pydantic model of a plugin's scenario keys, derived from its constructor signature
+    (type hints with annotated_types constraints, defaults). The arguments the engine
+    supplies (``traits.context``) are not scenario keys."""
+    init = cls.__init__
+    skip = {"self", *cls.traits.context}  # type: ignore[attr-defined]
+    try:
+        hints = typing.get_type_hints(init, include_extras=True)
+    except Exception:  # noqa: BLE001 - unresolvable hints: fall back to no type checks
+        hints = {}
+    fields: dict[str, Any] = {}
+    if init is not object.__init__:
+        for p in inspect.signature(init).parameters.values():
+            if p.name in skip or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                continue
+            tp = hints.get(p.name, Any)
+            fields[p.name] = (tp, ... if p.default is p.empty else p.default)
+    return create_model(f"{cls.__name__}Params",  # type: ignore[call-overload,no-any-return]
+                        __config__=ConfigDict(extra="forbid", **FINITE), **fields)
+
+
+def keys(kind: str, name: str) -> dict[str, Any]:
+    """The scenario keys a plugin takes, with their defaults (``...``: required)."""
+    return {k: f.default for k, f in params_model(get(kind, name)).model_fields.items()}

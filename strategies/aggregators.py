@@ -3,7 +3,7 @@
 Each aggregator is a small class whose constructor arguments are exactly its keys in a
 scenario file (``aggregator: {name: cwtm, f: 2}``). ``check(n)`` states the constraints that
 depend on how many rows it will receive, with a message naming the parameter. A rule that
-needs randomness sets ``RANDOM = True`` and is called as ``rule(x, generator)``. A stateful
+needs randomness declares ``traits = Traits(random=True)`` and is called as ``rule(x, generator)``. A stateful
 rule (centered clipping) keeps its state in attributes exposed by ``state_dict()`` /
 ``load_state_dict()``, as torch.optim does.
 
@@ -30,6 +30,8 @@ import numpy as np
 import torch
 from annotated_types import Ge, Gt
 from pydantic import AllowInfNan
+
+from strategies.protocols import Aggregator, Traits
 
 # ---------------------------------------------------------------------------- shared maths
 
@@ -170,7 +172,7 @@ def _check_subsets(f: int, n: int, limit: int, rule: str) -> None:
 # ---------------------------------------------------------------------------- averaging
 
 
-class Mean:
+class Mean(Aggregator):
     """Arithmetic mean of the rows: FedAvg's aggregation (McMahan et al., AISTATS 2017).
 
     Not robust: a single unbounded Byzantine row moves it arbitrarily far.
@@ -183,7 +185,7 @@ class Mean:
         return None
 
 
-class CoordinateWiseMedian:
+class CoordinateWiseMedian(Aggregator):
     """Coordinate-wise median (Yin, Chen, Ramchandran, Bartlett, ICML 2018).
 
     For an even number of rows the mean of the two middle values is returned (the usual
@@ -197,7 +199,7 @@ class CoordinateWiseMedian:
         return None
 
 
-class CoordinateWiseTrimmedMean:
+class CoordinateWiseTrimmedMean(Aggregator):
     """Coordinate-wise trimmed mean (Yin et al., ICML 2018): in each coordinate drop the f
     largest and the f smallest values and average the remaining n - 2f."""
 
@@ -222,7 +224,7 @@ class CoordinateWiseTrimmedMean:
         _check_half(self.f, n)
 
 
-class MeaMed:
+class MeaMed(Aggregator):
     """Mean around the median (Xie, Koyejo, Gupta, "Generalized Byzantine-tolerant SGD", 2018):
     per coordinate, the mean of the n - f values closest to the coordinate-wise median."""
 
@@ -240,7 +242,7 @@ class MeaMed:
 # ---------------------------------------------------------------------------- geometric
 
 
-class GeometricMedian:
+class GeometricMedian(Aggregator):
     """Geometric median by the smoothed Weiszfeld algorithm of RFA (Pillutla, Kakade,
     Harchaoui, "Robust Aggregation for Federated Learning", IEEE TSP 2022, Algorithm 2).
 
@@ -305,7 +307,7 @@ class GeometricMedian:
         return None
 
 
-class MultiKrum:
+class MultiKrum(Aggregator):
     """Multi-Krum (Blanchard, El Mhamdi, Guerraoui, Stainer, NeurIPS 2017): score each row by
     the sum of squared distances to its n - f - 2 nearest other rows, average the ``m`` rows of
     lowest score (``m`` defaults to n - f). Requires n > 2f + 2.
@@ -340,7 +342,7 @@ class Krum(MultiKrum):
         super().__init__(f, m=1)
 
 
-class Bulyan:
+class Bulyan(Aggregator):
     """Bulyan (El Mhamdi, Guerraoui, Rouault, "The Hidden Vulnerability of Distributed Learning
     in Byzantium", ICML 2018) over Krum: select theta = n - 2f rows by repeatedly taking the
     Krum winner of the remaining rows, then per coordinate average the beta = theta - 2f
@@ -370,7 +372,7 @@ class Bulyan:
                  f"{max((n - 3) // 4, 0)}, got {self.f}")
 
 
-class MinimumDiameterAveraging:
+class MinimumDiameterAveraging(Aggregator):
     """Minimum diameter averaging (El Mhamdi, Guerraoui, Guirguis, Hoang, Rouault, "Genuinely
     Distributed Byzantine Machine Learning", PODC 2020): the mean of the subset of n - f rows
     whose largest pairwise distance is smallest.
@@ -399,7 +401,7 @@ class MinimumDiameterAveraging:
         _check_subsets(self.f, n, self.max_subsets, "MDA")
 
 
-class MoNNA:
+class MoNNA(Aggregator):
     """MoNNA (Farhadkhani, Guerraoui, Gupta, Hoang, Pinot, Stephan, "Robust Collaborative
     Learning with Linear Gradient Overhead", ICML 2023): the mean of the n - f rows nearest to a
     trusted reference row, row ``reference`` of the matrix (the peer's own vector in D-SGD).
@@ -433,7 +435,7 @@ def _centred_gram(g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return g - gw[:, None] - gw[None, :] + (w @ gw)
 
 
-class CovarianceAgnosticFilter:
+class CovarianceAgnosticFilter(Aggregator):
     """Covariance-bound agnostic filter, CAF (Allouah, Guerraoui, Stephan, "Towards Trustworthy
     Federated Learning with Untrusted Participants", ICML 2025).
 
@@ -478,7 +480,7 @@ class CovarianceAgnosticFilter:
         _check_half(self.f, n)
 
 
-class SmallestMaxEigenvalueAveraging:
+class SmallestMaxEigenvalueAveraging(Aggregator):
     """Smallest maximum eigenvalue averaging, SMEA (Allouah, Guerraoui, Gupta, Pinot, Stephan,
     "On the Privacy-Robustness-Utility Trilemma in Distributed Learning", ICML 2023): the mean
     of the subset of n - f rows whose empirical covariance has the smallest top eigenvalue.
@@ -511,7 +513,7 @@ class SmallestMaxEigenvalueAveraging:
         _check_subsets(self.f, n, self.max_subsets, "SMEA")
 
 
-class DivideAndConquer:
+class DivideAndConquer(Aggregator):
     """Divide-and-conquer, DnC (Shejwalkar & Houmansadr, "Manipulating the Byzantine: Optimizing
     Model Poisoning Attacks and Defenses for Federated Learning", NDSS 2021, Algorithm 3).
 
@@ -522,7 +524,7 @@ class DivideAndConquer:
     coordinates, 5 iterations was the authors' setting for large models).
     """
 
-    RANDOM = True
+    traits = Traits(random=True)
 
     def __init__(
         self,
@@ -564,7 +566,7 @@ class DivideAndConquer:
 # ---------------------------------------------------------------------------- stateful
 
 
-class CenteredClipping:
+class CenteredClipping(Aggregator):
     """Centered clipping (Karimireddy, He, Jaggi, "Learning from History for Byzantine Robust
     Optimization", ICML 2021): from the previous aggregate ``v`` (zero at the start),
     ``iterations`` times ``v <- v + (1/n) sum_i clip_tau(x_i - v)``.

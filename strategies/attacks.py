@@ -1,11 +1,11 @@
 """Byzantine attacks: the rows the Byzantine clients send.
 
-``attack(seen, f, generator) -> (f, d)``. An attack with ``omniscient = True`` sees the honest
+``attack(seen, f, generator) -> (f, d)``. An attack with ``traits.omniscient`` sees the honest
 updates of the round; otherwise it sees the Byzantine clients' own honestly computed updates
 (what a non-omniscient adversary knows). An attack that needs the scenario's aggregation
-pipeline lists ``aggregate`` in ``CONTEXT``: the Adversary passes a pure function
+pipeline lists ``aggregate`` in ``traits.context``: the Adversary passes a pure function
 ``(n, d) -> (d,)`` that runs the scenario's pre-aggregators, aggregator and meta-aggregator.
-A data-poisoning attack (``data_poisoning = True``) changes the Byzantine clients' training
+A data-poisoning attack (``traits.data_poisoning``) changes the Byzantine clients' training
 data through ``poison_labels`` and sends the resulting updates unchanged.
 """
 
@@ -21,27 +21,27 @@ from annotated_types import Ge, Gt, Lt
 from pydantic import AllowInfNan
 
 from strategies.aggregators import squared_distances
+from strategies.protocols import Attack, GossipAttack, Traits
 
 
 def _repeat(row: torch.Tensor, f: int) -> torch.Tensor:
     return row.expand(f, -1).clone()
 
 
-class SignFlip:
+class SignFlip(Attack):
     """Every Byzantine client sends the negated mean of the honest updates (as in Allouah et
     al., AISTATS 2023, and ByzFL's ``SignFlipping``)."""
 
-    omniscient = True
+    traits = Traits(omniscient=True)
 
     def __call__(self, honest: torch.Tensor, f: int, generator: torch.Generator) -> torch.Tensor:
         return _repeat(-honest.mean(dim=0), f)
 
 
-class GaussianNoise:
+class GaussianNoise(Attack):
     """Every Byzantine client sends an independent N(mu, sigma^2 I) vector (``mu: .nan`` or
     ``.inf`` in a scenario: non-finite rows, a Byzantine client may send anything)."""
 
-    omniscient = False
 
     def __init__(self, mu: Annotated[float, AllowInfNan(True)] = 0.0,
                  sigma: Annotated[float, Ge(0)] = 200.0) -> None:
@@ -54,14 +54,14 @@ class GaussianNoise:
         return self.mu + self.sigma * noise
 
 
-class InnerProductManipulation:
+class InnerProductManipulation(Attack):
     """Inner-product manipulation, IPM (Xie, Koyejo, Gupta, "Fall of Empires: Breaking
     Byzantine-tolerant SGD by Inner Product Manipulation", UAI 2019): every Byzantine client
     sends ``-epsilon`` times the honest mean, making the aggregate's inner product with the
     true gradient negative. The small-epsilon regime (0.1, the default) targets Krum-like
     rules."""
 
-    omniscient = True
+    traits = Traits(omniscient=True)
 
     def __init__(self, epsilon: Annotated[float, Ge(0)] = 0.1) -> None:
         self.epsilon = epsilon
@@ -89,7 +89,7 @@ def alie_z(n: int, f: int) -> float:
     return NormalDist().inv_cdf(p)
 
 
-class ALittleIsEnough:
+class ALittleIsEnough(Attack):
     """A little is enough, ALIE (Baruch, Baruch, Goldberg, NeurIPS 2019, Algorithm 3): every
     Byzantine client sends ``mu_j - z * sigma_j`` per coordinate, with the mean and the standard
     deviation (1/n, as the paper defines it) of the honest updates; ``z`` defaults to the
@@ -99,7 +99,7 @@ class ALittleIsEnough:
     ``mu + tau * sigma`` with the n - 1 sample std, which is ours with
     ``z = -tau * sqrt(n / (n - 1))`` (tested)."""
 
-    omniscient = True
+    traits = Traits(omniscient=True)
 
     def __init__(self, z: float | None = None) -> None:
         self.z = z
@@ -109,13 +109,13 @@ class ALittleIsEnough:
         return _repeat(honest.mean(dim=0) - z * honest.std(dim=0, correction=0), f)
 
 
-class Mimic:
+class Mimic(Attack):
     """Mimic (Karimireddy, He, Jaggi, "Byzantine-Robust Learning on Heterogeneous Datasets via
     Bucketing", ICLR 2022): every Byzantine client copies one honest client's update, row
     ``target`` of the round's honest rows (ordered by client id), over-representing that
     client's data under heterogeneity."""
 
-    omniscient = True
+    traits = Traits(omniscient=True)
 
     def __init__(self, target: Annotated[int, Ge(0)] = 0) -> None:
         self.target = target
@@ -124,19 +124,17 @@ class Mimic:
         return _repeat(honest[min(self.target, honest.shape[0] - 1)], f)
 
 
-class Infinity:
+class Infinity(Attack):
     """Every Byzantine client sends a vector of +inf (ByzFL's ``Inf``)."""
 
-    omniscient = False
 
     def __call__(self, honest: torch.Tensor, f: int, generator: torch.Generator) -> torch.Tensor:
         return torch.full((f, honest.shape[1]), math.inf, dtype=honest.dtype)
 
 
-class NotANumber:
+class NotANumber(Attack):
     """Every Byzantine client sends a vector of NaN."""
 
-    omniscient = False
 
     def __call__(self, honest: torch.Tensor, f: int, generator: torch.Generator) -> torch.Tensor:
         return torch.full((f, honest.shape[1]), math.nan, dtype=honest.dtype)
@@ -151,7 +149,7 @@ def _perturbation(honest: torch.Tensor, kind: str) -> torch.Tensor:
     return -torch.sign(mu)
 
 
-class MinMax:
+class MinMax(Attack):
     """Min-max (Shejwalkar & Houmansadr, NDSS 2021, AGR-agnostic): send ``mu + gamma * p`` with
     the largest gamma whose maximum distance to any honest update stays within the largest
     distance between two honest updates. ``p`` is the inverse unit mean (``unit_vec``, the
@@ -161,7 +159,7 @@ class MinMax:
     solved exactly (the authors approximate the same number by bisection).
     """
 
-    omniscient = True
+    traits = Traits(omniscient=True)
 
     def __init__(self, perturbation: Literal["unit_vec", "std", "sign"] = "unit_vec") -> None:
         self.perturbation = perturbation
@@ -201,14 +199,13 @@ class MinSum(MinMax):
         return math.sqrt(max(s_max - a, 0.0) / (honest.shape[0] * c))
 
 
-class _LineSearch:
+class _LineSearch(Attack):
     """Shared by the optimal attacks: the scale maximising ``||aggregate(honest + f copies of
     row(scale)) - honest mean||``, found as ByzFL's ``Optimal_*`` attacks do (expansion from
     ``start`` by ``delta``, doubling while the distance grows, then ``ratio``-shrinking steps,
     ``evals`` evaluations in all)."""
 
-    omniscient = True
-    CONTEXT = ("aggregate",)
+    traits = Traits(omniscient=True, context=("aggregate",))
 
     def __init__(
         self,
@@ -272,13 +269,12 @@ class OptimalALIE(_LineSearch):
         return honest.mean(dim=0) - scale * honest.std(dim=0, correction=0)
 
 
-class LabelFlip:
+class LabelFlip(Attack):
     """Label flipping (data poisoning, e.g. Allouah et al. AISTATS 2023): the Byzantine clients
     train honestly on their own data with every label ``y`` replaced by ``C - 1 - y`` and send
     the resulting updates."""
 
-    omniscient = False
-    data_poisoning = True
+    traits = Traits(data_poisoning=True)
 
     def poison_labels(self, y: torch.Tensor, num_classes: int) -> torch.Tensor:
         return num_classes - 1 - y
@@ -287,15 +283,13 @@ class LabelFlip:
         return own.clone()
 
 
-class Dissensus:
+class Dissensus(GossipAttack):
     """The dissensus attack on gossip (He, Karimireddy, Jaggi, "Byzantine-Robust Decentralized
     Learning via ClippedGossip", 2022): the Byzantine neighbours of honest peer i all send
     m_i = x_i - epsilon sum_{j in H} W_ij (x_j - x_i) / sum_{k in B} W_ik, so that plain
     gossip moves i by (1 - epsilon) times its honest pull: epsilon = 1 freezes every peer,
-    epsilon > 1 drives the peers apart. A gossip attack (``GOSSIP = True``): only for D-SGD."""
+    epsilon > 1 drives the peers apart. A gossip attack (``traits.gossip``): only for D-SGD."""
 
-    GOSSIP = True
-    omniscient = True
 
     def __init__(self, epsilon: Annotated[float, Ge(0)] = 1.5) -> None:
         self.epsilon = epsilon

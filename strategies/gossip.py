@@ -22,9 +22,14 @@ matrix M).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Annotated
 
 import numpy as np
 import torch
+from annotated_types import Gt
+from pydantic import AllowInfNan
+
+from strategies.protocols import Aggregator, GossipDefense, GossipStep, Traits
 
 
 def sparse_rows(w: np.ndarray) -> torch.Tensor:
@@ -98,6 +103,46 @@ def robust_gossip(x: torch.Tensor, w_hh: np.ndarray, byz_count: np.ndarray,
             rows.append(messages[i].expand(int(byz_count[i]), -1))
         out[i] = aggregate(torch.cat(rows))
     return out
+
+
+# ---------------------------------------------------------------------------- defenses
+
+
+class PlainGossip(GossipDefense):
+    """No defense (``dsgd.defense: none``): :func:`plain_gossip`, a sparse product."""
+
+    def __call__(self, x: torch.Tensor, step: GossipStep,
+                 messages: torch.Tensor | None) -> torch.Tensor:
+        return plain_gossip(x, step.w_sparse, torch.from_numpy(step.w_byz.astype(np.float32)),
+                            messages)
+
+
+class ClippedGossip(GossipDefense):
+    """ClippedGossip (He, Karimireddy, Jaggi 2022; ``dsgd.defense: clipped_gossip``):
+    :func:`clipped_gossip` with ``dsgd.clip_tau`` (adaptive when null)."""
+
+    traits = Traits(context=("clip_tau",))
+
+    def __init__(self, clip_tau: Annotated[float, Gt(0), AllowInfNan(True)] | None) -> None:
+        self.clip_tau = clip_tau
+
+    def __call__(self, x: torch.Tensor, step: GossipStep,
+                 messages: torch.Tensor | None) -> torch.Tensor:
+        return clipped_gossip(x, step.w_hh, step.w_byz, messages, self.clip_tau)
+
+
+class AggregatorGossip(GossipDefense):
+    """Each honest peer aggregates its neighbourhood with the scenario's aggregator
+    (``dsgd.defense: aggregator``): :func:`robust_gossip`."""
+
+    traits = Traits(context=("aggregator",))
+
+    def __init__(self, aggregator: Aggregator) -> None:
+        self.aggregator = aggregator
+
+    def __call__(self, x: torch.Tensor, step: GossipStep,
+                 messages: torch.Tensor | None) -> torch.Tensor:
+        return robust_gossip(x, step.w_hh, step.byz_count, messages, self.aggregator)
 
 
 def consensus_distance(x: torch.Tensor) -> float:

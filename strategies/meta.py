@@ -1,6 +1,6 @@
 """Meta-aggregators: wrap any aggregator ``A``; called as ``meta(x, A)`` with ``A`` a callable
 ``(n, d) -> (d,)`` (the engine binds a random aggregator's generator before passing it); a
-random meta-aggregator (``RANDOM = True``) is called as ``meta(x, A, generator)``."""
+random meta-aggregator (``traits.random``) is called as ``meta(x, A, generator)``."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from annotated_types import Ge
 
 from strategies.aggregators import finite_rows
 from strategies.preaggregators import Bucketing, NearestNeighborMixing
+from strategies.protocols import MetaAggregator, Traits
 
 
-class CenteredTrimmedMetaAggregator:
+class CenteredTrimmedMetaAggregator(MetaAggregator):
     """Centered Trimmed Meta Aggregator, CTMA (Dahan & Levy, "Fault Tolerant ML: Efficient
     Meta-Aggregation and Synchronous Training", ICML 2024, Algorithm 2).
 
@@ -47,7 +48,7 @@ class CenteredTrimmedMetaAggregator:
             raise ValueError(f"f: must be < n/2 = {n / 2:g}, got {self.f}")
 
 
-class NNMMeta:
+class NNMMeta(MetaAggregator):
     """NNM as a meta-aggregator (Allouah et al., AISTATS 2023): ``A(NNM_f(x))``, the same number
     as ``preaggregators: [{name: nnm, f}]`` before ``A`` (tested); offered under ``meta`` for
     the papers that list it as one (Dahan & Levy 2024)."""
@@ -62,12 +63,12 @@ class NNMMeta:
         NearestNeighborMixing(self.f).check(n)
 
 
-class BucketingMeta:
+class BucketingMeta(MetaAggregator):
     """Bucketing as a meta-aggregator (Karimireddy, He, Jaggi, ICLR 2022): ``A`` applied to the
     means of random buckets of ``s`` rows; the same number as ``preaggregators:
     [{name: bucketing, s}]`` before ``A`` with the same generator."""
 
-    RANDOM = True
+    traits = Traits(random=True)
 
     def __init__(self, s: Annotated[int, Ge(1)] = 2) -> None:
         self.s = s

@@ -21,6 +21,8 @@ from typing import Annotated, Any
 import torch
 from annotated_types import Ge, Gt, Lt
 
+from strategies.protocols import ClientRule, ServerOptimizer, Traits
+
 # A client's stochastic gradient oracle for the round: parameters -> (gradient, loss) on the
 # round's minibatch (the same batch at every point it is asked for).
 GradFn = Callable[[torch.Tensor], tuple[torch.Tensor, float]]
@@ -36,7 +38,7 @@ def sgd_step(
     return x + lr * delta, None
 
 
-class ServerSGD:
+class ServerSGD(ServerOptimizer):
     """Server SGD (FedAvg when ``lr = 1`` and ``momentum = 0``; FedAvgM with momentum,
     Hsu, Qi, Brown 2019)."""
 
@@ -74,7 +76,7 @@ def adam_step(
     return x + lr * m / (v.sqrt() + tau), m, v
 
 
-class FedAdam:
+class FedAdam(ServerOptimizer):
     """FedAdam (Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2):
     Adam on the server with the aggregated delta as the negative gradient, no bias
     correction, adaptivity ``tau``."""
@@ -109,23 +111,21 @@ class FedAdam:
 # ---------------------------------------------------------------------------- client halves
 
 
-class LocalSGD:
+class LocalSGD(ClientRule):
     """Local SGD (FedAvg's client; with ``local.steps = K``, the local steps of FedRo, Allouah
     et al. ICML 2024): ``local.steps`` or ``local.epochs`` of minibatch SGD with
     ``local.lr``, ``local.momentum`` (reset every round) and ``local.weight_decay``; the
     message is the model delta. The worker runs it (no ``client_message``)."""
 
-    GRADIENT_RULE = False
 
-
-class WorkerMomentum:
+class WorkerMomentum(ClientRule):
     """Worker (client) momentum, as in Karimireddy, He, Jaggi, "Learning from History for
     Byzantine Robust Optimization" (ICML 2021) and Farhadkhani et al. (ICML 2022): each round
     the client takes one stochastic gradient g_t at the global model and keeps
     m_t = beta m_{t-1} + (1 - beta) g_t (m_0 = 0, kept across rounds by the worker that owns
     the client); it sends -lr m_t, so server SGD with lr 1 steps x - lr * Agg(m)."""
 
-    GRADIENT_RULE = True
+    traits = Traits(gradient_rule=True)
 
     def __init__(self, beta: Annotated[float, Ge(0), Lt(1)] = 0.9) -> None:
         self.beta = beta
@@ -152,12 +152,12 @@ def storm_estimate(g: torch.Tensor, g_prev: torch.Tensor, d_prev: torch.Tensor |
     return g + (1 - beta) * (d_prev - g_prev)
 
 
-class Mu2SGDClient:
+class Mu2SGDClient(ClientRule):
     """The worker half of mu2-SGD (see ``Mu2SGD``): two gradients on the same minibatch, at
     the current query point x_t and at the previous one x_{t-1}, give the corrected momentum
     d_t; the client sends -d_t."""
 
-    GRADIENT_RULE = True
+    traits = Traits(gradient_rule=True)
 
     def __init__(self, beta_min: float = 0.0) -> None:
         self.beta_min = beta_min
@@ -186,7 +186,7 @@ def anytime_step(x: torch.Tensor, w: torch.Tensor, agg: torch.Tensor, t: int, lr
     return x, w
 
 
-class Mu2SGD:
+class Mu2SGD(ServerOptimizer):
     """mu2-SGD, Dahan & Levy, "Fault Tolerant ML: Efficient Meta-Aggregation and Synchronous
     Training" (ICML 2024): the double momentum of STORM corrections (worker half,
     ``Mu2SGDClient``) and AnyTime averaging (server half): honest workers send

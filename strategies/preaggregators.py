@@ -1,7 +1,7 @@
 """Pre-aggregators: ``(n, d)`` -> ``(m, d)``, applied in a chain before the aggregator.
 
 Same contract as the aggregators: constructor arguments are the scenario keys, the input is
-never modified in place, ``RANDOM = True`` rules are called as ``rule(x, generator)``,
+never modified in place, ``traits.random`` rules are called as ``rule(x, generator)``,
 ``output_rows(n)`` says how many rows come out, ``check(n)`` validates against the rows in.
 """
 
@@ -15,6 +15,7 @@ from annotated_types import Ge, Gt
 from pydantic import AllowInfNan
 
 from strategies.aggregators import finite_rows, squared_distances
+from strategies.protocols import PreAggregator, Traits
 
 
 def clip_rows(x: torch.Tensor, threshold: torch.Tensor | float) -> torch.Tensor:
@@ -31,7 +32,7 @@ def clip_rows(x: torch.Tensor, threshold: torch.Tensor | float) -> torch.Tensor:
     return torch.where(ok, x, torch.zeros((), dtype=x.dtype)) * torch.where(ok, scale, 0.0)
 
 
-class StaticClipping:
+class StaticClipping(PreAggregator):
     """Rescale every row whose Euclidean norm exceeds ``c`` to norm ``c`` (``c: .inf`` in a
     scenario: no clipping)."""
 
@@ -45,7 +46,7 @@ class StaticClipping:
         return n
 
 
-class AdaptiveRobustClipping:
+class AdaptiveRobustClipping(PreAggregator):
     """Adaptive robust clipping, ARC (Allouah, Guerraoui, Gupta, Jellouli, Rizk, Stephan,
     "Boosting Robustness by Clipping Gradients in Distributed Learning", 2024): clip the
     k = floor(2 (f/n) (n - f)) rows of largest norm to the norm of the (k+1)-th largest.
@@ -78,7 +79,7 @@ class AdaptiveRobustClipping:
         return n
 
 
-class NearestNeighborMixing:
+class NearestNeighborMixing(PreAggregator):
     """Nearest-neighbour mixing, NNM (Allouah, Farhadkhani, Guerraoui, Gupta, Pinot, Stephan,
     "Fixing by Mixing: A Recipe for Optimal Byzantine ML under Heterogeneity", AISTATS 2023):
     each row is replaced by the mean of its n - f nearest rows (itself included).
@@ -116,12 +117,12 @@ class NearestNeighborMixing:
         return n
 
 
-class Bucketing:
+class Bucketing(PreAggregator):
     """Bucketing (Karimireddy, He, Jaggi, "Byzantine-Robust Learning on Heterogeneous Datasets
     via Bucketing", ICLR 2022): shuffle the rows, return the means of consecutive buckets of
     ``s`` rows (the last bucket holds the remainder), ceil(n / s) rows in all."""
 
-    RANDOM = True
+    traits = Traits(random=True)
 
     def __init__(self, s: Annotated[int, Ge(1)] = 2) -> None:
         self.s = s

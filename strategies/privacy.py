@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from annotated_types import Ge, Gt, Lt
 
+from strategies.protocols import Privacy, Traits
+
 PLD_DISCRETIZATION = 1e-3
 
 
@@ -163,12 +165,10 @@ def excess_bayes_vulnerability(alpha: np.ndarray, f: np.ndarray, g: np.ndarray,
 # ---------------------------------------------------------------------------- plugins
 
 
-class _GaussianDP:
+class _GaussianDP(Privacy):
     """Shared keys of the privacy plugins (``privacy: {name: ..., clip, noise_multiplier,
     delta, accountant}``): the clipping norm, the noise multiplier sigma (noise std =
     sigma * clip), the delta at which epsilon is reported, and dp-accounting's accountant."""
-
-    LEVEL = ""
 
     def __init__(
         self,
@@ -188,7 +188,7 @@ class DPSGD(_GaussianDP):
     examples, so robust aggregation of it is post-processing: it composes with any
     pipeline."""
 
-    LEVEL = "sample"
+    traits = Traits(privacy_level="sample")
 
     def mechanism(self, rounds: int, client_rate: float, sample_rate: float,
                   steps_per_round: int) -> SubsampledGaussian:
@@ -203,7 +203,7 @@ class DPFedAvg(_GaussianDP):
     ``noise_multiplier * clip / m``: calibrated to the mean's sensitivity, so it needs the
     mean aggregator."""
 
-    LEVEL = "client"
+    traits = Traits(privacy_level="client")
 
     def mechanism(self, rounds: int, client_rate: float, sample_rate: float,
                   steps_per_round: int) -> SubsampledGaussian:

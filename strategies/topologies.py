@@ -28,6 +28,8 @@ import networkx as nx
 import numpy as np
 from annotated_types import Ge, Gt, Le
 
+from strategies.protocols import Topology, Traits
+
 Mixing = Literal["metropolis", "uniform"]
 
 
@@ -99,10 +101,8 @@ def _connected_sample(make, seed: int, what: str, tries: int = 1000) -> nx.Graph
 # ---------------------------------------------------------------------------- topologies
 
 
-class _Static:
+class _Static(Topology):
     """A fixed graph; subclasses build it in ``graph(n, seed)``."""
-
-    TIME_VARYING = False
 
     def __init__(self, mixing: Mixing = "metropolis") -> None:
         self.mixing = mixing
@@ -190,13 +190,13 @@ class Exponential(_Static):
         return g
 
 
-class OnePeerExponential:
+class OnePeerExponential(Topology):
     """One-peer exponential graph (Ying et al., NeurIPS 2021), time-varying, n = 2^tau: at
     step k, W_ii = 1/2 and W_{i, (i + 2^(k mod tau)) mod n} = 1/2. Each W is doubly stochastic
     but not symmetric (a peer sends to one and hears from another); tau consecutive steps
     average exactly. The mixing rule does not apply."""
 
-    TIME_VARYING = True
+    traits = Traits(time_varying=True)
 
     def check(self, n: int) -> None:
         if n < 2 or n & (n - 1):
@@ -259,7 +259,7 @@ class EdgeList(_Static):
     """A user's graph: a text file with one edge ``i j`` (or ``i j weight``) per line, peers
     numbered 0..n-1, ``#`` comments. ``mixing: given`` takes the weights from the file."""
 
-    PATH_PARAMS = ("path",)
+    traits = Traits(path_params=("path",))
 
     def __init__(self, path: str, mixing: Literal["metropolis", "uniform", "given"] = "metropolis") -> None:
         self.path = path
@@ -316,10 +316,10 @@ class EdgeList(_Static):
         return g
 
 
-def topology_summary(topology: object, n: int, seed: int) -> dict[str, float]:
+def topology_summary(topology: Topology, n: int, seed: int) -> dict[str, float]:
     """Spectral gap (of W, or for a time-varying graph of the product of one period of W's)
     and mean degree, for the run's params."""
-    if getattr(topology, "TIME_VARYING", False):
+    if topology.traits.time_varying:
         tau = max(1, int(math.log2(n)))
         prod = np.eye(n)
         for k in range(tau):

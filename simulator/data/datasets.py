@@ -7,12 +7,13 @@ Every random draw comes from ``seed``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
 from annotated_types import Ge, Gt
+
+from strategies.protocols import Dataset, DatasetInfo, DatasetSplit, Traits
 
 
 def _is_list(arr: Any) -> bool:
@@ -51,27 +52,6 @@ class DataError(ValueError):
     """A dataset or partition that cannot be built from the scenario as written."""
 
 
-@dataclass(frozen=True)
-class DatasetSplit:
-    x_train: np.ndarray  # float32, (N, *input_shape)
-    y_train: np.ndarray  # int64, (N,)
-    x_test: np.ndarray
-    y_test: np.ndarray
-    input_shape: tuple[int, ...]
-    num_classes: int
-    clients_train: np.ndarray | None = None  # natural client of each train sample, if any
-
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    """What validation needs to know of a dataset before anything runs, found without
-    loading it: the training samples (after the test split), one sample's shape, the classes."""
-
-    train_samples: int
-    input_shape: tuple[int, ...]
-    num_classes: int
-
-
 def _n_train(n: int, test_fraction: float) -> int:
     return n - round(n * test_fraction)
 
@@ -82,7 +62,7 @@ def _holdout(n: int, test_fraction: float, rng: np.random.Generator) -> tuple[np
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
-class Synthetic:
+class Synthetic(Dataset):
     """Synthetic(alpha, beta) of Li et al., "Federated Optimization in Heterogeneous Networks"
     (FedProx, MLSys 2020), following the authors' generator: client k has its own softmax
     regression model W_k ~ N(u_k, 1), b_k ~ N(u_k, 1), u_k ~ N(0, alpha), and its own input
@@ -139,7 +119,7 @@ class Synthetic:
         )
 
 
-class GaussianMixture:
+class GaussianMixture(Dataset):
     """A mixture of ``classes`` isotropic Gaussians in ``dimension`` dimensions: class means
     drawn N(0, separation^2 I), unit-variance noise around them."""
 
@@ -166,7 +146,7 @@ class GaussianMixture:
         return DatasetSplit(x[tr], y[tr], x[te], y[te], (self.dimension,), self.classes)
 
 
-class Digits:
+class Digits(Dataset):
     """scikit-learn's handwritten digits (1,797 8x8 images, 10 classes; UCI optical
     recognition of handwritten digits), scaled to [0, 1], shape (1, 8, 8)."""
 
@@ -185,13 +165,13 @@ class Digits:
         return DatasetSplit(x[tr], y[tr], x[te], y[te], (1, 8, 8), 10)
 
 
-class ParquetDataset:
+class ParquetDataset(Dataset):
     """A user's Parquet file: numeric feature columns (or one fixed-size list column), an
     integer label column and, optionally, a client column for the ``natural`` partitioner.
     ``test_path`` gives a separate test file; otherwise ``test_fraction`` is held out.
     Relative paths are relative to the scenario file's directory."""
 
-    PATH_PARAMS = ("path", "test_path")
+    traits = Traits(path_params=("path", "test_path"))
 
     def __init__(
         self,
@@ -204,7 +184,7 @@ class ParquetDataset:
         self.path, self.label, self.features = path, label, features
         self.client, self.test_path = client, test_path
 
-    def check(self) -> None:
+    def check(self, n: int) -> None:
         """Both files exist, are regular files and are Parquet, with the named columns."""
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -228,7 +208,7 @@ class ParquetDataset:
     def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
         """Rows, feature width and classes, reading the label and feature columns in batches
         (labels must be integers >= 0, features finite); the file is never held whole."""
-        self.check()
+        self.check(num_clients)
         x_width, n, top = 0, 0, -1
         for path in [self.path] + ([self.test_path] if self.test_path else []):
             width, rows, hi = self._scan(path)
@@ -290,7 +270,7 @@ class ParquetDataset:
         return x, y_raw.astype(np.int64), clients
 
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
-        self.check()
+        self.check(num_clients)
         x, y, clients = self._read(self.path)
         if self.test_path:
             x_te, y_te, _ = self._read(self.test_path)

@@ -11,16 +11,17 @@ import numpy as np
 from annotated_types import Ge, Gt
 
 from simulator.data.datasets import DataError
+from strategies.protocols import Partitioner
 
 
-class IID:
+class IID(Partitioner):
     """Uniformly random, equal-size (to within one sample) split."""
 
     def __call__(self, y, num_clients, rng, clients=None):
         return [np.sort(p) for p in np.array_split(rng.permutation(len(y)), num_clients)]
 
 
-class Dirichlet:
+class Dirichlet(Partitioner):
     """Label skew by a Dirichlet prior (Hsu, Qi, Brown 2019): for each class, the share of
     its samples given to each client is drawn from Dir(alpha). Small alpha -> few classes per
     client. Redrawn (up to 100 times) until every client holds at least ``min_size`` samples."""
@@ -52,7 +53,7 @@ class Dirichlet:
         )
 
 
-class Shards:
+class Shards(Partitioner):
     """Pathological non-IID split of McMahan et al. (AISTATS 2017): sort by label, cut into
     ``k * num_clients`` shards, give each client ``k`` random shards, so each client sees at
     most ``k`` classes."""
@@ -70,7 +71,7 @@ class Shards:
         return [np.sort(np.concatenate([shards[s] for s in row])) for row in assign]
 
 
-class Natural:
+class Natural(Partitioner):
     """The dataset's own clients (Synthetic's clients, a Parquet file's client column)."""
 
     def __call__(self, y, num_clients, rng, clients=None):

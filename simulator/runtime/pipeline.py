@@ -8,27 +8,32 @@ pipeline is a pure function of its input, its state and the round.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from simulator.config import Scenario
 from simulator.errors import TooFewRows, guarded
-from simulator.scenario import instantiate
+from simulator.registry import PluginSpec, instantiate
 from simulator.seeding import torch_generator
+from strategies.protocols import Aggregator, MetaAggregator, Plugin, PreAggregator, Stateful
 
 
-def _bind(rule: Any, generator: torch.Generator):
-    if getattr(rule, "RANDOM", False):
+def _bind(rule: Aggregator | PreAggregator, generator: torch.Generator
+          ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The rule as a function of the rows (a random rule gets ``generator``)."""
+    if rule.traits.random:
         return lambda x: rule(x, generator)
     return rule
 
 
 class Pipeline:
-    def __init__(self, preaggregators: list[dict], aggregator: dict, meta: dict | None,
-                 seed: int) -> None:
-        self.pre = [instantiate("preaggregators", s) for s in preaggregators]
-        self.aggregator = instantiate("aggregators", aggregator)
-        self.meta = instantiate("meta", meta) if meta else None
+    def __init__(self, preaggregators: list[PluginSpec], aggregator: PluginSpec,
+                 meta: PluginSpec | None, seed: int) -> None:
+        self.pre: list[PreAggregator] = [instantiate("preaggregators", s) for s in preaggregators]
+        self.aggregator: Aggregator = instantiate("aggregators", aggregator)
+        self.meta: MetaAggregator | None = instantiate("meta", meta) if meta else None
         self.names = {"aggregator": aggregator["name"], "meta": meta["name"] if meta else "",
                       **{f"preaggregators[{i}]": s["name"] for i, s in enumerate(preaggregators)}}
         self.seed = seed
@@ -39,24 +44,22 @@ class Pipeline:
         rules = [(f"preaggregators[{i}]", p) for i, p in enumerate(self.pre)]
         for where, rule in rules:
             self._check_rule(where, rule, n)
-            n = rule.output_rows(n) if hasattr(rule, "output_rows") else n
+            n = rule.output_rows(n)
         if self.meta is not None:
             self._check_rule("meta", self.meta, n)
-            n = self.meta.output_rows(n) if hasattr(self.meta, "output_rows") else n
+            n = self.meta.output_rows(n)
         self._check_rule("aggregator", self.aggregator, n)
 
-    def _check_rule(self, where: str, rule: Any, n: int) -> None:
-        if not hasattr(rule, "check"):
-            return
+    def _check_rule(self, where: str, rule: Plugin, n: int) -> None:
         try:
             rule.check(n)
         except ValueError as e:  # check()'s contract: ValueError when n rows are too few
             raise TooFewRows(f"{where} {self.names[where]!r} with {n} rows: {e}") from None
 
     @classmethod
-    def from_scenario(cls, scenario: dict) -> Pipeline:
-        return cls(scenario["preaggregators"], scenario["aggregator"], scenario.get("meta"),
-                   scenario["seeds"][0])
+    def from_scenario(cls, scenario: Scenario) -> Pipeline:
+        return cls(scenario.preaggregators, scenario.aggregator, scenario.meta,
+                   scenario.seeds[0])
 
     def aggregate(self, x: torch.Tensor, round_: int) -> torch.Tensor:
         """``(n, d)`` updates -> ``(d,)`` aggregate; advances stateful rules. Raises
@@ -71,7 +74,7 @@ class Pipeline:
         if self.meta is None:
             return agg(x)
         meta = guarded("meta", self.names["meta"], self.meta)
-        if getattr(self.meta, "RANDOM", False):
+        if self.meta.traits.random:
             return meta(x, agg, torch_generator(self.seed, "meta", round_))
         return meta(x, agg)
 
@@ -79,16 +82,18 @@ class Pipeline:
         """``aggregate`` on a copy: the pipeline's own state does not move."""
         return copy.deepcopy(self).aggregate(x, round_)
 
-    def _stateful(self) -> dict[str, Any]:
-        rules = {f"preaggregators.{i}": p for i, p in enumerate(self.pre)}
+    def _stateful(self) -> dict[str, Stateful]:
+        rules: dict[str, Stateful] = {f"preaggregators.{i}": p for i, p in enumerate(self.pre)}
         rules["aggregator"] = self.aggregator
         if self.meta is not None:
             rules["meta"] = self.meta
-        return {k: r for k, r in rules.items() if hasattr(r, "state_dict")}
+        return rules
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: r.state_dict() for k, r in self._stateful().items()}
+        """The state of the rules that hold some (by their place in the pipeline)."""
+        return {k: s for k, r in self._stateful().items() if (s := r.state_dict())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for k, r in self._stateful().items():
-            r.load_state_dict(state[k])
+            if k in state:  # a checkpoint omits the rules that held no state
+                r.load_state_dict(state[k])

@@ -11,9 +11,10 @@ import subprocess
 import pytest
 from mlflow.tracking import MlflowClient
 
+from dashboards.figures import RunFigure
 from dashboards.report import build_report
-from simulator.cli import run_loaded
-from simulator.scenario import load
+from simulator.config import load
+from simulator.runner import run_loaded
 
 SWEEP = """\
 name: report-test
@@ -45,7 +46,7 @@ def report(tmp_path_factory, _mlflow_template):
     uri = f"sqlite:///{db}"
     p = tmp / "sweep.yaml"
     p.write_text(SWEEP)
-    out = run_loaded(load(p), tracking_uri=uri, quiet=True)
+    out = run_loaded(load(p), tracking_uri=uri, quiet=True, callbacks=[RunFigure()])
     path = build_report("report-test", tmp / "out", uri)
     return {"path": path, "uri": uri, "parent": out["parent_run_id"], "runs": out["runs"], "tmp": tmp}
 

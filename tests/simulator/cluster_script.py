@@ -16,9 +16,9 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import ray
 from ray.cluster_utils import Cluster
 
+from simulator.config import load
 from simulator.engine import Engine
 from simulator.runtime.backend import RayBackend
-from simulator.scenario import load
 
 
 def main(scenario_path: str) -> None:

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from simulator import checkpoint
+from simulator.config import load
 from simulator.engine import make_engine
 from simulator.runtime.backend import InlineBackend
-from simulator.scenario import load
 
 FL = """\
 name: ckpt
@@ -118,7 +118,7 @@ def test_kill_9_of_the_driver_then_resume_gives_the_uninterrupted_metrics(tmp_pa
 
     p = tmp_path / "kill.yaml"
     p.write_text(KILL)
-    cmd = [sys.executable, "-m", "simulator.cli"]
+    cmd = [sys.executable, "-m", "fedray"]
     proc = subprocess.Popen([*cmd, "run", str(p), "--quiet", "--tracking-uri", mlflow_uri],
                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300

@@ -8,10 +8,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from simulator.cli import main, ui_command
+from fedray.cli import main, ui_command
 
 ROOT = Path(__file__).resolve().parents[2]
-FEDRAY = [sys.executable, "-m", "simulator.cli"]
+FEDRAY = [sys.executable, "-m", "fedray"]
 INVALID = ROOT / "tests" / "scenarios" / "invalid"
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from simulator.config import load
 from simulator.engine import Engine, make_engine
 from simulator.runtime.backend import InlineBackend
-from simulator.scenario import load
 
 HERE = Path(__file__).resolve().parent
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from simulator.config import ScenarioError, load
 from simulator.engine import DecentralizedEngine, Engine, make_engine
 from simulator.runtime.backend import InlineBackend
-from simulator.scenario import ScenarioError, load
 
 DSGD = """\
 name: dsgd

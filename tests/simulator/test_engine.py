@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from simulator.engine import Engine, byzantine_clients, sample_clients
+from simulator.config import ScenarioError, load
+from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
-from simulator.scenario import ScenarioError, load
+from simulator.sampling import byzantine_clients, sample_clients
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,7 +79,8 @@ def test_quickstart_fedavg_reaches_90_percent(tmp_path):
 def test_fedavg_with_zero_local_lr_effect_is_exact_mean(tmp_path):
     """With mean aggregation and server lr 1 the global model moves by the mean update."""
     sc = point(tmp_path, overrides=["rounds=1"])
-    from simulator.runtime.actors import ClientWorker, Server, stack_updates
+    from simulator.runtime import ClientWorker, Server
+    from simulator.runtime.common import stack_updates
 
     eng = Engine(sc, InlineBackend())
     eng._spawn()
@@ -145,7 +147,9 @@ def test_worker_momentum_state_stays_with_its_client(tmp_path):
     x0 = eng.server.params()
     res = eng.workers[0].train(0, [0], x0)
     # first round: m_1 = (1 - beta) g, message -lr m_1 = -0.2 * 0.1 * g
-    g, _ = eng.workers[0]._gradient(torch.from_numpy(x0), *_first_batch(eng, 0, 0))
+    from strategies.trainers import minibatch_gradient
+
+    g, _ = minibatch_gradient(eng.workers[0].model, torch.from_numpy(x0), *_first_batch(eng, 0, 0), 0.0)
     np.testing.assert_allclose(res["updates"][0], -0.2 * 0.1 * g.numpy(), rtol=1e-5, atol=1e-7)
     assert zero.metrics[0]["aggregate_norm"] == pytest.approx(10 * one.metrics[0]["aggregate_norm"], rel=1e-5)
     assert zero.metrics[1]["aggregate_norm"] != pytest.approx(10 * one.metrics[1]["aggregate_norm"], rel=1e-3)
@@ -178,8 +182,8 @@ def test_mu2sgd_runs_the_same_on_any_number_of_workers_and_learns(tmp_path):
 
 
 def test_dropout_and_stragglers_are_seeded_per_client_and_logged(tmp_path):
-    from simulator.engine import missed_round
-    from simulator.scenario import Stragglers
+    from simulator.config import Stragglers
+    from simulator.sampling import missed_round
 
     steps = np.full(1000, 4.0)
     dropped, late = missed_round(0, 3, list(range(1000)), steps, 0.3, None)

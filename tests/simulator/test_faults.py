@@ -20,14 +20,16 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
+from fedray.cli import main
 from simulator import tracking
-from simulator.cli import main, resume_run, run_loaded
+from simulator.config import load
 from simulator.engine import make_engine
+from simulator.resume import resume_run
+from simulator.runner import run_loaded
 from simulator.runtime.backend import InlineBackend
-from simulator.scenario import load
 
 ROOT = Path(__file__).resolve().parents[2]
-FEDRAY = [sys.executable, "-m", "simulator.cli"]
+FEDRAY = [sys.executable, "-m", "fedray"]
 QUICK = str(ROOT / "scenarios" / "quickstart.yaml")
 
 TWO_POINTS = """\
@@ -267,7 +269,7 @@ def test_resume_of_one_point_finishes_the_parent_and_refuses_a_finished_run(
 
     assert main(["resume", child.info.run_id]) == 1  # FINISHED: refused in one line
     for run_id in (child.info.run_id, parent):
-        from simulator.cli import ResumeRefused
+        from simulator.resume import ResumeRefused
 
         with pytest.raises(ResumeRefused, match="is FINISHED: nothing to resume"):
             resume_run(run_id)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from simulator.config import load
 from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
-from simulator.scenario import load
 from strategies.subsampling import hypergeometric_tail
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"

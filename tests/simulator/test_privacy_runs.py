@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+from simulator.config import ScenarioError, load
 from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
-from simulator.scenario import ScenarioError, load
 
 DP = """\
 name: dp
@@ -54,7 +54,7 @@ def test_dp_sgd_per_sample_clipping_equals_the_textbook_loop(tmp_path, clip):
     eng._spawn()
     worker = eng.workers[0]
     x0 = torch.from_numpy(eng.server.params())
-    update, _ = worker.train_client(0, 3, x0)
+    update = worker.trainer.train(0, [worker.client_data(0, 3)], x0)[0][0]
     lo, hi = int(worker.offsets[3]), int(worker.offsets[4])
     x = torch.from_numpy(np.array(worker.x[lo:hi]))
     y = torch.from_numpy(np.array(worker.y[lo:hi]))
@@ -117,7 +117,7 @@ def test_privacy_blocks_are_validated_plugins(tmp_path):
 
 
 def test_privacy_compare_cli(tmp_path, capsys):
-    from simulator.cli import main
+    from fedray.cli import main
 
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     a.write_text(DP)
@@ -149,7 +149,7 @@ def test_privacy_compare_cli(tmp_path, capsys):
 def test_privacy_compare_takes_every_mechanism_of_a_sweep(tmp_path, capsys):
     """A sweep over the noise multiplier and the aggregator holds two mechanisms (the
     aggregator is post-processing): each listed once, named by its noise multiplier."""
-    from simulator.cli import main
+    from fedray.cli import main
 
     a = tmp_path / "sweep.yaml"
     a.write_text(DP + "sweep:\n  privacy.noise_multiplier: [1.0, 2.0]\n"

@@ -7,9 +7,9 @@ import textwrap
 import pytest
 
 from simulator import registry
+from simulator.config import ScenarioError, load
 from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
-from simulator.scenario import ScenarioError, load
 
 BUILTINS = {
     "aggregators": {"mean", "median", "cwtm"},
@@ -55,8 +55,10 @@ from typing import Annotated
 from annotated_types import Ge
 import torch
 
+from strategies.protocols import Aggregator
 
-class ScaledMean:
+
+class ScaledMean(Aggregator):
     """Mean of the rows times a factor (a test plugin)."""
 
     def __init__(self, factor: Annotated[float, Ge(0)] = 1.0) -> None:

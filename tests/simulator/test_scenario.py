@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from simulator import scenario
-from simulator.scenario import ScenarioError, load
+from simulator import config as scenario
+from simulator import registry
+from simulator.config import ScenarioError, load
 
 ROOT = Path(__file__).resolve().parents[2]
 INVALID = sorted((ROOT / "tests" / "scenarios" / "invalid").glob("*.yaml"))
@@ -121,7 +122,7 @@ def test_yaml_cannot_construct_python_objects(tmp_path):
 def test_plugin_params_model_from_signature():
     from strategies.aggregators import CoordinateWiseTrimmedMean
 
-    m = scenario.plugin_params_model(CoordinateWiseTrimmedMean)
+    m = registry.params_model(CoordinateWiseTrimmedMean)
     assert list(m.model_fields) == ["f"]
     with pytest.raises(ValidationError):
         m.model_validate({"f": -1})

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
-from simulator.cli import point_key, run_sweep
+from simulator.config import load
 from simulator.engine import Engine
+from simulator.runner import point_key, run_sweep
 from simulator.runtime.backend import InlineBackend
-from simulator.scenario import load
 
 SWEEP = """\
 name: par-sweep

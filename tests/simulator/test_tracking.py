@@ -5,8 +5,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from simulator.cli import run_loaded
-from simulator.scenario import load
+from simulator.config import load
+from simulator.runner import run_loaded
 from simulator.tracking import Tracker, flatten
 
 SWEEP = """\

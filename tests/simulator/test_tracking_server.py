@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-FEDRAY = [sys.executable, "-m", "simulator.cli"]
+FEDRAY = [sys.executable, "-m", "fedray"]
 
 SLOW = """\
 name: {name}

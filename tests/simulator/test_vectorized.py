@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from simulator.config import load
 from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
-from simulator.scenario import load
+from strategies.trainers import local_sgd, minibatches, vectorized_sgd
 
 BASE = """\
 name: vec
@@ -42,8 +43,12 @@ def test_train_many_equals_the_loop(tmp_path, over):
     worker = eng.workers[0]
     x0 = torch.from_numpy(eng.server.params())
     clients = list(range(12))
-    loop = [worker.train_client(1, c, x0) for c in clients]
-    updates, losses = worker.train_many(1, clients, x0)
+    local = eng.sc.local
+    loop = [local_sgd(worker.model, x0, d.x, d.y, minibatches(len(d.y), local, d.generator),
+                      local.lr, local.momentum, local.weight_decay)
+            for d in (worker.client_data(1, c) for c in clients)]
+    updates, losses = vectorized_sgd(worker.model, x0, [worker.client_data(1, c) for c in clients],
+                                     local)
     for i in range(12):
         torch.testing.assert_close(updates[i], loop[i][0], atol=1e-5, rtol=0)
         assert float(losses[i]) == pytest.approx(loop[i][1], abs=1e-5)

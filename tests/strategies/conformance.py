@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from simulator import registry
-from simulator.scenario import instantiate
+from simulator.registry import instantiate
 
 N, F, D = 11, 2, 16
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from simulator import registry
-from simulator.scenario import instantiate
+from simulator.registry import instantiate
 from strategies import aggregators as A
 from strategies import preaggregators as P
 from strategies.meta import CenteredTrimmedMetaAggregator
-from tests.strategies.conformance import call
+from fedray.testing import _call as call
 
 
 def col(*v: float) -> torch.Tensor:
@@ -192,9 +192,9 @@ def test_robust_aggregators_stay_near_the_honest_mean_under_huge_rows(name):
 
 
 def test_mean_divergence_is_reported_by_the_server_metric(tmp_path):
+    from simulator.config import load
     from simulator.engine import Engine
     from simulator.runtime.backend import InlineBackend
-    from simulator.scenario import load
 
     p = tmp_path / "s.yaml"
     p.write_text("name: inf\nrounds: 6\ndata: {dataset: {name: digits}}\nmodel: {name: logreg}\n"

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
+from simulator.config import load
 from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
 from simulator.runtime.pipeline import Pipeline
-from simulator.scenario import load
 from strategies import aggregators as A
 from strategies import attacks as K
 

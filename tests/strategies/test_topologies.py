@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from simulator import registry
-from simulator.scenario import instantiate
+from simulator.registry import instantiate
 from strategies.attacks import Dissensus
 from strategies.gossip import (
     adaptive_tau,
@@ -43,7 +43,7 @@ def test_every_topology_gives_a_valid_mixing_matrix(name):
         np.testing.assert_allclose(w.sum(axis=0), 1.0, atol=1e-12)  # doubly stochastic
         np.testing.assert_allclose(w.sum(axis=1), 1.0, atol=1e-12)
         assert (w >= 0).all()
-        if not getattr(topo, "TIME_VARYING", False):
+        if not topo.traits.time_varying:
             validate_mixing(w)
             np.testing.assert_array_equal(w, topo.mixing_matrix(n, seed=0))  # seeded
     assert 0 < topology_summary(topo, n, 0)["spectral_gap"] <= 1 + 1e-12

@@ -1,0 +1,322 @@
+"""``fedray``: run | sweep | resume | sync | report | privacy compare | validate | list | ui.
+
+The command line only: argument parsing, the commands' printed output and exit codes. The
+work is in ``simulator`` (the runner, resume, the config), the pictures in ``dashboards``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import simulator
+from simulator import registry
+from simulator.config import ScenarioError, load
+from simulator.data.datasets import DataError
+from simulator.errors import (
+    ClientStateLost,
+    FedrayError,
+    Terminated,
+    UsageError,
+    WorkerLost,
+)
+from simulator.runner import SIGNALS, UNFINISHED, trap_sigterm
+
+EXIT_INVALID = 2
+
+
+def _figures() -> list:
+    """The callbacks the commands add to the runner's: each run's curves as a figure."""
+    from dashboards.figures import RunFigure
+
+    return [RunFigure()]
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        loaded = load(args.scenario, args.set)
+    except ScenarioError as e:
+        print("\n".join(e.lines), file=sys.stderr)
+        return EXIT_INVALID
+    from simulator.runner import run_loaded
+
+    out = run_loaded(loaded, args.backend, args.address, args.tracking_uri, args.quiet, args.workers,
+                     callbacks=_figures())
+    for r in out["runs"]:
+        print(f"{r['label']}: final test accuracy {r['final_test_accuracy']:.4f}  (run {r['run_id']})")
+    print(f"MLflow parent run: {out['parent_run_id']}  experiment: {loaded.scenario.name}")
+    print(f"tracking URI: {out['tracking_uri']}")
+    ui = "fedray ui" if args.tracking_uri is None and "MLFLOW_TRACKING_URI" not in os.environ else \
+        f"fedray ui --tracking-uri {out['tracking_uri']}"
+    print(f"open the MLflow UI with: {ui}   (then http://127.0.0.1:5000)")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    try:
+        loaded = load(args.scenario, args.set)
+    except ScenarioError as e:
+        print("\n".join(e.lines), file=sys.stderr)
+        return EXIT_INVALID
+    from simulator.runner import run_sweep
+
+    out = run_sweep(loaded, args.address, args.tracking_uri, args.parallel, args.fresh,
+                    callbacks=_figures())
+    for r in out["runs"]:
+        print(f"{r['label']}: final test accuracy {r['final_test_accuracy']:.4f}  (run {r['run_id']})")
+    print(f"MLflow parent run: {out['parent_run_id']}  experiment: {loaded.scenario.name}  "
+          f"({len(out['runs'])} run, {len(out['skipped'])} already finished, "
+          f"{len(out['failed'])} failed)")
+    if out["failed"]:
+        print(f"failed: {', '.join(out['failed'])}; run the same command again to retry them",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from simulator.resume import resume_run
+
+    out = resume_run(args.run_id, args.tracking_uri, args.backend, args.address, args.quiet,
+                     args.workers, callbacks=_figures())
+    for r in out["runs"]:
+        print(f"{r['label']}: final test accuracy {r['final_test_accuracy']:.4f}  "
+              f"(run {r['run_id']})")
+    return 0
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from simulator.tracking import sync
+
+    out = sync(uri=args.tracking_uri)
+    print(f"synced {out['runs']} run(s): {out['metrics']} metric values, {out['artifacts']} "
+          f"artifact(s), {out['statuses']} final status(es)"
+          + (f"; {out['failed_runs']} run(s) still unreachable" if out["failed_runs"] else ""))
+    return 1 if out["failed_runs"] else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from dashboards.report import build_report
+
+    try:
+        path = build_report(args.target, Path(args.out) if args.out else None, args.tracking_uri)
+    except ValueError as e:
+        print(f"fedray report: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"report: {path.resolve()}")
+    return 0
+
+
+def cmd_privacy(args: argparse.Namespace) -> int:
+    if args.delta is not None and not 0 < args.delta < 1:
+        print(f"--delta: must be in (0, 1), got {args.delta:g}", file=sys.stderr)
+        return EXIT_INVALID
+    from simulator.privacy_compare import privacy_compare
+
+    try:
+        rows = privacy_compare(args.scenarios, args.set, args.delta)
+    except (ScenarioError, ValueError) as e:
+        print("\n".join(e.lines) if isinstance(e, ScenarioError) else str(e), file=sys.stderr)
+        return EXIT_INVALID
+    for r in rows:
+        m = r["mechanism"]
+        print(f"{r['path']}: epsilon {r['epsilon']:.4g} at delta {r['delta']:g}, attacker "
+              f"advantage {r['advantage']:.4f}  (subsampled Gaussian: q = {m.q:.4g}, noise "
+              f"multiplier {m.sigma:g}, {m.steps} compositions)")
+    for a in rows:
+        for b in rows:
+            if a is not b:
+                kappa = a["divergence"][b["path"]]
+                print(f"Delta({a['path']} || {b['path']}) = {kappa:.4f}"
+                      + (f"  (choosing {b['path']}: the best attacker's error falls by up to "
+                         f"{kappa:.4f}, at prior {a['binding_prior'][b['path']]:.2f})"
+                         if kappa > 0 else ""))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    bad = 0
+    for f in args.scenarios:
+        try:
+            loaded = load(f, args.set)
+        except ScenarioError as e:
+            print("\n".join(e.lines), file=sys.stderr)
+            bad += 1
+            continue
+        print(f"{f}: ok ({len(loaded.points)} run{'s' if len(loaded.points) != 1 else ''})")
+    return EXIT_INVALID if bad else 0
+
+
+LIST_KINDS = registry.KINDS
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    kinds = [args.kind] if args.kind else list(LIST_KINDS)
+    for kind in kinds:
+        names = registry.available(kind)
+        if args.kind:
+            print("\n".join(names))
+        else:
+            print(f"{kind}: {', '.join(names) or '(none installed)'}")
+    return 0
+
+
+def ui_command(tracking_uri: str, host: str, port: int) -> list[str]:
+    """The ``mlflow ui`` command line ``fedray ui`` runs."""
+    from simulator.tracking import artifact_root
+
+    mlflow = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
+    cmd = [mlflow, "ui", "--backend-store-uri", tracking_uri, "--host", host, "--port", str(port),
+           "--workers", "1"]
+    root = artifact_root(tracking_uri)
+    if root:
+        cmd += ["--default-artifact-root", root]
+    return cmd
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from simulator.tracking import default_uri
+
+    cmd = ui_command(args.tracking_uri or default_uri(), args.host, args.port)
+    print(f"MLflow UI on http://{args.host}:{args.port}  ({' '.join(cmd)})", file=sys.stderr)
+    os.execv(cmd[0], cmd) if os.path.isabs(cmd[0]) else os.execvp(cmd[0], cmd)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedray", description=__doc__)
+    p.add_argument("--version", action="version", version=f"fedray {simulator.__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run a scenario file (every sweep point x seed)")
+    r.add_argument("scenario")
+    r.add_argument("--backend", choices=["ray", "inline"], default=None,
+                   help="default: the scenario's runtime.backend (ray)")
+    r.add_argument("--address", default=None, help="an existing Ray cluster: auto or HOST:PORT")
+    r.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///./mlflow.db)")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field by dotted path, e.g. --set rounds=50 (repeatable)")
+    r.add_argument("--workers", type=int, default=None, help="number of ClientWorker actors")
+    r.add_argument("--quiet", action="store_true", help="plain progress lines, no bar")
+    r.set_defaults(func=cmd_run)
+
+    w = sub.add_parser("sweep", help="run a scenario's sweep points in parallel on Ray; "
+                       "resumes a partly finished sweep of the same scenario")
+    w.add_argument("scenario")
+    w.add_argument("--parallel", type=int, default=None,
+                   help="simulations at once (default: the Ray cluster's CPUs)")
+    w.add_argument("--fresh", action="store_true",
+                   help="start a new parent run instead of resuming the last sweep")
+    w.add_argument("--address", default=None, help="an existing Ray cluster: auto or HOST:PORT")
+    w.add_argument("--tracking-uri", default=None)
+    w.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    w.set_defaults(func=cmd_sweep)
+
+    rs = sub.add_parser("resume", help="continue a run from its last checkpoint, in the same "
+                        "MLflow run")
+    rs.add_argument("run_id", help="the MLflow run id of a point (a child run)")
+    rs.add_argument("--backend", choices=["ray", "inline"], default=None)
+    rs.add_argument("--address", default=None)
+    rs.add_argument("--tracking-uri", default=None)
+    rs.add_argument("--workers", type=int, default=None)
+    rs.add_argument("--quiet", action="store_true")
+    rs.set_defaults(func=cmd_resume)
+
+    sy = sub.add_parser("sync", help="send what runs could not log during a tracking outage "
+                        "(.fedray/pending/)")
+    sy.add_argument("--tracking-uri", default=None,
+                    help="send there instead of where each run was logging")
+    sy.set_defaults(func=cmd_sync)
+
+    rp = sub.add_parser("report", help="a self-contained HTML report of an experiment or run")
+    rp.add_argument("target", help="an experiment name (its latest scenario run) or a run id")
+    rp.add_argument("--out", default=None, help="directory (default: ./fedray-report/TARGET)")
+    rp.add_argument("--tracking-uri", default=None)
+    rp.set_defaults(func=cmd_report)
+
+    pv = sub.add_parser("privacy", help="compare the DP mechanisms of scenario files")
+    pv_sub = pv.add_subparsers(dest="privacy_command", required=True)
+    pc = pv_sub.add_parser("compare", help="epsilon at each delta and the Delta-divergence "
+                           "between the trade-off curves, both ways")
+    pc.add_argument("scenarios", nargs="+")
+    pc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pc.add_argument("--delta", type=float, default=None,
+                    help="report every epsilon at this delta (default: each scenario's own)")
+    pc.set_defaults(func=cmd_privacy)
+
+    v = sub.add_parser("validate", help="validate scenario files; exit 2 if any is invalid")
+    v.add_argument("scenarios", nargs="+")
+    v.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    v.set_defaults(func=cmd_validate)
+
+    ls = sub.add_parser("list", help="list registered plugins")
+    ls.add_argument("kind", nargs="?", choices=LIST_KINDS)
+    ls.set_defaults(func=cmd_list)
+
+    u = sub.add_parser("ui", help="the MLflow UI over the tracking store")
+    u.add_argument("--tracking-uri", default=None)
+    u.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only)")
+    u.add_argument("--port", type=int, default=5000)
+    u.set_defaults(func=cmd_ui)
+    return p
+
+
+def _unfinished(command: str, resumable: bool) -> str:
+    """``; label (run id) marked KILLED, ...`` and, when going on makes sense (an interrupt,
+    a lost worker), the command that continues them."""
+    if not UNFINISHED:
+        return ""
+    text = "; " + ", ".join(f"{label} ({run_id}) marked {status}"
+                            for run_id, label, status in UNFINISHED)
+    if resumable and command == "sweep":
+        text += "; run the same `fedray sweep` command again to continue"
+    elif resumable:
+        text += f"; continue with `fedray resume {UNFINISHED[0][0]}`"
+    return text
+
+
+def _pending_note() -> None:
+    """What a tracking outage left in the journal, and the command that sends it."""
+    from simulator.tracking import pending
+
+    for run_id, what in pending().items():
+        print(f"fedray: run {run_id}: {what} not yet in MLflow (kept in .fedray/pending/); "
+              "`fedray sync` sends it", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    tracked = args.command in ("run", "sweep", "resume")
+    if tracked:
+        trap_sigterm()
+    UNFINISHED.clear()
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM through trap_sigterm
+        signum = e.signum if isinstance(e, Terminated) else \
+            (SIGNALS[-1] if SIGNALS else int(signal.SIGINT))
+        print(f"fedray {args.command}: interrupted by {signal.Signals(signum).name}"
+              f"{_unfinished(args.command, True)}", file=sys.stderr)
+        return 128 + signum
+    except (FedrayError, DataError) as e:
+        resumable = isinstance(e, (WorkerLost, ClientStateLost))
+        print(f"fedray {args.command}: {e}{_unfinished(args.command, resumable)}",
+              file=sys.stderr)
+        return EXIT_INVALID if isinstance(e, (DataError, UsageError)) else 1
+    except Exception:
+        if UNFINISHED:  # a bug: its traceback follows, after the runs it ended
+            print(f"fedray {args.command}: failed{_unfinished(args.command, False)}",
+                  file=sys.stderr)
+        raise
+    finally:
+        if tracked:
+            _pending_note()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,504 @@
+"""Conformance checks shipped to plugin authors, as scikit-learn ships ``check_estimator``.
+
+``check_plugin(kind, cls)`` runs every check of a kind on a plugin class and raises an
+AssertionError naming the check that failed; ``plugin_checks(kind, cls)`` gives them one by
+one (name, callable) for a parametrised test, as ``parametrize_with_checks`` does::
+
+    import pytest
+    from fedray.testing import check_plugin, plugin_checks
+    from my_package import MyAggregator
+
+    def test_my_aggregator():
+        check_plugin("aggregators", MyAggregator)
+
+    @pytest.mark.parametrize("name, check", plugin_checks("aggregators", MyAggregator))
+    def test_my_aggregator_one_check(name, check):
+        check()
+
+A rule whose constructor takes ``f`` is built with the number of Byzantine rows of the test
+matrices (``F``); other required keys come from ``params``. ``skip`` names checks that do
+not apply, with the reason (``{"permutation_invariance": "relative to its first row"}``).
+fedray's own plugins run through these same checks (tests/strategies/test_conformance.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from simulator import registry
+from strategies.protocols import CONTRACTS, ClientData, GossipStep
+
+N, F, D = 11, 2, 16  # rows of the test matrices, Byzantine rows among them, dimension
+Check = tuple[str, Callable[[], None]]
+
+__all__ = ["D", "F", "N", "build", "check_plugin", "plugin_checks"]
+
+
+def build(kind: str, cls: type, params: dict[str, Any] | None = None, **context: Any) -> Any:
+    """An instance of ``cls`` for the checks: ``params``, plus ``f = F`` when the
+    constructor takes an ``f`` that ``params`` does not set, plus the engine's ``context``."""
+    keys = dict(params or {})
+    if "f" in registry.params_model(cls).model_fields and "f" not in keys:
+        keys["f"] = F
+    return cls(**{k: context[k] for k in cls.traits.context}, **keys)
+
+
+def matrix(seed: int = 0, n: int = N, d: int = D, offset: float = 10.0) -> torch.Tensor:
+    """``(n, d)`` test rows: standard normal around a common point far from the origin (a
+    rule that returns zeros, or ignores the data, is far from every honest row)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn((n, d), generator=g) + torch.linspace(-1, 1, d) + offset
+
+
+def _call(rule: Any, x: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """A pre-aggregator or aggregator on ``x`` (a random one with a seeded generator)."""
+    if rule.traits.random:
+        return rule(x, torch.Generator().manual_seed(seed))
+    return rule(x)
+
+
+def _spread(x: torch.Tensor) -> float:
+    """Root mean squared distance of the rows to their mean."""
+    return float(((x - x.mean(0)) ** 2).sum(1).mean().sqrt())
+
+
+# ---------------------------------------------------------------------------- aggregation
+
+
+def _aggregator_checks(make: Callable[[], Any]) -> list[Check]:
+    def output_contract() -> None:
+        x = matrix()
+        before = x.clone()
+        out = _call(make(), x)
+        assert out.shape == (D,) and out.dtype == torch.float32, f"output {tuple(out.shape)} {out.dtype}"
+        assert torch.isfinite(out).all(), "non-finite output on finite rows"
+        assert torch.equal(x, before), "modified its input"
+
+    def deterministic_and_picklable() -> None:
+        x = matrix(1)
+        a, b = _call(make(), x), _call(make(), x)
+        c = _call(pickle.loads(pickle.dumps(make())), x)
+        assert torch.equal(a, b), "two instances give different outputs"
+        assert torch.equal(a, c), "a pickled copy gives a different output"
+
+    def permutation_invariance() -> None:
+        x = matrix(2)
+        perm = torch.randperm(N, generator=torch.Generator().manual_seed(3))
+        torch.testing.assert_close(_call(make(), x[perm]), _call(make(), x), rtol=1e-5, atol=1e-4)
+
+    def identical_rows() -> None:
+        row = matrix(4, n=1)[0]
+        torch.testing.assert_close(_call(make(), row.expand(N, -1).clone()), row,
+                                   rtol=1e-5, atol=1e-4)
+
+    def translation_equivariance() -> None:
+        x = matrix(5)
+        shift = torch.full((D,), 7.5)
+        torch.testing.assert_close(_call(make(), x + shift), _call(make(), x) + shift,
+                                   rtol=1e-4, atol=1e-3)
+
+    def near_the_honest_rows() -> None:
+        """On honest rows alone the output lies within the rows' spread of their mean."""
+        x = matrix(14)
+        err = float((_call(make(), x) - x.mean(0)).norm())
+        assert err <= 2 * _spread(x), f"{err:.3g} from the mean of the rows (spread {_spread(x):.3g})"
+
+    def survives_f_nonfinite_rows() -> None:
+        """``F`` rows of NaN or +/-inf leave the output finite and near the honest rows."""
+        x = matrix(6)
+        honest = x[: N - F]
+        for bad in (math.nan, math.inf, -math.inf):
+            y = x.clone()
+            y[N - F :] = bad
+            out = _call(make(), y)
+            assert torch.isfinite(out).all(), f"output non-finite with {F} rows of {bad}"
+            err = float((out - honest.mean(0)).norm())
+            assert err <= 3 * _spread(honest), f"{err:.3g} from the honest mean with {bad} rows"
+
+    return [(c.__name__, c) for c in (output_contract, deterministic_and_picklable,
+                                      permutation_invariance, identical_rows,
+                                      translation_equivariance, near_the_honest_rows,
+                                      survives_f_nonfinite_rows)]
+
+
+def _preaggregator_checks(make: Callable[[], Any]) -> list[Check]:
+    def output_contract() -> None:
+        x = matrix(7)
+        before = x.clone()
+        p = make()
+        out = _call(p, x)
+        assert out.shape == (p.output_rows(N), D), f"{tuple(out.shape)} rows, output_rows says {p.output_rows(N)}"
+        assert out.dtype == torch.float32 and torch.isfinite(out).all()
+        assert torch.equal(x, before), "modified its input"
+        assert torch.equal(out, _call(make(), x)), "two instances give different outputs"
+        assert torch.equal(out, _call(pickle.loads(pickle.dumps(p)), x)), "a pickled copy differs"
+
+    def permutation_invariance() -> None:
+        """The mean after it does not depend on the clients' order (a random rule: on
+        average over seeds, a permutation only relabels its random draws)."""
+        x = matrix(8)
+        perm = torch.randperm(N, generator=torch.Generator().manual_seed(9))
+        p = make()
+        if p.traits.random:
+            a = torch.stack([_call(p, x, s).mean(0) for s in range(50)]).mean(0)
+            b = torch.stack([_call(p, x[perm], s).mean(0) for s in range(50)]).mean(0)
+            torch.testing.assert_close(a, b, rtol=0, atol=0.05)
+        else:
+            torch.testing.assert_close(_call(p, x).mean(0), _call(p, x[perm]).mean(0),
+                                       rtol=1e-5, atol=1e-4)
+
+    def identical_rows() -> None:
+        row = (matrix(10, n=1, offset=0.0)[0]) * 0.1  # inside a clipping radius
+        out = _call(make(), row.expand(N, -1).clone())
+        torch.testing.assert_close(out, row.expand_as(out), rtol=1e-5, atol=1e-5)
+
+    return [(c.__name__, c) for c in (output_contract, permutation_invariance, identical_rows)]
+
+
+def _meta_checks(make: Callable[[], Any]) -> list[Check]:
+    from strategies.aggregators import CoordinateWiseMedian
+
+    def run(m: Any, x: torch.Tensor) -> torch.Tensor:
+        if m.traits.random:
+            return m(x, CoordinateWiseMedian(), torch.Generator().manual_seed(0))
+        return m(x, CoordinateWiseMedian())
+
+    def output_contract() -> None:
+        x = matrix(11)
+        before = x.clone()
+        m = make()
+        out = run(m, x)
+        assert out.shape == (D,) and torch.isfinite(out).all()
+        assert torch.equal(x, before), "modified its input"
+        assert torch.equal(run(make(), x), out), "two instances give different outputs"
+        assert torch.equal(run(pickle.loads(pickle.dumps(m)), x), out), "a pickled copy differs"
+
+    def identical_rows() -> None:
+        row = matrix(12, n=1)[0]
+        torch.testing.assert_close(run(make(), row.expand(N, -1).clone()), row)
+
+    def permutation_invariance() -> None:
+        m = make()
+        if m.traits.random:
+            return  # random buckets: a permutation relabels them
+        x = matrix(13)
+        perm = torch.randperm(N, generator=torch.Generator().manual_seed(12))
+        torch.testing.assert_close(run(m, x[perm]), run(m, x), rtol=1e-5, atol=1e-4)
+
+    def near_the_honest_rows() -> None:
+        x = matrix(15)
+        err = float((run(make(), x) - x.mean(0)).norm())
+        assert err <= 2 * _spread(x), f"{err:.3g} from the mean of the rows (spread {_spread(x):.3g})"
+
+    return [(c.__name__, c) for c in (output_contract, identical_rows, permutation_invariance,
+                                      near_the_honest_rows)]
+
+
+# ---------------------------------------------------------------------------- attacks
+
+
+def _attack_checks(make: Callable[[], Any], cls: type) -> list[Check]:
+    if cls.traits.gossip:
+        def messages_contract() -> None:
+            h = 6
+            x = matrix(16, n=h)
+            before = x.clone()
+            w = torch.full((h, h), 0.1) + torch.eye(h) * 0.3
+            w_byz = torch.full((h,), 0.1)
+            out = make().messages(x, w, w_byz, torch.Generator().manual_seed(0))
+            assert out.shape == (h, D) and torch.isfinite(out).all()
+            assert torch.equal(x, before), "modified the honest models"
+        return [("messages_contract", messages_contract)]
+
+    def rows_contract() -> None:
+        a = make()
+        # an omniscient attack sees the honest rows, any other its own f honestly computed rows
+        seen = matrix(13, n=N - F if a.traits.omniscient else F)
+        before = seen.clone()
+        rows = a(seen, F, torch.Generator().manual_seed(0))
+        assert rows.shape == (F, D) and rows.dtype == torch.float32, f"{tuple(rows.shape)} {rows.dtype}"
+        assert torch.equal(seen, before), "modified the rows it saw"
+        again = make()(seen, F, torch.Generator().manual_seed(0))
+        assert torch.equal(rows, again) or (torch.isnan(rows).all() and torch.isnan(again).all()), \
+            "not deterministic under a seeded generator"
+
+    def picklable() -> None:
+        if not cls.traits.context:  # an ``aggregate`` function is the engine's, not the plugin's
+            pickle.loads(pickle.dumps(make()))
+
+    checks = [("rows_contract", rows_contract), ("picklable", picklable)]
+    if cls.traits.data_poisoning:
+        def poisons_labels() -> None:
+            y = torch.arange(10) % 5
+            out = make().poison_labels(y.clone(), 5)
+            assert out.shape == y.shape and out.dtype == y.dtype
+            assert bool(((out >= 0) & (out < 5)).all()), "labels outside 0..num_classes-1"
+        checks.append(("poisons_labels", poisons_labels))
+    return checks
+
+
+# ---------------------------------------------------------------------------- D-SGD
+
+
+def _topology_checks(make: Callable[[], Any], cls: type) -> list[Check]:
+    from strategies.topologies import validate_mixing
+
+    def mixing_matrices() -> None:
+        t = make()
+        checked = 0
+        for n in (4, 8, 9, 16):
+            try:
+                t.check(n)
+            except ValueError:
+                continue
+            for step in (range(3) if cls.traits.time_varying else (0,)):
+                w = t.mixing_matrix(n, 0, step)
+                assert w.shape == (n, n), f"{w.shape} for {n} peers"
+                np.testing.assert_allclose(w.sum(1), 1.0, atol=1e-9)
+                np.testing.assert_allclose(w.sum(0), 1.0, atol=1e-9)
+                assert (w >= -1e-12).all(), "negative weights"
+            if not cls.traits.time_varying:
+                validate_mixing(t.mixing_matrix(n, 0))
+                np.testing.assert_array_equal(t.mixing_matrix(n, 0), make().mixing_matrix(n, 0))
+            checked += 1
+        assert checked, "check(n) refused every n in 4, 8, 9, 16"
+
+    return [("mixing_matrices", mixing_matrices)]
+
+
+def _gossip_defense_checks(make: Callable[[], Any]) -> list[Check]:
+    from strategies.gossip import sparse_rows
+
+    def consensus_is_a_fixed_point() -> None:
+        h = 5
+        w = np.full((h, h), 0.1) + np.eye(h) * 0.5
+        step = GossipStep(w, sparse_rows(w), np.zeros(h), np.zeros(h, dtype=np.int64))
+        row = matrix(17, n=1)[0]
+        x = row.expand(h, -1).clone()
+        out = make()(x, step, None)
+        assert out.shape == (h, D)
+        torch.testing.assert_close(out, x, rtol=1e-5, atol=1e-4)
+        y = matrix(18, n=h)
+        before = y.clone()
+        out = make()(y, step, None)
+        assert torch.equal(y, before) and torch.isfinite(out).all()
+
+    return [("consensus_is_a_fixed_point", consensus_is_a_fixed_point)]
+
+
+# ---------------------------------------------------------------------------- optimizers
+
+
+def _optimizer_checks(make: Callable[[], Any]) -> list[Check]:
+    def step_and_state_round_trip() -> None:
+        x, deltas = matrix(19, n=1)[0], matrix(20, n=3, offset=0.0) * 0.1
+        a = make()
+        before = x.clone()
+        y = a.step(x, deltas[0])
+        assert y.shape == x.shape and torch.isfinite(y).all() and torch.equal(x, before)
+        saved = pickle.loads(pickle.dumps(a.state_dict()))
+        nxt = a.step(y, deltas[1])
+        b = make()
+        b.load_state_dict(saved)
+        assert torch.equal(b.step(y, deltas[1]), nxt), "load_state_dict does not restore the state"
+
+    return [("step_and_state_round_trip", step_and_state_round_trip)]
+
+
+def _client_rule_checks(make: Callable[[], Any], cls: type) -> list[Check]:
+    if not cls.traits.gradient_rule:
+        return [("builds", lambda: pickle.loads(pickle.dumps(make())) and None)]
+
+    def message_contract() -> None:
+        x = matrix(21, n=1)[0]
+
+        def grad(p: torch.Tensor) -> tuple[torch.Tensor, float]:
+            return 2 * p, float((p ** 2).sum())
+
+        msg, state, loss = make().client_message(0, x, grad, {}, 0.1)
+        assert msg.shape == x.shape and torch.isfinite(msg).all() and math.isfinite(loss)
+        assert all(isinstance(v, torch.Tensor) for v in state.values()), "state holds non-tensors"
+        msg2, _, _ = make().client_message(1, x, grad, state, 0.1)
+        assert msg2.shape == x.shape
+
+    return [("message_contract", message_contract)]
+
+
+# ---------------------------------------------------------------------------- trainers
+
+
+def _trainer_checks(make_with: Callable[..., Any]) -> list[Check]:
+    from simulator.config import Local
+    from simulator.models import MLP
+
+    local = Local(steps=3, batch_size=4, lr=0.1)
+
+    def clients(seed: int, ids: list[int]) -> list[ClientData]:
+        out = []
+        for c in ids:
+            g = torch.Generator().manual_seed(1000 * seed + c)
+            x = torch.randn((6 + c, 1, 8, 8), generator=g)
+            y = torch.randint(0, 3, (6 + c,), generator=g)
+            out.append(ClientData(c, x, y, torch.Generator().manual_seed(seed * 7 + c)))
+        return out
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return MLP((1, 8, 8), 3, hidden=[8])
+
+    def updates_contract() -> None:
+        m = model()
+        start = torch.nn.utils.parameters_to_vector(m.parameters()).detach().clone()
+        t = make_with(model=m, local=local)
+        u, losses = t.train(0, clients(1, [0, 1, 2]), start)
+        assert u.shape == (3, start.numel()) and losses.shape == (3,), f"{tuple(u.shape)}"
+        assert torch.isfinite(u).all() and bool((u != 0).any()), "no finite, non-zero update"
+        again, _ = make_with(model=model(), local=local).train(0, clients(1, [0, 1, 2]), start)
+        torch.testing.assert_close(u, again, rtol=0, atol=1e-6)
+
+    def independent_of_the_other_clients() -> None:
+        m = model()
+        start = torch.nn.utils.parameters_to_vector(m.parameters()).detach().clone()
+        together, _ = make_with(model=m, local=local).train(0, clients(2, [0, 1, 2]), start)
+        alone, _ = make_with(model=model(), local=local).train(0, clients(2, [1]), start)
+        torch.testing.assert_close(together[1], alone[0], rtol=0, atol=1e-5)
+
+    return [("updates_contract", updates_contract),
+            ("independent_of_the_other_clients", independent_of_the_other_clients)]
+
+
+# ---------------------------------------------------------------------------- the rest
+
+
+def _privacy_checks(make: Callable[[], Any]) -> list[Check]:
+    def accounting() -> None:
+        p = make()
+        mech = p.mechanism(10, 0.1, 0.05, 5)
+        eps = mech.epsilon(p.delta, p.accountant)
+        assert eps > 0, f"epsilon {eps}"
+        assert mech.epsilon(p.delta, p.accountant) <= p.mechanism(20, 0.1, 0.05, 5).epsilon(
+            p.delta, p.accountant), "more rounds spend less privacy"
+
+    return [("accounting", accounting)]
+
+
+def _dataset_checks(make: Callable[[], Any]) -> list[Check]:
+    def load_contract() -> None:
+        split = make().load(4, 0, 0.2)
+        n = len(split.y_train)
+        assert split.x_train.shape == (n, *split.input_shape) and split.x_train.dtype == np.float32
+        assert split.y_train.dtype == np.int64 and split.y_test.dtype == np.int64
+        assert len(split.x_test) == len(split.y_test) > 0
+        assert 0 <= split.y_train.min() and split.y_train.max() < split.num_classes
+        info = make().describe(4, 0, 0.2)
+        if info is not None:
+            assert (info.train_samples, tuple(info.input_shape), info.num_classes) == \
+                (n, tuple(split.input_shape), split.num_classes), f"describe() says {info}"
+        again = make().load(4, 0, 0.2)
+        np.testing.assert_array_equal(again.y_train, split.y_train)
+
+    return [("load_contract", load_contract)]
+
+
+def _partitioner_checks(make: Callable[[], Any]) -> list[Check]:
+    def partition_contract() -> None:
+        y = np.arange(300) % 5
+        parts = make()(y, 10, np.random.default_rng(0), np.arange(300) % 10)
+        assert len(parts) == 10 and all(len(p) for p in parts), "a client without samples"
+        flat = np.concatenate(parts)
+        assert len(np.unique(flat)) == len(flat) and flat.min() >= 0 and flat.max() < 300
+        again = make()(y, 10, np.random.default_rng(0), np.arange(300) % 10)
+        assert all(np.array_equal(a, b) for a, b in zip(parts, again)), "not seeded"
+
+    return [("partition_contract", partition_contract)]
+
+
+def _model_checks(make_with: Callable[..., Any]) -> list[Check]:
+    def forward_contract() -> None:
+        torch.manual_seed(0)
+        m = make_with(input_shape=(1, 8, 8), num_classes=10)
+        out = m(torch.zeros((3, 1, 8, 8)))
+        assert tuple(out.shape) == (3, 10), f"output {tuple(out.shape)}"
+        assert all(torch.isfinite(p).all() for p in m.parameters())
+        pickle.loads(pickle.dumps(m))
+
+    return [("forward_contract", forward_contract)]
+
+
+# ---------------------------------------------------------------------------- entry points
+
+
+def plugin_checks(kind: str, cls: type, params: dict[str, Any] | None = None,
+                  skip: dict[str, str] | None = None) -> list[Check]:
+    """The conformance checks of ``kind`` for ``cls`` as ``(name, check)`` pairs, the
+    ``skip``ped ones left out. The first check is always ``subclasses_the_contract``."""
+    base = CONTRACTS[kind]
+
+    def subclasses_the_contract() -> None:
+        assert inspect.isclass(cls) and issubclass(cls, base), \
+            f"{cls!r} does not subclass {base.__module__}.{base.__qualname__}"
+        registry.params_model(cls)  # its keys can be read from its constructor
+
+    def make(**context: Any) -> Any:
+        return build(kind, cls, params, **context)
+
+    def plain() -> Any:
+        return make()
+
+    by_kind: dict[str, Callable[[], list[Check]]] = {
+        "aggregators": lambda: _aggregator_checks(plain),
+        "preaggregators": lambda: _preaggregator_checks(plain),
+        "meta": lambda: _meta_checks(plain),
+        "attacks": lambda: _attack_checks(_with_aggregate(make), cls),
+        "topologies": lambda: _topology_checks(plain, cls),
+        "gossip_defenses": lambda: _gossip_defense_checks(_defense(make)),
+        "optimizers": lambda: _optimizer_checks(plain),
+        "client_optimizers": lambda: _client_rule_checks(plain, cls),
+        "trainers": lambda: _trainer_checks(_trainer(make)),
+        "privacy": lambda: _privacy_checks(plain),
+        "datasets": lambda: _dataset_checks(plain),
+        "partitioners": lambda: _partitioner_checks(plain),
+        "models": lambda: _model_checks(make),
+    }
+    checks = [("subclasses_the_contract", subclasses_the_contract), *by_kind[kind]()]
+    return [(name, fn) for name, fn in checks if name not in (skip or {})]
+
+
+def _with_aggregate(make: Callable[..., Any]) -> Callable[[], Any]:
+    from strategies.aggregators import CoordinateWiseMedian
+
+    return lambda: make(aggregate=CoordinateWiseMedian())
+
+
+def _defense(make: Callable[..., Any]) -> Callable[[], Any]:
+    from strategies.aggregators import CoordinateWiseMedian
+
+    return lambda: make(clip_tau=None, aggregator=CoordinateWiseMedian())
+
+
+def _trainer(make: Callable[..., Any]) -> Callable[..., Any]:
+    from strategies.optimizers import WorkerMomentum
+    from strategies.privacy import DPSGD
+
+    def with_context(**context: Any) -> Any:
+        return make(rule=WorkerMomentum(), privacy=DPSGD(noise_multiplier=0.0), **context)
+
+    return with_context
+
+
+def check_plugin(kind: str, cls: type, params: dict[str, Any] | None = None,
+                 skip: dict[str, str] | None = None) -> None:
+    """Run every conformance check of ``kind`` on ``cls``; an AssertionError names the check
+    and the plugin."""
+    for name, check in plugin_checks(kind, cls, params, skip):
+        try:
+            check()
+        except AssertionError as e:
+            raise AssertionError(f"{kind} {cls.__name__}: check {name} failed: {e}") from e

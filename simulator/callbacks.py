@@ -1,0 +1,210 @@
+"""What happens around a point's run, as a list of callbacks (pfl-research's shape: a run is a
+loop plus callbacks): per-round metrics to MLflow, the progress line, checkpoints, the
+artifacts at the end. ``simulator.runner`` owns the loop and the runs' lifecycle; a caller
+adds its own callbacks (``dashboards.figures.RunFigure`` draws each run's curves).
+
+Also here: the layout of a scenario's runs in MLflow (a parent run per scenario, a child run
+per point) and the tags and params they carry.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import simulator
+from simulator.config import LoadedScenario, RunPoint
+from simulator.tracking import Tracker, flatten, git_commit, write_metrics
+
+
+@dataclass
+class PointRun:
+    """A point being run into its MLflow child run: what every hook receives. ``logged``:
+    the rounds MLflow (or the journal) holds already, when a run is resumed; ``tmp``: a
+    directory for the run's artifact files."""
+
+    point: RunPoint
+    run_id: str
+    tracker: Tracker
+    tmp: Path
+    logged: set[int] = field(default_factory=set)
+    rows: list[dict[str, float]] = field(default_factory=list)  # the rounds computed so far
+
+
+class Callback:
+    """Hooks of a point's run; every default does nothing."""
+
+    def on_round(self, run: PointRun, round_: int, metrics: dict[str, float]) -> None:
+        """After round ``round_`` (0-based) with its metrics (each round once)."""
+
+    def on_checkpoint(self, run: PointRun, round_: int, state: dict[str, Any]) -> None:
+        """Every ``runtime.checkpoint_every`` rounds: the run's whole state after ``round_``."""
+
+    def on_end(self, run: PointRun, result: Any, status: str) -> None:
+        """The run ended: ``status`` FINISHED (``result``, a RunResult), FAILED or KILLED
+        (``result`` None; ``run.rows`` holds what was computed). Before its status is set."""
+
+
+class MLflowMetrics(Callback):
+    """Per-round metrics to the run (through the tracker's background sender)."""
+
+    def on_round(self, run: PointRun, round_: int, metrics: dict[str, float]) -> None:
+        if round_ not in run.logged:
+            run.tracker.log_round(run.run_id, round_, metrics)
+
+
+class MLflowArtifacts(Callback):
+    """At the end: ``metrics.parquet`` (what was computed, whatever the status), and for a
+    finished run the privacy tables, the final model (``model/model.pt``) and the params the
+    engine derived."""
+
+    def on_end(self, run: PointRun, result: Any, status: str) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        import torch
+
+        tracker, run_id, tmp = run.tracker, run.run_id, run.tmp
+        rows = result.metrics if result is not None else run.rows
+        if not rows:
+            return
+        try:
+            tmp.mkdir(parents=True, exist_ok=True)
+            tracker.log_artifact(run_id, write_metrics(rows, tmp / "metrics.parquet"))
+        except OSError as e:  # a local file could not be written; the status still is
+            print(f"warning: could not write metrics.parquet for run {run_id}: {e}",
+                  file=sys.stderr)
+        if result is None:
+            return
+        for name, columns in result.tables.items():  # privacy profile, trade-off curve
+            pq.write_table(pa.table(columns), tmp / f"{name}.parquet")
+            tracker.log_artifact(run_id, tmp / f"{name}.parquet", "privacy")
+        torch.save(result.model_state, tmp / "model.pt")
+        tracker.log_artifact(run_id, tmp / "model.pt", "model")
+        if result.params:
+            tracker.log_params(run_id, result.params)
+
+
+class Progress(Callback):
+    """The live progress line of a point."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self.bar: Any = None
+
+    def on_round(self, run: PointRun, round_: int, metrics: dict[str, float]) -> None:
+        from simulator.progress import Progress as Bar
+
+        if self.bar is None:
+            self.bar = Bar(run.point.label, run.point.scenario.rounds, self.quiet)
+        self.bar.update(round_, metrics)
+
+    def on_end(self, run: PointRun, result: Any, status: str) -> None:
+        self.bar = None  # the next point has its own line
+
+
+class Checkpoints(Callback):
+    """Checkpoints in ``.fedray/checkpoints/RUN_ID/``, removed once the run FINISHED."""
+
+    def on_checkpoint(self, run: PointRun, round_: int, state: dict[str, Any]) -> None:
+        from simulator import checkpoint
+
+        checkpoint.save(run.run_id, round_, state)
+
+    def on_end(self, run: PointRun, result: Any, status: str) -> None:
+        from simulator import checkpoint
+
+        if status == "FINISHED":
+            checkpoint.remove(run.run_id)
+
+
+def default_callbacks(quiet: bool = False) -> list[Callback]:
+    """What every point run of ``fedray run`` has: progress, checkpoints, MLflow."""
+    return [Progress(quiet), Checkpoints(), MLflowMetrics(), MLflowArtifacts()]
+
+
+# --------------------------------------------------------------------------- MLflow layout
+
+
+_COMMIT: list[str] = []
+
+
+def _commit() -> str:
+    if not _COMMIT:
+        _COMMIT.append(git_commit())
+    return _COMMIT[0]
+
+
+def tags(sc: Any, backend: Any) -> dict[str, str]:
+    """The tags of every run of a scenario (the report and MLflow's search read them)."""
+    return {
+        "aggregator": sc.aggregator["name"],
+        "preaggregators": ",".join(p["name"] for p in sc.preaggregators) or "none",
+        "meta": sc.meta["name"] if sc.meta else "none",
+        "attack": sc.attack["name"] if sc.attack else "none",
+        "topology": sc.topology["name"] if sc.topology else "none",
+        "n": str(sc.clients.total),
+        "f": str(sc.clients.byzantine),
+        "dataset": sc.data.dataset["name"],
+        "model": sc.model["name"],
+        "fedray.version": simulator.__version__,
+        "mlflow.source.git.commit": _commit(),
+        "backend": backend.name,
+        "ray_nodes": str(backend.num_nodes()),
+    }
+
+
+def sweep_param(key: str) -> str:
+    """The MLflow param name of a sweep key (names cannot hold commas: the paths of a zipped
+    key are joined with ' / ')."""
+    return "sweep." + " / ".join(part.strip() for part in key.split(","))
+
+
+def open_parent(loaded: LoadedScenario, backend: Any, tracker: Tracker, tmp: Path,
+                final_tags: dict[str, str] | None = None) -> str:
+    """The parent run of a scenario: tags, the resolved scenario as params, the scenario file
+    as given and resolved as artifacts; ``final_tags`` are set last, once all that is logged
+    (a sweep finds its parent by them). A failure marks the run FAILED and is raised."""
+    sc = loaded.scenario
+    parent = tracker.create_run(sc.name, {**tags(sc, backend), "fedray.kind": "scenario",
+                                          "sweep": ",".join(sc.sweep) or "none"},
+                                description=sc.description)
+    try:
+        tracker.log_params(parent, flatten(sc.model_dump(mode="json", exclude={"sweep"})) |
+                           {sweep_param(k): yaml.safe_dump(v, default_flow_style=True).strip()
+                            for k, v in sc.sweep.items()})
+        given = tmp / "given" / loaded.path.name
+        given.parent.mkdir(parents=True, exist_ok=True)
+        given.write_text(loaded.text)
+        tracker.log_artifact(parent, given, "scenario")
+        resolved = tmp / "resolved.yaml"
+        resolved.write_text(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False))
+        tracker.log_artifact(parent, resolved, "scenario")
+        for k, v in (final_tags or {}).items():
+            tracker.client.set_tag(parent, k, v)
+    except BaseException:
+        tracker.end(parent, "FAILED")
+        raise
+    return parent
+
+
+def open_child(point: RunPoint, key: str, backend: Any, tracker: Tracker, parent: str,
+               tmp: Path) -> str:
+    """A point's child run: tags, params and, from the start, the resolved scenario as the
+    ``scenario.yaml`` artifact (what ``fedray resume`` rebuilds the run from); ``key`` is
+    the point's identity (``runner.point_key``)."""
+    sc = point.scenario
+    desc = sc.description + (f"\n\nSweep point: {point.values}" if point.values else "") + \
+        f"\nSeed: {point.seed}"
+    run_id = tracker.create_run(point.label, {**tags(sc, backend), "seed": str(point.seed),
+                                              "fedray.kind": "point",
+                                              "fedray.point_key": key},
+                                parent_id=parent, description=desc.strip())
+    tracker.log_params(run_id, flatten(sc.model_dump(mode="json", exclude={"sweep"})))
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "scenario.yaml").write_text(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False))
+    tracker.log_artifact(run_id, tmp / "scenario.yaml")
+    return run_id

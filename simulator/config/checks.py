@@ -1,0 +1,269 @@
+"""Cross-field checks of a structurally valid scenario: counts against each other, the
+aggregation pipeline's and the topology's own ``check(n)`` for the rows and peers they will
+get, what the privacy plugin composes with, the data and the model (shapes, classes, memory).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from simulator import registry
+from simulator.config.errors import Problem, param_loc, strip_param
+from simulator.config.schema import Scenario
+from simulator.errors import brief_text
+from simulator.registry import instantiate
+from simulator.sampling import byzantine_clients
+
+
+def cross_field(sc: Scenario, problems: list[Problem]) -> None:
+    c = sc.clients
+    if c.per_round is not None and c.per_round > c.total:
+        problems.append(Problem(("clients", "per_round"),
+                                f"must be <= clients.total ({c.total}), got {c.per_round}"))
+    if c.byzantine >= c.total:
+        problems.append(Problem(("clients", "byzantine"),
+                                f"must be < clients.total ({c.total}), got {c.byzantine}"))
+    if c.byzantine > 0 and sc.attack is None:
+        usable = [a for a in registry.available("attacks")  # gossip attacks only with D-SGD
+                  if registry.get("attacks", a).traits.gossip == bool(sc.topology)]
+        problems.append(Problem(("attack",), f"required when clients.byzantine > 0 (got "
+                                f"{c.byzantine}); available: {', '.join(usable)}"))
+    if sc.local.epochs is not None and sc.local.steps is not None:
+        problems.append(Problem(("local", "steps"), "give local.epochs or local.steps, not both"))
+    if len(set(sc.seeds)) != len(sc.seeds) or not sc.seeds:
+        problems.append(Problem(("seeds",), f"must be a non-empty list of distinct integers, got {sc.seeds}"))
+    try:
+        _check_dsgd(sc, problems)
+        _check_clients_rule(sc, problems)
+        if not _check_plugins(sc, problems):
+            return
+        _check_data_and_model(sc, problems)
+    except registry.UnknownPlugin:  # already reported by the plugin pass
+        pass
+
+
+def _check_clients_rule(sc: Scenario, problems: list[Problem]) -> None:
+    """The clients' rule, the trainer and the privacy plugin against each other."""
+    level = sc.privacy_level()
+    if level == "client" and (sc.aggregator["name"] != "mean" or sc.preaggregators or sc.meta):
+        problems.append(Problem(("privacy", "name"), "client-level DP adds noise calibrated to the "
+                                "mean's sensitivity: it needs aggregator mean and no pre- or "
+                                f"meta-aggregator (got {sc.aggregator['name']}); dp_sgd (sample "
+                                "level) composes with robust aggregation"))
+    rule = sc.client_rule()
+    if level == "sample" and rule.traits.gradient_rule:
+        problems.append(Problem(("privacy", "name"), "DP-SGD runs the clients' local SGD; "
+                                "local.optimizer and server.optimizer must not bring another "
+                                "client rule"))
+    if level == "client" and sc.topology is not None:
+        problems.append(Problem(("privacy", "name"), "client-level DP needs a server; use "
+                                "dp_sgd with D-SGD"))
+    if sc.server_client_rule() is not None and sc.local.optimizer["name"] != "sgd":
+        problems.append(Problem(("local", "optimizer"), f"server.optimizer "
+                                f"{sc.server.optimizer['name']!r} brings its own client half; "
+                                f"remove local.optimizer, got {sc.local.optimizer['name']!r}"))
+    elif rule.traits.gradient_rule:
+        for key, value in (("steps", sc.local.steps), ("epochs", sc.local.epochs)):
+            if value not in (None, 1):
+                problems.append(Problem(("local", key), f"{sc.local.optimizer['name']} takes one "
+                                        f"minibatch gradient per round; remove local.{key}, "
+                                        f"got {value}"))
+    # the trainer must take what the scenario hands it: the privacy plugin, the client rule
+    trainer = sc.trainer()
+    context = registry.get("trainers", trainer["name"]).traits.context
+    for needed, present in (("privacy", level == "sample"), ("rule", rule.traits.gradient_rule)):
+        what = "sample-level privacy (dp_sgd)" if needed == "privacy" else "a gradient client rule"
+        if present != (needed in context):
+            problems.append(Problem(("local", "trainer"), f"{trainer['name']!r} " + (
+                f"does not take {needed!r}, which {what} needs" if present else
+                f"needs {what}, which the scenario does not have") +
+                "; remove local.trainer or pick one that fits"))
+
+
+def _check(plugin: Any, n: int, loc: tuple[Any, ...], problems: list[Problem],
+           note: str = "") -> bool:
+    """``plugin.check(n)``, its ValueError as a problem at ``loc`` (+ the key it names)."""
+    try:
+        plugin.check(n)
+    except ValueError as e:
+        problems.append(Problem(loc + param_loc(e), strip_param(e) + note))
+        return False
+    return True
+
+
+def _check_plugins(sc: Scenario, problems: list[Problem]) -> bool:
+    """Every plugin's ``check(n)`` for what it will be given: the pipeline's rules the rows
+    of a full round, the attack its Byzantine rows, data plugins the clients. False when the
+    dataset refused (nothing further can be checked)."""
+    c = sc.clients
+    n = min(c.sampled, c.total)
+    for i, spec in enumerate(sc.preaggregators):
+        pre = instantiate("preaggregators", spec)
+        _check(pre, n, ("preaggregators", i), problems)
+        n = pre.output_rows(n)
+    meta = instantiate("meta", sc.meta) if sc.meta is not None else None
+    inner = n
+    if meta is not None:
+        _check(meta, n, ("meta",), problems)
+        inner = meta.output_rows(n)  # bucketing hands the aggregator one row per bucket
+    agg = instantiate("aggregators", sc.aggregator)
+    _check(agg, inner, ("aggregator",), problems,
+           f" (meta {sc.meta['name']} gives it {inner} rows)" if sc.meta and inner != n else "")
+    if sc.attack is not None and not registry.get("attacks", sc.attack["name"]).traits.context:
+        _check(instantiate("attacks", sc.attack), c.byzantine, ("attack",), problems)
+    if sc.privacy is not None:
+        _check(instantiate("privacy", sc.privacy), c.total, ("privacy",), problems)
+    _check(instantiate("partitioners", sc.data.partitioner), c.total, ("data", "partitioner"),
+           problems)
+    return _check(instantiate("datasets", sc.data.dataset), c.total, ("data", "dataset"),
+                  problems)
+
+
+@functools.lru_cache(maxsize=16)
+def _describe(dataset: str, total: int, seed: int, test_fraction: float) -> Any:
+    """The dataset's DatasetInfo (cached: every sweep point of a file asks for the same)."""
+    return instantiate("datasets", json.loads(dataset)).describe(total, seed, test_fraction)
+
+
+def _check_data_and_model(sc: Scenario, problems: list[Problem]) -> None:
+    """What the data and the model say before anything runs: enough training samples for
+    the clients, labels and features a model can learn from, a model that takes the data's
+    samples and gives one score per class, and that fits in this machine's memory."""
+    from simulator.data import DataError
+
+    c = sc.clients
+    try:
+        info = _describe(json.dumps(sc.data.dataset, sort_keys=True), c.total, sc.seeds[0],
+                         sc.data.test_fraction)
+    except (DataError, ValueError) as e:
+        problems.append(Problem(("data", "dataset") + param_loc(e), strip_param(e)))
+        return
+    if info is None:
+        return  # a dataset that cannot say before loading: checked when it loads
+    if info.train_samples < c.total:
+        problems.append(Problem(("clients", "total"), f"more clients ({c.total}) than training "
+                                f"samples ({info.train_samples}); each client needs one at least"))
+    if info.num_classes < 2:
+        problems.append(Problem(("data", "dataset"), f"the labels name {info.num_classes} class; "
+                                "a classifier needs 2 at least"))
+        return
+    _check_model(sc, info, problems)
+
+
+def _available_memory() -> int | None:
+    """MemAvailable of this machine in bytes (None where /proc/meminfo is missing)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _check_model(sc: Scenario, info: Any, problems: list[Problem]) -> None:
+    import torch
+
+    from simulator.models import build_model
+
+    name = sc.model["name"]
+
+    def forward(device: str) -> tuple[Any, Any]:
+        with torch.device(device):
+            model = build_model(sc.model, info.input_shape, info.num_classes, 0)
+            return model, model(torch.zeros((2, *info.input_shape)))
+
+    try:
+        try:
+            model, out = forward("meta")  # shapes only: no memory, no arithmetic
+        except Exception:  # noqa: BLE001 - a model that needs real tensors to be built
+            model, out = forward("cpu")  # (numpy in its constructor, say): as the run builds it
+    except Exception as e:  # noqa: BLE001 - the model plugin's own error, in one line
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0].removeprefix("model: ")
+        problems.append(Problem(("model",), f"{name} does not take the data's samples of shape "
+                                f"{tuple(info.input_shape)}: {brief_text(first, 200)}"))
+        return
+    if tuple(out.shape) != (2, info.num_classes):
+        problems.append(Problem(("model",), f"{name} gives outputs of shape {tuple(out.shape)} "
+                                f"for a batch of 2; expected (2, {info.num_classes}): one score "
+                                "per class"))
+        return
+    d = sum(p.numel() for p in model.parameters())
+    workers = sc.runtime.workers or os.cpu_count() or 1
+    # per worker: parameters, gradients, an optimizer buffer and the update; the server: the
+    # model, the round's (n, d) update matrix and the optimizer's state; per-client state
+    per_client = 4 if sc.runtime.state_dtype == "float32" else 2
+    stateful = sc.client_rule().traits.gradient_rule
+    need = 4 * d * (4 * workers + 3 + min(sc.clients.sampled, sc.clients.total)) + \
+        (per_client * d * sc.clients.total if stateful else 0) + \
+        (4 * d * sc.clients.total if sc.topology is not None else 0)  # D-SGD peers' models
+    have = _available_memory()
+    if have is not None and need > have:
+        problems.append(Problem(("model",), f"{name} has {d:,} parameters: this run needs about "
+                                f"{need / 2**30:.1f} GiB ({workers} workers, "
+                                f"{sc.clients.sampled} updates a round"
+                                + (f", state for {sc.clients.total} clients" if stateful else "")
+                                + f"), more than the {have / 2**30:.1f} GiB available here"))
+
+
+def _check_dsgd(sc: Scenario, problems: list[Problem]) -> None:
+    """D-SGD (a ``topology``) versus server-based runs: what each one accepts."""
+    gossip_attack = sc.attack is not None and registry.get("attacks", sc.attack["name"]).traits.gossip
+    if sc.topology is None:
+        if gossip_attack:
+            problems.append(Problem(("attack", "name"), f"{sc.attack['name']!r} attacks gossip: "
+                                    "it needs a topology (D-SGD)"))
+        return
+    c = sc.clients
+    if c.per_round is not None and c.per_round != c.total:
+        problems.append(Problem(("clients", "per_round"), "every D-SGD peer takes part in every "
+                                f"round; remove it or set {c.total}, got {c.per_round}"))
+    if sc.attack is not None and not gossip_attack:
+        names = [n for n in registry.available("attacks") if registry.get("attacks", n).traits.gossip]
+        problems.append(Problem(("attack", "name"), f"D-SGD needs an attack on gossip; "
+                                f"available: {', '.join(names)}; got {sc.attack['name']!r}"))
+    for key in ("preaggregators", "meta", "b_hat", "dropout", "stragglers"):
+        in_clients = key in ("b_hat", "dropout", "stragglers")
+        value = getattr(sc.clients, key) if in_clients else getattr(sc, key)
+        if value:
+            where = ("clients", key) if in_clients else (key,)
+            problems.append(Problem(where, "not used by D-SGD (a topology is set); remove it"))
+    if sc.server.optimizer["name"] != "sgd" or sc.local.optimizer["name"] != "sgd":
+        problems.append(Problem(("server", "optimizer"), "D-SGD peers run local SGD; "
+                                "server.optimizer and local.optimizer must be sgd"))
+    if sc.dsgd.defense not in registry.available("gossip_defenses"):
+        problems.append(Problem(("dsgd", "defense"),
+                                registry.unknown_message("gossip_defenses", sc.dsgd.defense)))
+        return
+    topo = instantiate("topologies", sc.topology)
+    agg = instantiate("aggregators", sc.aggregator)
+    # a defense that runs the scenario's aggregator over each peer's neighbourhood
+    aggregates = "aggregator" in registry.get("gossip_defenses", sc.dsgd.defense).traits.context
+    for seed in sc.seeds:  # random graphs differ by seed: check each run's
+        where = f" (seed {seed})" if len(sc.seeds) > 1 else ""
+        try:
+            topo.check(c.total)
+            w = topo.mixing_matrix(c.total, seed)
+            if not topo.traits.time_varying:
+                from strategies.topologies import validate_mixing
+
+                validate_mixing(w)
+        except ValueError as e:
+            problems.append(Problem(("topology",) + param_loc(e), strip_param(e) + where))
+            return
+        if aggregates:
+            # an honest peer aggregates its own model, its neighbours' and Byzantine messages
+            byz = set(byzantine_clients(seed, c.total, c.byzantine).tolist())
+            sizes = {i: int((w[i] > 0).sum()) for i in range(c.total) if i not in byz}
+            peer = min(sizes, key=lambda i: (sizes[i], i))
+            try:
+                agg.check(sizes[peer])
+            except ValueError as e:
+                problems.append(Problem(("aggregator",) + param_loc(e), f"{strip_param(e)} "
+                                        f"(the smallest neighbourhood, peer {peer}'s, has "
+                                        f"{sizes[peer]} models){where}"))
+                return

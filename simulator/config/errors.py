@@ -1,0 +1,126 @@
+"""Scenario problems: one located line each (``file:line: dotted.path: message``), and the
+translation of pydantic's errors and plugins' ``check`` messages into them."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from simulator.errors import brief
+
+Loc = tuple[Any, ...]
+
+@dataclass
+class Problem:
+    loc: Loc
+    message: str
+    line: int | None = None
+    sweep_key: str | None = None  # the sweep entry that produced this problem, if any
+
+    def format(self, source: str | None) -> str:
+        path = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in self.loc)
+        path = path.replace(".[", "[") or "scenario"
+        where = f"{source}:{self.line}: " if source and self.line else (f"{source}: " if source else "")
+        return f"{where}{path}: {self.message}"
+
+
+class ScenarioError(ValueError):
+    """Every problem found in a scenario, one formatted line each."""
+
+    def __init__(self, problems: list[Problem], source: str | None = None) -> None:
+        self.problems = problems
+        self.source = source
+        self.lines = list(dict.fromkeys(p.format(source) for p in problems))
+        super().__init__("\n".join(self.lines))
+
+
+def suggest(word: str, choices: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _unwrap_model(tp: Any) -> type[BaseModel] | None:
+    """The pydantic model class inside ``tp`` (through Optional/Annotated/list), if any."""
+    origin = typing.get_origin(tp)
+    if inspect.isclass(tp) and issubclass(tp, BaseModel):
+        return tp
+    for arg in typing.get_args(tp) if origin is not None else ():
+        m = _unwrap_model(arg)
+        if m is not None:
+            return m
+    return None
+
+
+def _fields_at(model: type[BaseModel], loc: Loc) -> list[str]:
+    cur: type[BaseModel] | None = model
+    for part in loc:
+        if cur is None:
+            return []
+        if isinstance(part, int):
+            continue
+        f = cur.model_fields.get(part)
+        cur = _unwrap_model(f.annotation) if f is not None else None
+    return list(cur.model_fields) if cur is not None else []
+
+
+_OPS = {
+    "greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<=",
+}
+
+
+def message(err: dict, root: type[BaseModel], loc: Loc) -> str:
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    got = err.get("input")
+    if kind == "extra_forbidden":
+        return "unknown key" + (suggest(str(loc[-1]), _fields_at(root, loc[:-1])) or
+                                f"; allowed: {', '.join(_fields_at(root, loc[:-1]))}")
+    if kind == "missing":
+        return "required"
+    for k, op in _OPS.items():
+        if kind == k:
+            bound = next(iter(ctx.values())) if ctx else "?"
+            return f"must be {op} {bound}, got {brief(got)}"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected')}, got {brief(got)}"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return f"must be an integer, got {brief(got)}"
+    if kind in ("float_type", "float_parsing"):
+        return f"must be a number, got {brief(got)}"
+    if kind == "finite_number":
+        return f"must be a finite number, got {brief(got)}"
+    if kind in ("string_type",):
+        return f"must be a string, got {brief(got)}"
+    if kind in ("bool_type", "bool_parsing"):
+        return f"must be true or false, got {brief(got)}"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return f"must be a mapping, got {brief(got)}"
+    if kind == "list_type":
+        return f"must be a list, got {brief(got)}"
+    if kind in ("too_short", "too_long"):
+        return err["msg"].replace("List", "list") + f", got {brief(got)}"
+    return err["msg"]
+
+
+def pydantic_problems(e: ValidationError, root: type[BaseModel], prefix: Loc = ()) -> list[Problem]:
+    out = []
+    for err in e.errors(include_url=False):
+        loc = tuple(err["loc"])
+        out.append(Problem(prefix + loc, message(err, root, loc)))
+    return out
+
+
+def param_loc(e: Exception) -> Loc:
+    """A plugin's check() message starts with its parameter name: 'f: must be ...'."""
+    head, sep, _ = str(e).partition(": ")
+    return (head,) if sep and head.isidentifier() else ()
+
+
+def strip_param(e: Exception) -> str:
+    head, sep, rest = str(e).partition(": ")
+    return rest if sep and head.isidentifier() else str(e)

@@ -1,0 +1,153 @@
+"""Scenario files: reading YAML safely (size and alias bounds), ``--set`` overrides, paths
+relative to the file, and every problem mapped to its line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from simulator.config.errors import Loc, Problem, ScenarioError
+from simulator.config.schema import RunPoint, Scenario
+from simulator.config.sweep import expand, set_path
+from simulator.config.validate import PLUGIN_FIELDS, get_path, plugin_class
+from simulator.errors import brief, brief_text
+
+
+def _line_of(root: yaml.Node | None, loc: Loc) -> int | None:
+    node, line = root, None
+    if node is not None:
+        line = node.start_mark.line + 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if k.value == str(part):
+                    node, line = v, k.start_mark.line + 1
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+@dataclass
+class LoadedScenario:
+    path: Path
+    text: str
+    raw: dict
+    scenario: Scenario
+    points: list[RunPoint] = field(default_factory=list)
+
+
+def _resolve_paths(raw: dict, base: Path) -> None:
+    """Relative file paths in plugin blocks (a plugin lists them in ``PATH_PARAMS``) are
+    relative to the scenario file's directory, wherever ``fedray`` is started from."""
+    for loc, kind in PLUGIN_FIELDS:
+        spec = get_path(raw, loc)
+        cls = plugin_class(kind, spec)
+        for key in cls.traits.path_params if cls is not None else ():
+            value = spec.get(key)
+            if isinstance(value, str) and value and not Path(value).is_absolute():
+                spec[key] = str((base / value).resolve())
+
+
+MAX_FILE_BYTES = 1 << 20  # a scenario file is text of a few kB
+MAX_VALUES = 100_000  # values in a scenario once YAML aliases are expanded
+
+
+def _expanded_size(root: yaml.Node | None, limit: int) -> int:
+    """How many values the YAML document holds once its aliases are expanded (counted on the
+    node graph, where an alias is a shared node: a small file cannot make this walk big);
+    stops counting past ``limit``."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        sizes[id(node)] = 1  # a recursive alias counts once
+        if isinstance(node, yaml.MappingNode):
+            total = 1 + sum(size(k) + size(v) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            total = 1 + sum(size(v) for v in node.value)
+        else:
+            total = 1
+        sizes[id(node)] = total = min(total, limit + 1)
+        return total
+
+    return 0 if root is None else size(root)
+
+
+def read_yaml(text: str, loc: Loc = ()) -> tuple[Any, yaml.Node | None]:
+    """``(value, node tree)`` of a YAML text; ``ScenarioError`` (one line) when it is not
+    valid YAML or holds more than MAX_VALUES values once its aliases are expanded."""
+    try:
+        root = yaml.compose(text)
+        n = _expanded_size(root, MAX_VALUES)
+        if n > MAX_VALUES:
+            raise ScenarioError([Problem(loc, f"more than {MAX_VALUES:,} values once its YAML "
+                                         "aliases are expanded; a scenario is far smaller")])
+        return yaml.safe_load(text), root
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        msg = brief_text(str(getattr(e, "problem", None) or e).strip().splitlines()[0], 160)
+        raise ScenarioError([Problem(loc, f"not valid YAML: {msg}",
+                                     mark.line + 1 if mark and not loc else None)]) from None
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``key.path=value`` from ``--set``; the value is read as YAML (``rounds=5`` -> 5)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise ScenarioError([Problem(("--set",), f"expected KEY=VALUE, got {brief(item)}")])
+    if not value.strip():
+        return key.strip(), None
+    return key.strip(), read_yaml(value, (f"--set {brief_text(key.strip(), 60)}",))[0]
+
+
+def load(path: str | Path, overrides: list[str] | None = None) -> LoadedScenario:
+    """Read, validate and expand a scenario file; ``overrides`` are ``--set`` items."""
+    path = Path(path)
+    source = str(path)
+    try:
+        if not path.is_file():
+            raise ScenarioError([Problem((), "not a regular file" if path.exists()
+                                         else "no such file")], source)
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise ScenarioError([Problem((), f"larger than {MAX_FILE_BYTES >> 20} MiB: not a "
+                                         "scenario file")], source)
+        text = path.read_text()
+    except OSError as e:
+        raise ScenarioError([Problem((), f"cannot read: {e.strerror}")], source) from None
+    except UnicodeDecodeError:
+        raise ScenarioError([Problem((), "not a text file")], source) from None
+    try:
+        raw, root = read_yaml(text)
+        raw = {} if raw is None else raw
+        if isinstance(raw, dict):
+            for item in overrides or []:
+                k, v = parse_override(item)
+                set_path(raw, k, v)
+    except ScenarioError as e:
+        raise ScenarioError(e.problems, source) from None
+    if isinstance(raw, dict):
+        raw.setdefault("name", path.stem)
+        _resolve_paths(raw, path.parent)
+    try:
+        points, sc = expand(raw)
+    except ScenarioError as e:
+        for p in e.problems:
+            loc = ("sweep", p.sweep_key) if p.sweep_key else p.loc
+            p.line = _line_of(root, loc) if loc else None
+        raise ScenarioError(e.problems, source) from None
+    return LoadedScenario(path, text, raw, sc, points)
+
+
+def json_schema() -> dict:
+    """JSON Schema of a scenario file (plugin blocks are open mappings with a ``name``)."""
+    return Scenario.model_json_schema()

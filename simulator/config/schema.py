@@ -1,0 +1,223 @@
+"""The scenario schema: pydantic v2 models of a scenario file, one per block.
+
+Every block forbids unknown keys and refuses non-finite floats unless a field opts in
+(``Annotated[float, AllowInfNan(True)]`` where inf means something). Plugin blocks
+(``{name: ..., key: value}``) are open mappings here; their keys are validated against the
+plugin's constructor (``simulator.config.validate``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from annotated_types import Ge, Gt, Lt
+from pydantic import AllowInfNan, BaseModel, ConfigDict
+
+from simulator import registry
+from simulator.errors import brief_text
+from simulator.registry import FINITE, PluginSpec
+from strategies.protocols import ClientRule
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, **FINITE)
+
+
+class Data(Strict):
+    dataset: PluginSpec
+    partitioner: PluginSpec = {"name": "iid"}
+    test_fraction: Annotated[float, Gt(0), Lt(1)] = 0.2
+
+
+class BHat(Strict):
+    """The trimming parameter ``b_hat`` told to every rule of the aggregation pipeline that
+    takes an ``f`` (pre-aggregators, aggregator, meta-aggregator): ``fixed`` (``value``), or
+    the smallest ``b_hat`` in [f s / n, s/2) whose per-round probability of being exceeded by
+    the sampled Byzantine clients is at most ``level``, from the KL bound of Allouah et al.
+    (ICML 2024) (``kl``) or the exact hypergeometric tail (``hypergeometric``). When no
+    ``b_hat`` below s/2 reaches the level the scenario is rejected, unless ``clamp`` asks for
+    the largest one, ceil(s/2) - 1 (for studies of small samples). The resolved scenario
+    carries the computed ``value``."""
+
+    rule: Literal["fixed", "kl", "hypergeometric"] = "fixed"
+    level: Annotated[float, Gt(0), Lt(1)] = 0.05
+    clamp: bool = False
+    value: Annotated[int, Ge(0)] | None = None
+
+
+class Stragglers(Strict):
+    """Simulated compute speed: client c's time for one local step in round r is
+    exp(sigma z_c + jitter e_cr) (z_c fixed per client, e_cr per round, standard normal,
+    seeded; median 1); a client whose local work (its number of minibatch steps) takes more
+    than ``deadline`` step-times misses the round."""
+
+    deadline: Annotated[float, Gt(0), AllowInfNan(True)]  # inf: nobody misses a round
+    sigma: Annotated[float, Ge(0)] = 0.5
+    jitter: Annotated[float, Ge(0)] = 0.1
+
+
+class Clients(Strict):
+    """``dropout``: the probability that a sampled honest client drops out of a round (seeded
+    per round and client); ``stragglers``: honest clients too slow for the round's deadline.
+    Byzantine clients never miss a round (the worst case). Both are logged per round."""
+
+    total: Annotated[int, Ge(1)]
+    per_round: Annotated[int, Ge(1)] | None = None
+    byzantine: Annotated[int, Ge(0)] = 0
+    b_hat: BHat | None = None
+    dropout: Annotated[float, Ge(0), Lt(1)] = 0.0
+    stragglers: Stragglers | None = None
+
+    @property
+    def sampled(self) -> int:
+        return self.total if self.per_round is None else self.per_round
+
+
+class Local(Strict):
+    """Local training of each sampled client in a round. ``optimizer`` is the client rule:
+    ``sgd`` (default) runs ``epochs`` passes over the client's data or ``steps`` minibatch
+    steps (default: one epoch) of SGD with ``lr``, optional ``momentum`` (reset every round)
+    and ``weight_decay``; gradient rules (``momentum``: worker momentum) take one minibatch
+    gradient per round and keep per-client state across rounds."""
+
+    optimizer: PluginSpec = {"name": "sgd"}
+    # the trainer plugin that computes the clients' updates on the workers; by default the
+    # one the rest asks for (see ``Scenario.trainer``)
+    trainer: PluginSpec | None = None
+
+    epochs: Annotated[int, Ge(1)] | None = None
+    steps: Annotated[int, Ge(1)] | None = None
+    batch_size: Annotated[int, Ge(1)] = 32
+    lr: Annotated[float, Gt(0)] = 0.05
+    momentum: Annotated[float, Ge(0), Lt(1)] = 0.0
+    weight_decay: Annotated[float, Ge(0)] = 0.0
+
+
+class ServerSettings(Strict):
+    optimizer: PluginSpec = {"name": "sgd"}
+
+
+class DSGD(Strict):
+    """Decentralized SGD (used when ``topology`` is set): each round every peer takes
+    ``local.steps``/``local.epochs`` of local SGD and ``gossip_steps`` gossip steps with its
+    neighbours, in ``order``; ``defense`` against Byzantine peers, a plugin of
+    ``fedray.gossip_defenses``: ``none`` (plain gossip), ``clipped_gossip`` (He et al. 2022;
+    ``clip_tau`` fixed, or adaptive when null) or ``aggregator`` (the scenario's aggregator
+    over each peer's neighbourhood)."""
+
+    order: Literal["local_then_gossip", "gossip_then_local"] = "local_then_gossip"
+    gossip_steps: Annotated[int, Ge(1)] = 1
+    defense: str = "none"
+    clip_tau: Annotated[float, Gt(0), AllowInfNan(True)] | None = None  # inf: plain gossip
+
+
+class Evaluation(Strict):
+    every: Annotated[int, Ge(1)] = 1
+
+
+class Runtime(Strict):
+    """Where a run executes. ``checkpoint_every: k`` saves the whole state of the run every k
+    rounds (0: never) so that ``fedray resume RUN_ID`` continues it exactly."""
+
+    backend: Literal["ray", "inline"] = "ray"
+    workers: Annotated[int, Ge(1)] | None = None
+    checkpoint_every: Annotated[int, Ge(0)] = 0
+    # train a worker's clients together (torch.func vmap) when their rule allows: the same
+    # numbers as one at a time up to float rounding (not bit for bit across worker counts)
+    vectorize: bool = False
+    # precision of the per-client state workers keep (worker momentum, mu2-SGD): float16
+    # halves its memory; the maths runs in float32
+    state_dtype: Literal["float32", "float16"] = "float32"
+
+
+class Scenario(Strict):
+    """A whole experiment. ``sweep`` maps dotted paths to value lists (grid product; a key
+    ``"a.b, c.d"`` zips paths: its values are lists with one value per path); every point runs
+    once per entry of ``seeds``."""
+
+    name: str = ""
+    description: str = ""
+    rounds: Annotated[int, Gt(0)]
+    # derived seeds take 32 bits of it: 2**32 would repeat seed 0
+    seeds: list[Annotated[int, Ge(0), Lt(2**32)]] = [0]
+    data: Data
+    model: PluginSpec
+    clients: Clients
+    local: Local = Local()
+    aggregator: PluginSpec = {"name": "mean"}
+    preaggregators: list[PluginSpec] = []
+    meta: PluginSpec | None = None
+    attack: PluginSpec | None = None
+    server: ServerSettings = ServerSettings()
+    topology: PluginSpec | None = None
+    dsgd: DSGD = DSGD()
+    # differential privacy: a plugin of fedray.privacy (dp_sgd | dp_fedavg; docs/privacy.md)
+    privacy: PluginSpec | None = None
+    evaluation: Evaluation = Evaluation()
+    runtime: Runtime = Runtime()
+    sweep: dict[str, list[Any]] = {}
+
+    def server_client_rule(self) -> ClientRule | None:
+        """The clients' half of the server optimizer, when it spans both sides (mu2-SGD)."""
+        rule: ClientRule | None = registry.instantiate("optimizers", self.server.optimizer).client_rule()
+        return rule
+
+    def client_rule(self) -> ClientRule:
+        """The clients' rule: the server optimizer's client half when it has one, else
+        ``local.optimizer``."""
+        rule = self.server_client_rule()
+        if rule is None:
+            rule = registry.instantiate("client_optimizers", self.local.optimizer)
+        return rule
+
+    def privacy_level(self) -> str:
+        """Where the scenario's DP acts: ``none``, ``sample`` or ``client``."""
+        if self.privacy is None:
+            return "none"
+        return str(registry.get("privacy", self.privacy["name"]).traits.privacy_level)
+
+    def trainer(self) -> PluginSpec:
+        """The trainer plugin: ``local.trainer`` when given, else the one the scenario asks
+        for: ``dp_sgd`` under sample-level privacy, ``gradient_rule`` for a gradient client
+        rule, ``vectorized_sgd`` with ``runtime.vectorize``, else ``sgd``."""
+        if self.local.trainer is not None:
+            return self.local.trainer
+        if self.privacy_level() == "sample":
+            return {"name": "dp_sgd"}
+        if self.client_rule().traits.gradient_rule:
+            return {"name": "gradient_rule"}
+        return {"name": "vectorized_sgd" if self.runtime.vectorize else "sgd"}
+
+
+@dataclass(frozen=True)
+class RunPoint:
+    values: dict[str, Any]  # the sweep values of this point ({} without a sweep)
+    seed: int
+    scenario: Scenario  # sweep removed, seeds == [seed]
+
+    @property
+    def label(self) -> str:
+        """``krum lr=0.1 seed=1``: a name alone, other values under the last part of their
+        path (the whole path where two sweep paths end alike), plugin blocks as
+        ``name(key=value)``."""
+        lasts = [k.split(".")[-1] for k in self.values]
+        parts = []
+        for k, v in self.values.items():
+            last = k.split(".")[-1]
+            key = last if lasts.count(last) == 1 else k
+            parts.append(short(v) if last == "name" else f"{key}={short(v)}")
+        return " ".join([*parts, f"seed={self.seed}"])
+
+
+def short(v: Any) -> str:
+    """A sweep value in a run name: plugin blocks as ``name(key=value, ...)``."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, dict) and isinstance(v.get("name"), str):
+        args = ", ".join(f"{k}={short(x)}" for k, x in v.items() if k != "name")
+        return f"{v['name']}({args})" if args else v["name"]
+    if isinstance(v, list) and all(isinstance(x, dict) for x in v):
+        return "[" + ", ".join(short(x) for x in v) + "]"
+    return "none" if v is None else brief_text(json.dumps(v), 60)

@@ -1,0 +1,104 @@
+"""Sweeps: a scenario's grid (and zipped keys) x seeds expanded into run points, every point
+validated; a problem common to every point is reported once."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from typing import Any
+
+from simulator.config.errors import Loc, Problem, ScenarioError
+from simulator.config.schema import RunPoint, Scenario, short
+from simulator.config.validate import validate_point
+from simulator.errors import brief
+
+
+def set_path(d: dict, dotted: str, value: Any) -> None:
+    """Set ``d[a][b][c] = value`` for ``dotted = "a.b.c"``, creating mappings as needed."""
+    parts = dotted.split(".")
+    cur = d
+    for p in parts[:-1]:
+        if not isinstance(cur.get(p), dict):
+            cur[p] = {}
+        cur = cur[p]
+    cur[parts[-1]] = value
+
+
+MAX_POINTS = 10_000  # sweep points of one scenario file
+
+
+def _sweep_parts(key: str) -> list[str]:
+    """The dotted paths of a sweep key: ``"local.steps, local.lr"`` zips two paths (each value
+    of that key is a list with one value per path); a plain key is one path."""
+    return [part.strip() for part in key.split(",")]
+
+
+def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
+    """Validate a scenario mapping and expand its sweep grid x seeds into run points.
+
+    Returns the points and the validated base scenario. Raises ScenarioError listing every
+    problem of the base and of each sweep point.
+    """
+    if not isinstance(raw, dict):
+        raise ScenarioError([Problem((), f"must be a mapping of keys, got {type(raw).__name__}")])
+    sweep = raw.get("sweep") or {}
+    problems: list[Problem] = []
+    if not isinstance(sweep, dict):
+        raise ScenarioError([Problem(("sweep",), f"must map dotted paths to lists, got {brief(sweep)}")])
+    for k, v in sweep.items():
+        if not isinstance(v, list) or not v:
+            problems.append(Problem(("sweep", k), f"must be a non-empty list of values, got {brief(v)}"))
+            continue
+        width = len(_sweep_parts(k))
+        bad = [e for e in v if width > 1 and (not isinstance(e, list) or len(e) != width)]
+        if bad:
+            problems.append(Problem(("sweep", k), f"zips {width} paths: each value must be a "
+                                    f"list of {width} values, one per path, got {brief(bad[0])}"))
+    if problems:
+        raise ScenarioError(problems)
+    n_grid = math.prod(len(v) for v in sweep.values())
+    if n_grid > MAX_POINTS:
+        raise ScenarioError([Problem(("sweep",), f"{n_grid:,} points; at most {MAX_POINTS:,} "
+                                     "(split the study into several files)")])
+    base_raw = {k: v for k, v in raw.items() if k != "sweep"}
+    keys = list(sweep)
+    points: list[RunPoint] = []
+    base: Scenario | None = None
+    per_point: dict[tuple[Loc, str], list[tuple[Problem, str]]] = {}
+    n_points = 0
+    for combo in itertools.product(*(sweep[k] for k in keys)) if keys else [()]:
+        n_points += 1
+        point = copy.deepcopy(base_raw)
+        values: dict[str, Any] = {}
+        for k, v in zip(keys, combo):
+            parts = _sweep_parts(k)
+            values.update(zip(parts, v) if len(parts) > 1 else {k: v})
+        for k, v in values.items():
+            set_path(point, k, v)
+        try:
+            sc = validate_point(point)
+        except ScenarioError as e:
+            where = ", ".join(f"{k}={short(v)}" for k, v in values.items())
+            for p in e.problems:
+                dotted = ".".join(map(str, p.loc))
+                p.sweep_key = next((k for k in keys for part in _sweep_parts(k)
+                                    if dotted == part or dotted.startswith(part + ".")
+                                    or part.startswith(dotted + ".")), None)
+                per_point.setdefault((p.loc, p.message), []).append((p, where))
+            continue
+        base = base or sc
+        for seed in sc.seeds:
+            points.append(RunPoint(values, seed, sc.model_copy(update={"seeds": [seed]})))
+    for group in per_point.values():
+        if len(group) == n_points or not keys:  # the same problem at every point: say it once
+            problems.append(group[0][0])
+        else:
+            for p, where in group:
+                p.message += f" (sweep point {where})"
+                problems.append(p)
+    if problems:
+        raise ScenarioError(problems)
+    assert base is not None
+    full = Scenario.model_validate({**base.model_dump(mode="json"), "sweep": sweep})
+    return points, full

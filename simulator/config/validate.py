@@ -1,0 +1,203 @@
+"""Validating one scenario mapping: the structure pass (pydantic), the plugin pass (each
+plugin block against its constructor), ``clients.b_hat`` written into the rules taking an
+``f``, then the cross-field checks. Every problem found is collected."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pydantic import ValidationError
+
+from simulator import registry
+from simulator.config.checks import cross_field
+from simulator.config.errors import (
+    Loc,
+    Problem,
+    ScenarioError,
+    message,
+    param_loc,
+    pydantic_problems,
+    strip_param,
+    suggest,
+)
+from simulator.config.schema import Clients, Scenario
+from simulator.errors import brief
+from simulator.registry import PluginSpec
+
+
+def _check_plugin(kind: str, spec: Any, loc: Loc, problems: list[Problem]) -> PluginSpec | None:
+    if not isinstance(spec, dict):
+        problems.append(Problem(loc, f"must be a mapping with a 'name', got {brief(spec)}"))
+        return None
+    name = spec.get("name")
+    if not isinstance(name, str):
+        problems.append(Problem(loc + ("name",), "required: the registered name of a "
+                                f"{kind.removesuffix('s')}; available: "
+                                f"{', '.join(registry.available(kind)) or 'none installed'}"))
+        return None
+    try:
+        cls = registry.get(kind, name)
+    except registry.UnknownPlugin as e:
+        problems.append(Problem(loc + ("name",), str(e)))
+        return None
+    model = registry.params_model(cls)
+    params = {k: v for k, v in spec.items() if k != "name"}
+    try:
+        validated = model.model_validate(params)
+    except ValidationError as e:
+        for err in e.errors(include_url=False):
+            key = err["loc"][0] if err["loc"] else ""
+            sub = tuple(err["loc"])
+            if err["type"] == "extra_forbidden":
+                allowed = list(model.model_fields)
+                msg = f"unknown key for {kind.removesuffix('s')} {name!r}" + (
+                    suggest(str(key), allowed) or f"; allowed: {', '.join(allowed) or 'none'}")
+            else:
+                msg = message(err, model, sub)
+            problems.append(Problem(loc + sub, msg))
+        return None
+    return {"name": name, **validated.model_dump(mode="json")}
+
+
+PLUGIN_FIELDS: list[tuple[Loc, str]] = [
+    (("data", "dataset"), "datasets"),
+    (("data", "partitioner"), "partitioners"),
+    (("model",), "models"),
+    (("aggregator",), "aggregators"),
+    (("meta",), "meta"),
+    (("attack",), "attacks"),
+    (("server", "optimizer"), "optimizers"),
+    (("local", "optimizer"), "client_optimizers"),
+    (("local", "trainer"), "trainers"),
+    (("topology",), "topologies"),
+    (("privacy",), "privacy"),
+]
+
+
+_PLUGIN_DEFAULTS: dict[Loc, PluginSpec] = {
+    ("server", "optimizer"): {"name": "sgd"},
+    ("data", "partitioner"): {"name": "iid"},
+    ("aggregator",): {"name": "mean"},
+    ("local", "optimizer"): {"name": "sgd"},
+}
+
+
+def get_path(d: Any, loc: Loc) -> Any:
+    for p in loc:
+        if isinstance(d, dict) and p in d or isinstance(d, list) and isinstance(p, int) and p < len(d):
+            d = d[p]
+        else:
+            return None
+    return d
+
+
+def _trimmed_rules(raw: dict) -> list[tuple[Loc, dict]]:
+    """The pipeline's plugin blocks (location, spec) whose plugin takes an ``f``."""
+    blocks: list[tuple[Loc, str, Any]] = [
+        (("aggregator",), "aggregators", raw.get("aggregator", {"name": "mean"})),
+        (("meta",), "meta", raw.get("meta")),
+    ]
+    pre = raw.get("preaggregators")
+    if isinstance(pre, list):
+        blocks += [(("preaggregators", i), "preaggregators", p) for i, p in enumerate(pre)]
+    return [(loc, spec) for loc, kind, spec in blocks
+            if (cls := plugin_class(kind, spec)) is not None
+            and "f" in registry.params_model(cls).model_fields]
+
+
+def plugin_class(kind: str, spec: Any) -> Any:
+    """The registered class a raw plugin block names, or None (not a block, or an unknown
+    name: the plugin pass reports those)."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        return None
+    try:
+        return registry.get(kind, spec["name"])
+    except registry.UnknownPlugin:
+        return None
+
+
+def _apply_b_hat(raw: dict, problems: list[Problem]) -> dict:
+    """With ``clients.b_hat`` set: compute its value (rules ``kl``, ``hypergeometric``) and
+    write it as ``f`` into every pipeline rule that takes one. Returns the rewritten mapping
+    (``raw`` itself when there is nothing to do)."""
+    from strategies.subsampling import b_hat
+
+    clients = raw.get("clients")
+    if not isinstance(clients, dict) or not isinstance(clients.get("b_hat"), dict):
+        return raw
+    try:
+        c = Clients.model_validate(clients)
+    except ValidationError:
+        return raw  # reported by the structure pass
+    assert c.b_hat is not None
+    rule = c.b_hat.rule
+    if rule == "fixed":
+        if c.b_hat.value is None:
+            problems.append(Problem(("clients", "b_hat", "value"), "required with rule 'fixed'"))
+            return raw
+        value = c.b_hat.value
+    else:
+        s = min(c.sampled, c.total)
+        try:
+            value = b_hat(c.total, min(c.byzantine, c.total), s, rule, c.b_hat.level)
+        except ValueError as e:
+            if c.b_hat.clamp:
+                value = (s - 1) // 2
+            else:
+                problems.append(Problem(("clients", "b_hat") + param_loc(e), strip_param(e)))
+                return raw
+        if c.b_hat.value is not None and c.b_hat.value != value:
+            problems.append(Problem(("clients", "b_hat", "value"), f"computed by rule {rule!r} "
+                                    f"(= {value} here); remove it, got {c.b_hat.value}"))
+            return raw
+    out = copy.deepcopy(raw)
+    out["clients"]["b_hat"] = {**clients["b_hat"], "value": value}
+    for loc, spec in _trimmed_rules(out):
+        if "f" in spec and spec["f"] != value:
+            problems.append(Problem(loc + ("f",), f"set by clients.b_hat (= {value}); remove "
+                                    f"it, got {brief(spec['f'])}"))
+        spec["f"] = value
+    return out
+
+
+def validate_point(raw: dict) -> Scenario:
+    """Validate one scenario mapping (no sweep expansion); raises ScenarioError."""
+    if not isinstance(raw, dict):
+        raise ScenarioError([Problem((), f"must be a mapping of keys, got {type(raw).__name__}")])
+    problems: list[Problem] = []
+    try:
+        Scenario.model_validate(raw)
+    except ValidationError as e:
+        problems += pydantic_problems(e, Scenario)
+    b_hat_problems: list[Problem] = []
+    raw = _apply_b_hat(raw, b_hat_problems)
+    # plugin blocks are validated even when other parts of the structure failed
+    resolved = copy.deepcopy(raw)
+    for loc, kind in PLUGIN_FIELDS:
+        spec = get_path(raw, loc)
+        if spec is None:
+            spec = _PLUGIN_DEFAULTS.get(loc)
+            if spec is None or (len(loc) > 1 and not isinstance(raw.get(loc[0], {}), dict)):
+                continue
+        problems = [p for p in problems if p.loc[: len(loc)] != loc or p.message == "required"]
+        out = _check_plugin(kind, spec, loc, problems)
+        if out is not None:
+            parent = resolved
+            for part in loc[:-1]:
+                parent = parent.setdefault(part, {})
+            parent[loc[-1]] = out
+    pre = raw.get("preaggregators")
+    if isinstance(pre, list):
+        for i, spec in enumerate(pre):
+            out = _check_plugin("preaggregators", spec, ("preaggregators", i), problems)
+            if out is not None:
+                resolved["preaggregators"][i] = out
+    problems += b_hat_problems
+    if problems:
+        raise ScenarioError(problems)
+    sc = Scenario.model_validate(resolved)
+    cross_field(sc, problems)
+    if problems:
+        raise ScenarioError(problems)
+    return sc

@@ -1,0 +1,277 @@
+"""Running a loaded scenario: every point into its MLflow child run, one after another on the
+ClientWorker pool (``run_loaded``) or several at once as single-process Ray tasks
+(``run_sweep``), with a list of callbacks around each point (``simulator.callbacks``).
+
+What the process leaves unfinished (a failure, an interrupt) is recorded in ``UNFINISHED``
+for the one-line report of the command; SIGTERM ends a run like Ctrl-C (``trap_sigterm``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from simulator.callbacks import (
+    Callback,
+    MLflowArtifacts,
+    PointRun,
+    default_callbacks,
+    open_child,
+    open_parent,
+)
+from simulator.config import LoadedScenario, RunPoint, Scenario
+from simulator.errors import Terminated
+from simulator.tracking import Tracker, default_uri
+
+# Runs this process ended without finishing them: (run_id, label, status), for the one-line
+# report of a failure or an interrupt.
+UNFINISHED: list[tuple[str, str, str]] = []
+
+SIGNALS: list[int] = []  # the signals received (Ray's get re-raises a bare KeyboardInterrupt)
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    SIGNALS.append(signum)
+    raise Terminated(signum)
+
+
+def trap_sigterm() -> None:
+    """SIGTERM ends a run like Ctrl-C: runs marked KILLED, the resume command printed. Called
+    again after ray.init, which installs its own SIGTERM handler. Only the main thread can."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def end_status(status: str, error: BaseException | None) -> str:
+    return "KILLED" if isinstance(error, KeyboardInterrupt) else status
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def point_key(point: RunPoint) -> str:
+    """Identity of a run point: a digest of its resolved single-seed scenario."""
+    return _digest(point.scenario.model_dump(mode="json"))
+
+
+def sweep_key(loaded: LoadedScenario) -> str:
+    """Identity of a sweep: a digest of the resolved scenario with its sweep and seeds."""
+    return _digest(loaded.scenario.model_dump(mode="json"))
+
+
+def run_point(point: RunPoint, backend: Any, tracker: Tracker, parent: str, tmp: Path,
+              callbacks: list[Callback], workers: int | None = None) -> dict[str, Any]:
+    """A new child run of ``parent`` for ``point``, run to its end."""
+    run_id = open_child(point, point_key(point), backend, tracker, parent, tmp)
+    return execute(PointRun(point, run_id, tracker, tmp), backend, callbacks, workers)
+
+
+def execute(run: PointRun, backend: Any, callbacks: list[Callback], workers: int | None = None,
+            resume: dict | None = None) -> dict[str, Any]:
+    """Run one point into its child run (from ``resume``, a checkpoint, when given), the
+    callbacks around it, then the run's final status. A failure keeps what was computed."""
+    from simulator.engine import make_engine
+
+    point, status, error = run.point, "FAILED", None
+    run.rows = list(resume["metrics"]) if resume else []
+
+    def on_round(r: int, m: dict[str, float]) -> None:
+        run.rows.append(m)
+        for cb in callbacks:
+            cb.on_round(run, r, m)
+
+    def on_checkpoint(r: int, state: dict[str, Any]) -> None:
+        for cb in callbacks:
+            cb.on_checkpoint(run, r, state)
+
+    result = None
+    try:
+        engine = make_engine(point.scenario, backend, workers)
+        result = engine.run(on_round, on_checkpoint, resume)
+        status = "FINISHED"
+        return {"run_id": run.run_id, "label": point.label, "values": point.values,
+                "seed": point.seed, "final_test_accuracy": result.final("test_accuracy"),
+                "workers": engine.n_workers}
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        status = end_status(status, error)
+        try:
+            for cb in callbacks:
+                cb.on_end(run, result if status == "FINISHED" else None, status)
+        except BaseException:
+            status = "FAILED" if status == "FINISHED" else status
+            raise
+        finally:
+            run.tracker.end(run.run_id, status)
+            if status != "FINISHED":
+                UNFINISHED.append((run.run_id, point.label, status))
+
+
+def run_loaded(
+    loaded: LoadedScenario,
+    backend_name: str | None = None,
+    address: str | None = None,
+    tracking_uri: str | None = None,
+    quiet: bool = False,
+    workers: int | None = None,
+    ray_init: dict | None = None,
+    callbacks: list[Callback] | None = None,
+) -> dict[str, Any]:
+    """Run every point of a loaded scenario, one after another, and track it in MLflow;
+    ``callbacks`` are added to the defaults (progress, checkpoints, MLflow).
+
+    Returns ``{"parent_run_id", "experiment_id", "tracking_uri", "runs": [{run_id, label,
+    values, seed, final_test_accuracy}]}``.
+    """
+    from simulator.runtime.backend import make_backend
+
+    sc = loaded.scenario
+    uri = tracking_uri or default_uri()
+    tracker = Tracker(uri, sc.name)  # before Ray: a store that cannot be used stops it here
+    backend = make_backend(backend_name or sc.runtime.backend, address, **(ray_init or {}))
+    trap_sigterm()
+    cbs = default_callbacks(quiet) + list(callbacks or [])
+    status, parent, error = "FAILED", None, None
+    try:
+        with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
+            parent = open_parent(loaded, backend, tracker, Path(tmp))
+            out: dict[str, Any] = {"parent_run_id": parent, "experiment_id": tracker.experiment_id,
+                                   "tracking_uri": uri, "runs": []}
+            for i, point in enumerate(loaded.points):
+                out["runs"].append(run_point(point, backend, tracker, parent, Path(tmp) / str(i),
+                                             cbs, workers))
+        status = "FINISHED"
+        return out
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        if parent is not None:
+            status = end_status(status, error)
+            tracker.end(parent, status)
+            if status != "FINISHED":
+                UNFINISHED.append((parent, f"parent of {len(loaded.points)} point(s)", status))
+        backend.shutdown()
+
+
+# --------------------------------------------------------------------------- sweeps
+
+
+def _simulate(scenario: Scenario) -> Any:
+    """One point as a single-process simulation (the inline backend): a Ray task of a sweep."""
+    from simulator.engine import make_engine
+    from simulator.runtime.backend import InlineBackend
+
+    return make_engine(scenario, InlineBackend()).run()
+
+
+def run_sweep(
+    loaded: LoadedScenario,
+    address: str | None = None,
+    tracking_uri: str | None = None,
+    parallel: int | None = None,
+    fresh: bool = False,
+    ray_init: dict | None = None,
+    callbacks: list[Callback] | None = None,
+) -> dict[str, Any]:
+    """Run a scenario's points several at a time, each a single-process simulation in a Ray
+    task of one CPU (at most ``parallel`` at once, default: the cluster's CPUs), and resume:
+    the parent run of an earlier sweep of the same resolved scenario is reused and its
+    FINISHED points are not run again (``fresh`` starts a new parent). Points that fail are
+    marked FAILED and the others go on. Each finished point's history is logged at once,
+    then its artifacts; ``callbacks``' ``on_end`` follow.
+
+    Returns ``{"parent_run_id", "tracking_uri", "skipped": [labels], "runs": [...],
+    "failed": [labels]}``; each run as in ``run_loaded``.
+    """
+    from simulator.runtime.backend import RayBackend
+
+    sc = loaded.scenario
+    uri = tracking_uri or default_uri()
+    tracker = Tracker(uri, sc.name)  # before Ray: a store that cannot be used stops it here
+    backend = RayBackend(address, **(ray_init or {}))
+    trap_sigterm()
+    ray = backend.ray
+    key = sweep_key(loaded)
+    cbs = [MLflowArtifacts(), *(callbacks or [])]
+    out: dict[str, Any] = {"tracking_uri": uri, "skipped": [], "runs": [], "failed": []}
+    parent = None if fresh else tracker.find_run({"fedray.sweep_key": key, "fedray.kind": "scenario"})
+    pending: dict[Any, tuple[RunPoint, str]] = {}
+    status = ""
+    try:
+        with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
+            done: set[str] = set()
+            if parent is None:
+                parent = open_parent(loaded, backend, tracker, Path(tmp),
+                                     {"fedray.sweep_key": key})
+            else:
+                tracker.reopen(parent)
+                for child in tracker.children(parent):
+                    if child.info.status == "FINISHED":
+                        done.add(child.data.tags.get("fedray.point_key", ""))
+                    elif child.info.status == "RUNNING":  # left by a driver that died
+                        tracker.end(child.info.run_id, "KILLED")
+            out["parent_run_id"] = parent
+            todo = []
+            for point in loaded.points:
+                if point_key(point) in done:
+                    out["skipped"].append(point.label)
+                else:
+                    todo.append(point)
+            cap = max(1, min(parallel or backend.default_workers(), len(todo) or 1))
+            remote = ray.remote(num_cpus=1, max_retries=1)(_simulate)
+            queue = list(enumerate(todo))
+            print(f"sweep: {len(loaded.points)} points, {len(out['skipped'])} already finished, "
+                  f"running {len(todo)}, {cap} at a time", file=sys.stderr)
+            while queue or pending:
+                while queue and len(pending) < cap:
+                    _, point = queue.pop(0)
+                    run_id = open_child(point, point_key(point), backend, tracker, parent,
+                                        Path(tmp) / "open")
+                    pending[remote.remote(point.scenario)] = (point, run_id)
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                point, run_id = pending.pop(ready[0])
+                try:
+                    result = ray.get(ready[0])
+                except Exception as e:  # noqa: BLE001 - one failed point does not stop the sweep
+                    cause = getattr(e, "cause", None) or e  # a RayTaskError wraps the real error
+                    text = (str(cause).strip().splitlines() or [""])[-1]
+                    print(f"{point.label}: FAILED ({type(cause).__name__}: {text})", file=sys.stderr)
+                    tracker.end(run_id, "FAILED")
+                    out["failed"].append(point.label)
+                    continue
+                tracker.log_history(run_id, result.metrics)
+                run = PointRun(point, run_id, tracker, Path(tmp) / run_id, rows=result.metrics)
+                for cb in cbs:
+                    cb.on_end(run, result, "FINISHED")
+                tracker.end(run_id, "FINISHED")
+                acc = result.final("test_accuracy")
+                out["runs"].append({"run_id": run_id, "label": point.label, "values": point.values,
+                                    "seed": point.seed, "final_test_accuracy": acc})
+                print(f"{point.label}: final test accuracy {acc:.4f}  (run {run_id}; "
+                      f"{len(out['runs']) + len(out['failed'])}/{len(todo)})", file=sys.stderr)
+        return out
+    except KeyboardInterrupt:
+        for point, run_id in pending.values():  # the points in flight
+            tracker.end(run_id, "KILLED")
+            UNFINISHED.append((run_id, point.label, "KILLED"))
+        status = "KILLED"
+        raise
+    finally:
+        if parent is not None:
+            if status != "KILLED":
+                status = "FAILED" if out["failed"] or len(out["runs"]) + len(out["skipped"]) \
+                    < len(loaded.points) else "FINISHED"
+            tracker.end(parent, status)
+            if status != "FINISHED":
+                UNFINISHED.append((parent, "sweep parent", status))
+        backend.shutdown()

@@ -1,0 +1,186 @@
+"""The ClientWorker actor: it hosts many virtual clients (their data slices, their state), one
+model instance and the scenario's trainer, and knows no training algorithm.
+
+Across the Ray boundary parameters and updates travel as float32 NumPy arrays (zero-copy
+reads from the object store); ``ray.get`` gives read-only views, so nothing here updates an
+argument in place.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from simulator.config import Scenario
+from simulator.data import client_arrays
+from simulator.errors import ClientStateLost, guarded
+from simulator.models import build_model
+from simulator.registry import PluginSpec, instantiate
+from simulator.runtime.common import single_thread
+from simulator.seeding import torch_generator
+from strategies.protocols import Attack, ClientData, Trainer
+
+
+class ClientStateStore:
+    """Per-client state (``{name: (d,) tensor}`` per client) in a few large blocks of rows
+    instead of one allocation per client and round: 10,000 clients' momenta are 10,000 rows
+    of a handful of ``(BLOCK_ROWS, d)`` tensors, written in place, so the allocator does not
+    fragment (measured in benchmarks/scale.py). Rows are kept in ``dtype``."""
+
+    BLOCK_ROWS = 256
+
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+        self.dtype = dtype
+        self.rows: dict[int, int] = {}  # client -> row
+        self.blocks: dict[str, list[torch.Tensor]] = {}
+
+    def __contains__(self, client: int) -> bool:
+        return int(client) in self.rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _row(self, name: str, r: int) -> torch.Tensor:
+        return self.blocks[name][r // self.BLOCK_ROWS][r % self.BLOCK_ROWS]
+
+    def get(self, client: int) -> dict[str, torch.Tensor]:
+        """The client's state as float32 copies ({} for a client without state)."""
+        r = self.rows.get(int(client))
+        return {} if r is None else {k: self._row(k, r).float() for k in self.blocks}
+
+    def set(self, client: int, state: dict[str, torch.Tensor]) -> None:
+        r = self.rows.setdefault(int(client), len(self.rows))
+        for name, value in state.items():
+            blocks = self.blocks.setdefault(name, [])
+            while len(blocks) * self.BLOCK_ROWS <= r:
+                blocks.append(torch.empty((self.BLOCK_ROWS, value.numel()), dtype=self.dtype))
+            self._row(name, r).copy_(value.reshape(-1))
+
+    def items(self) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
+        for c, r in self.rows.items():
+            yield c, {k: self._row(k, r) for k in self.blocks}
+
+    def nbytes(self) -> int:
+        """Bytes of the rows in use."""
+        return sum(self._row(k, 0).numel() * self._row(k, 0).element_size()
+                   for k in self.blocks) * len(self.rows)
+
+
+class ClientWorker:
+    """Trains many virtual clients, one call per round, on one model instance.
+
+    A client is a slice of the partition table (``offsets[k]:offsets[k+1]``) plus its random
+    stream ``(seed, round, client)`` and its state; its computation in a round is a pure
+    function of those and the global model, which makes a retry after a fault exact.
+    """
+
+    def __init__(self, table: pa.Table, offsets: np.ndarray, input_shape: tuple[int, ...],
+                 num_classes: int, scenario: Scenario) -> None:
+        single_thread()
+        self.x, self.y = client_arrays(table, tuple(input_shape))
+        self._table = table  # keeps the zero-copy buffers alive
+        self.offsets = np.asarray(offsets)
+        self.seed = scenario.seeds[0]
+        self.num_classes = num_classes
+        self.model = build_model(scenario.model, input_shape, num_classes, self.seed)
+        spec = scenario.trainer()
+        privacy = instantiate("privacy", scenario.privacy) if scenario.privacy else None
+        self.trainer: Trainer = instantiate("trainers", spec, model=self.model,
+                                            local=scenario.local, rule=scenario.client_rule(),
+                                            privacy=privacy)
+        self.train_clients = guarded("local.trainer", spec["name"], self.trainer.train)
+        self.state_dtype: torch.dtype = getattr(torch, scenario.runtime.state_dtype)
+        self.client_state = ClientStateStore(self.state_dtype)  # per-client state
+        self.peer_x: dict[int, torch.Tensor] = {}  # D-SGD: the models of this worker's peers
+
+    def client_data(self, round_: int, client: int, poison: Attack | None = None) -> ClientData:
+        """Client ``client``'s samples (writable copies; labels poisoned by a data-poisoning
+        attack), random stream and state in round ``round_``."""
+        lo, hi = int(self.offsets[client]), int(self.offsets[client + 1])
+        x = torch.from_numpy(np.array(self.x[lo:hi]))
+        y = torch.from_numpy(np.array(self.y[lo:hi]))
+        if poison is not None:
+            y = poison.poison_labels(y, self.num_classes)
+        return ClientData(int(client), x, y, torch_generator(self.seed, "local", round_, client),
+                          self.client_state.get(client))
+
+    def _run(self, round_: int, clients: list[ClientData], start: torch.Tensor
+             ) -> tuple[np.ndarray, np.ndarray]:
+        """The trainer on ``clients``; the state it leaves is kept (in ``state_dtype``)."""
+        updates, losses = self.train_clients(round_, clients, start)
+        for c in clients:
+            if c.state:
+                self.client_state.set(c.client, {k: v.detach() for k, v in c.state.items()})
+        return (np.asarray(updates.detach().to(torch.float32).numpy()),
+                np.asarray(losses.detach().to(torch.float64).numpy()))
+
+    def train(self, round_: int, clients: list[int], global_params: np.ndarray,
+              poison: PluginSpec | None = None, expect_state: list[int] | None = None
+              ) -> dict[str, Any]:
+        """Train ``clients`` from ``global_params``; rows of ``updates`` follow ``clients``.
+        ``poison``: the spec of a data-poisoning attack these (Byzantine) clients run.
+        ``expect_state``: clients whose state this worker must hold (they took part before);
+        a worker that lost it says so rather than go on with different numbers."""
+        lost = [c for c in expect_state or () if int(c) not in self.client_state]
+        if lost:
+            raise ClientStateLost(
+                f"ClientWorker lost the state of clients {lost[:5]} (the worker was restarted "
+                "after a fault); worker momentum and mu2-SGD keep per-client state: resume the "
+                "run from its last checkpoint (fedray resume RUN_ID)")
+        t0 = time.perf_counter()
+        attack = instantiate("attacks", poison) if poison else None
+        start = torch.from_numpy(np.array(global_params, dtype=np.float32))
+        data = [self.client_data(round_, int(c), attack) for c in clients]
+        updates, losses = (self._run(round_, data, start) if data else
+                           (np.empty((0, start.numel()), np.float32), np.empty(0)))
+        return {"clients": np.asarray(clients, dtype=np.int64), "updates": updates,
+                "losses": losses, "seconds": time.perf_counter() - t0}
+
+    def client_states(self) -> dict[int, dict[str, torch.Tensor]]:
+        """The per-client state this worker keeps (gradient rules' momenta), for checkpoints."""
+        return {c: {k: v.clone() for k, v in st.items()} for c, st in self.client_state.items()}
+
+    def load_client_states(self, states: dict[int, dict[str, torch.Tensor]]) -> None:
+        """Restore the states of this worker's clients (a checkpoint's, all clients' mixed)."""
+        self.client_state = ClientStateStore(self.state_dtype)
+        for c, st in states.items():
+            self.client_state.set(int(c), st)
+
+    def node(self) -> str | None:
+        """The Ray node this worker runs on (None in-process)."""
+        try:
+            import ray
+
+            return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        except ImportError:
+            return None
+
+    def peer_step(self, round_: int, peers: list[int], start: np.ndarray,
+                  mixed: dict | None = None, train: bool = True) -> dict[str, Any]:
+        """A D-SGD phase for this worker's ``peers``, whose models live here: take their rows
+        from ``mixed`` (a gossip result; ``start`` at first), then (``train``) run the trainer
+        from each peer's own model. Returns the peers' models as ``updates`` rows."""
+        t0 = time.perf_counter()
+        x0 = torch.from_numpy(np.array(start, dtype=np.float32))
+        for p in peers:  # new here: at the start, or moved off a lost worker
+            self.peer_x.setdefault(int(p), x0)
+        if mixed is not None:
+            pos = {int(c): i for i, c in enumerate(mixed["clients"])}
+            for p in peers:
+                self.peer_x[int(p)] = torch.from_numpy(np.array(mixed["updates"][pos[int(p)]]))
+        rows = np.empty((len(peers), x0.numel()), dtype=np.float32)
+        losses = np.full(len(peers), np.nan)
+        for i, p in enumerate(peers):
+            if train:
+                update, loss = self._run(round_, [self.client_data(round_, int(p))],
+                                         self.peer_x[int(p)])
+                losses[i] = loss[0]
+                self.peer_x[int(p)] = self.peer_x[int(p)] + torch.from_numpy(update[0])
+            rows[i] = self.peer_x[int(p)].numpy()
+        return {"clients": np.asarray(peers, dtype=np.int64), "updates": rows, "losses": losses,
+                "seconds": time.perf_counter() - t0}

@@ -1,0 +1,46 @@
+"""Who takes part in a round: the run's Byzantine clients, each round's sample, and who of
+the sample drops out or misses the deadline. Every draw comes from (seed, purpose, round)
+alone, so it does not depend on the backend, the worker count or the order of calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from simulator.seeding import numpy_rng
+
+
+def byzantine_clients(seed: int, total: int, f: int) -> np.ndarray:
+    """The fixed set of Byzantine client ids of a run (seeded)."""
+    return np.sort(numpy_rng(seed, "byzantine").choice(total, size=f, replace=False))
+
+
+def missed_round(seed: int, round_: int, clients: list[int], steps: np.ndarray, dropout: float,
+                 stragglers: Any) -> tuple[set[int], set[int]]:
+    """(dropped, late): the ``clients`` that drop out of the round (probability ``dropout``)
+    and those, of the rest, whose simulated time ``steps[c] * exp(sigma z_c + jitter e_cr)``
+    exceeds the deadline. One draw per client id from (seed, purpose, round): the outcome of
+    a client does not depend on who else was sampled."""
+    if not clients:
+        return set(), set()
+    ids = np.asarray(clients, dtype=np.int64)
+    total = len(steps)
+    dropped: set[int] = set()
+    if dropout > 0:
+        u = numpy_rng(seed, "dropout", round_).random(total)
+        dropped = set(ids[u[ids] < dropout].tolist())
+    late: set[int] = set()
+    if stragglers is not None:
+        z = numpy_rng(seed, "speed").standard_normal(total)
+        e = numpy_rng(seed, "jitter", round_).standard_normal(total)
+        duration = steps * np.exp(stragglers.sigma * z + stragglers.jitter * e)
+        late = set(ids[duration[ids] > stragglers.deadline].tolist()) - dropped
+    return dropped, late
+
+
+def sample_clients(seed: int, round_: int, total: int, k: int) -> np.ndarray:
+    """The ``k`` clients of a round, drawn without replacement, sorted by id."""
+    if k >= total:
+        return np.arange(total)
+    return np.sort(numpy_rng(seed, "sample", round_).choice(total, size=k, replace=False))

@@ -1,0 +1,437 @@
+"""The plugin contracts: one base class per plugin kind, with every hook documented.
+
+A plugin author reads this file and nothing else. A plugin is a class that subclasses the
+base of its kind (the registry refuses one that does not, in one line, when it is looked up),
+registered as an entry point in the group ``fedray.<kind>``:
+
+=================  =========================  ==============================================
+kind               base                       what it computes
+=================  =========================  ==============================================
+aggregators        :class:`Aggregator`        ``(n, d)`` updates -> ``(d,)`` aggregate
+preaggregators     :class:`PreAggregator`     ``(n, d)`` -> ``(m, d)`` (clipping, NNM, ...)
+meta               :class:`MetaAggregator`    ``(n, d)`` and an aggregator -> ``(d,)``
+attacks            :class:`Attack`            the ``(f, d)`` Byzantine rows of a round
+                   :class:`GossipAttack`      the Byzantine peers' gossip messages (D-SGD)
+topologies         :class:`Topology`          the ``(n, n)`` gossip matrix of a step
+gossip_defenses    :class:`GossipDefense`     one gossip step of the honest peers (D-SGD)
+optimizers         :class:`ServerOptimizer`   the server's step from the aggregate
+client_optimizers  :class:`ClientRule`        what a client sends (local SGD, momentum)
+trainers           :class:`Trainer`           the clients' updates of a round on a worker
+privacy            :class:`Privacy`           a DP mechanism and its accounting
+datasets           :class:`Dataset`           arrays of samples and labels
+partitioners       :class:`Partitioner`       sample indices per client
+models             :class:`Model`             a torch module from ``input_shape``, classes
+=================  =========================  ==============================================
+
+The rules every kind shares:
+
+* **Constructor arguments are the scenario keys.** ``aggregator: {name: cwtm, f: 2}`` builds
+  ``CoordinateWiseTrimmedMean(f=2)``. Type hints with ``annotated_types`` constraints
+  (``Annotated[int, Ge(0)]``) are checked before anything runs. Arguments the engine supplies
+  instead (a model's ``input_shape``) are listed in ``traits.context``; they are not keys.
+* **Traits are declared, never probed.** A class states what the engine must know of it in
+  one :class:`Traits` object (``traits = Traits(random=True)``); the base's default says
+  "none of these".
+* **One ``check(n)`` rule.** Every plugin has ``check(n)``: ``n`` is what it will be given
+  (rows for aggregation rules, peers for a topology, clients for a dataset or a
+  partitioner, the number of Byzantine rows for an attack). It raises ``ValueError`` with a
+  message that starts with the offending key (``"f: must be < n/2 = 5, got 7"``) when the
+  plugin cannot work with ``n``; validation runs it before anything runs, the engine again
+  every round for aggregation rules (dropouts change ``n``). The default accepts every ``n``.
+* **Pure.** Inputs are never modified in place; randomness comes in as a ``torch.Generator``
+  (or a NumPy generator for data plugins), never from global state; a plugin is picklable (it
+  crosses Ray). Stateful rules expose ``state_dict()`` / ``load_state_dict()`` as torch.optim
+  does (the defaults hold no state), so checkpoints restore them exactly.
+
+``fedray.testing.check_plugin(kind, cls)`` runs the conformance checks of a kind on a class;
+the built-ins pass the same checks.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = [
+    "CONTRACTS",
+    "Aggregator",
+    "Attack",
+    "ClientData",
+    "ClientRule",
+    "Dataset",
+    "DatasetInfo",
+    "DatasetSplit",
+    "GossipAttack",
+    "GossipDefense",
+    "GossipStep",
+    "LocalSettings",
+    "MetaAggregator",
+    "Model",
+    "Partitioner",
+    "Plugin",
+    "PreAggregator",
+    "Privacy",
+    "ServerOptimizer",
+    "Stateful",
+    "Topology",
+    "Trainer",
+    "Traits",
+]
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What the engine must know of a plugin class, declared once on the class.
+
+    ``random``: called with a ``torch.Generator`` as its last argument (aggregation rules).
+    ``omniscient``: an attack that sees the honest updates of the round (else it sees the
+    Byzantine clients' own honestly computed updates).
+    ``data_poisoning``: an attack that rewrites the Byzantine clients' labels
+    (``Attack.poison_labels``) and sends the updates trained on them.
+    ``gossip``: an attack on D-SGD's gossip (a :class:`GossipAttack`).
+    ``time_varying``: a topology whose matrix changes with the gossip step.
+    ``gradient_rule``: a client rule that sends a message built from minibatch gradients and
+    keeps per-client state across rounds (worker momentum, mu2-SGD).
+    ``privacy_level``: ``sample`` (DP-SGD inside each client) or ``client`` (the server
+    clips and noises the mean).
+    ``context``: constructor arguments the engine supplies (not scenario keys).
+    ``path_params``: keys holding file paths, resolved relative to the scenario file.
+    """
+
+    random: bool = False
+    omniscient: bool = False
+    data_poisoning: bool = False
+    gossip: bool = False
+    time_varying: bool = False
+    gradient_rule: bool = False
+    privacy_level: Literal["none", "sample", "client"] = "none"
+    context: tuple[str, ...] = ()
+    path_params: tuple[str, ...] = ()
+
+
+class Plugin:
+    """What every plugin has: declared traits and ``check(n)``."""
+
+    traits: ClassVar[Traits] = Traits()
+
+    def check(self, n: int) -> None:
+        """Raise ``ValueError("key: ...")`` when the plugin cannot work with ``n`` (see the
+        module docstring for what ``n`` is per kind). The default accepts every ``n``."""
+        return
+
+
+class Stateful:
+    """torch.optim's checkpoint hooks; the defaults hold no state."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the rule's future outputs depend on besides its arguments."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned."""
+        return
+
+
+# ---------------------------------------------------------------------------- aggregation
+
+
+class Aggregator(Plugin, Stateful, ABC):
+    """``(n, d)`` float32 updates -> ``(d,)`` aggregate (``traits.random``: called as
+    ``rule(x, generator)``). Non-finite rows must not break it while at most ``f`` rows
+    are Byzantine."""
+
+    @abstractmethod
+    def __call__(self, x: torch.Tensor, *generator: torch.Generator) -> torch.Tensor: ...
+
+
+class PreAggregator(Plugin, Stateful, ABC):
+    """``(n, d)`` -> ``(output_rows(n), d)``, applied before the aggregator in the order of
+    the scenario's ``preaggregators`` list."""
+
+    @abstractmethod
+    def __call__(self, x: torch.Tensor, *generator: torch.Generator) -> torch.Tensor: ...
+
+    def output_rows(self, n: int) -> int:
+        """How many rows come out of ``n`` rows in (the default: as many)."""
+        return n
+
+
+class MetaAggregator(Plugin, Stateful, ABC):
+    """Wraps the scenario's aggregator: ``meta(x, aggregator)`` (``traits.random``:
+    ``meta(x, aggregator, generator)``) -> ``(d,)``; ``aggregator`` maps ``(m, d)`` to
+    ``(d,)`` and is called on ``output_rows(n)`` rows at most."""
+
+    @abstractmethod
+    def __call__(self, x: torch.Tensor, aggregator: Callable[[torch.Tensor], torch.Tensor],
+                 *generator: torch.Generator) -> torch.Tensor: ...
+
+    def output_rows(self, n: int) -> int:
+        """How many rows the wrapped aggregator receives at most from ``n`` rows."""
+        return n
+
+
+# ---------------------------------------------------------------------------- attacks
+
+
+class Attack(Plugin, ABC):
+    """``attack(seen, f, generator) -> (f, d)``: the Byzantine rows of a round. ``seen`` is
+    the ``(h, d)`` honest updates of the round (``traits.omniscient``) or the Byzantine
+    clients' own honestly computed updates. An attack that needs the scenario's aggregation
+    pipeline lists ``aggregate`` in ``traits.context``: it receives a pure function
+    ``(n, d) -> (d,)`` that runs the scenario's pre-aggregators, aggregator and meta.
+    ``check(n)``: ``n`` is the number of Byzantine rows it makes."""
+
+    @abstractmethod
+    def __call__(self, seen: torch.Tensor, f: int, generator: torch.Generator) -> torch.Tensor: ...
+
+    def poison_labels(self, y: torch.Tensor, num_classes: int) -> torch.Tensor:
+        """A data-poisoning attack's labels for the Byzantine clients' training (only
+        called with ``traits.data_poisoning``)."""
+        raise NotImplementedError(f"{type(self).__name__} declares no data poisoning")
+
+
+class GossipAttack(Attack):
+    """An attack on D-SGD (``traits.gossip``): the Byzantine neighbours of honest peer i all
+    send it ``messages(...)[i]``."""
+
+    traits = Traits(gossip=True, omniscient=True)
+
+    @abstractmethod
+    def messages(self, x: torch.Tensor, w_hh: torch.Tensor, w_byz: torch.Tensor,
+                 generator: torch.Generator) -> torch.Tensor:
+        """``(h, d)`` messages, row i for honest peer i; ``x`` the honest models ``(h, d)``,
+        ``w_hh`` the honest block of W (dense), ``w_byz[i]`` the weight i gives its
+        Byzantine neighbours."""
+
+    def __call__(self, seen: torch.Tensor, f: int, generator: torch.Generator) -> torch.Tensor:
+        raise NotImplementedError("a gossip attack sends messages(), not rows: it needs a topology")
+
+
+# ---------------------------------------------------------------------------- D-SGD
+
+
+class Topology(Plugin, ABC):
+    """The communication graph of D-SGD. ``check(n)``: ``n`` peers."""
+
+    @abstractmethod
+    def mixing_matrix(self, n: int, seed: int, step: int = 0) -> np.ndarray:
+        """The ``(n, n)`` float64 gossip matrix of gossip step ``step`` (only
+        ``traits.time_varying`` topologies depend on it): symmetric, doubly stochastic."""
+
+
+@dataclass(frozen=True)
+class GossipStep:
+    """One gossip step's matrices, restricted to the honest peers (rows in their order):
+    ``w_hh`` dense ``(h, h)`` float64 and ``w_sparse`` the same as a float32 sparse tensor,
+    ``w_byz[i]`` the total weight peer i gives its Byzantine neighbours, ``byz_count[i]``
+    how many it has."""
+
+    w_hh: np.ndarray
+    w_sparse: torch.Tensor
+    w_byz: np.ndarray
+    byz_count: np.ndarray
+
+
+class GossipDefense(Plugin, ABC):
+    """One gossip step of the honest peers' models ``x`` ``(h, d)`` given the step's matrices
+    and the Byzantine messages (``None`` when no Byzantine neighbour speaks); returns the new
+    ``(h, d)`` models. Chosen by ``dsgd.defense``; what it needs from the scenario
+    (``clip_tau``, the scenario's ``aggregator``) it lists in ``traits.context``."""
+
+    @abstractmethod
+    def __call__(self, x: torch.Tensor, step: GossipStep,
+                 messages: torch.Tensor | None) -> torch.Tensor: ...
+
+
+# ---------------------------------------------------------------------------- optimizers
+
+
+class ClientRule(Plugin, ABC):
+    """What a client sends (``local.optimizer``). A rule without ``traits.gradient_rule``
+    is the model delta of the trainer's local SGD; a gradient rule builds its message from
+    minibatch gradients and keeps per-client state across rounds, in the worker that owns
+    the client."""
+
+    def client_message(self, round_: int, x: torch.Tensor,
+                       grad: Callable[[torch.Tensor], tuple[torch.Tensor, float]],
+                       state: dict[str, torch.Tensor], lr: float
+                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor], float]:
+        """(message, new state, loss) of one client from the global model ``x``; ``grad(p)``
+        is (minibatch gradient at ``p``, loss), the same minibatch every call."""
+        raise NotImplementedError(f"{type(self).__name__} is not a gradient rule")
+
+
+class ServerOptimizer(Plugin, Stateful, ABC):
+    """The server's update of the global model from the round's aggregate (a model delta
+    or a negative gradient, as the clients' rule sends)."""
+
+    @abstractmethod
+    def step(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """The next global model from ``x`` and the aggregate ``delta``; never in place."""
+
+    def client_rule(self) -> ClientRule | None:
+        """The clients' half of a method that spans both sides (mu2-SGD), else None."""
+        return None
+
+
+# ---------------------------------------------------------------------------- trainers
+
+
+class LocalSettings(Protocol):
+    """The scenario's ``local`` block, as a trainer reads it."""
+
+    @property
+    def epochs(self) -> int | None: ...
+    @property
+    def steps(self) -> int | None: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def lr(self) -> float: ...
+    @property
+    def momentum(self) -> float: ...
+    @property
+    def weight_decay(self) -> float: ...
+
+
+@dataclass
+class ClientData:
+    """One virtual client in one round, as a worker hands it to its trainer: its samples
+    (writable float32 features and int64 labels, poisoned already for a data-poisoning
+    Byzantine client), its random stream (seed, round, client) and its state (``{}`` until a
+    gradient rule has stored some; the trainer replaces it)."""
+
+    client: int
+    x: torch.Tensor
+    y: torch.Tensor
+    generator: torch.Generator
+    state: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class Trainer(Plugin, ABC):
+    """Computes the clients' messages of a round on a ClientWorker, which hosts the data,
+    the model and the per-client state and knows no algorithm. The worker builds it with
+    its ``model`` (one instance, reused for every client) and the scenario's ``local``
+    block; ``traits.context`` lists what else it needs (the client ``rule``, the
+    ``privacy`` plugin). ``train`` must not depend on which other clients are in
+    ``clients`` beyond rounding (results are compared across worker counts)."""
+
+    traits = Traits(context=("model", "local"))
+
+    @abstractmethod
+    def train(self, round_: int, clients: Sequence[ClientData], start: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(updates (k, d) float32, mean losses (k,) float64)`` of ``clients`` from the
+        flat global model ``start``; writes each client's new ``state``."""
+
+
+# ---------------------------------------------------------------------------- privacy
+
+
+class Privacy(Plugin, ABC):
+    """A differential-privacy mechanism (``traits.privacy_level`` says where it acts) and
+    its accounting. Keys every privacy plugin has: ``clip``, ``noise_multiplier``,
+    ``delta`` (at which epsilon is reported) and ``accountant``."""
+
+    clip: float
+    noise_multiplier: float
+    delta: float
+    accountant: str
+
+    @abstractmethod
+    def mechanism(self, rounds: int, client_rate: float, sample_rate: float,
+                  steps_per_round: int) -> Any:
+        """The composed mechanism after ``rounds`` rounds (``epsilon(delta, accountant)``,
+        ``profile``, ``tradeoff``, ``steps``, ``q``)."""
+
+    def privatize(self, rows: torch.Tensor) -> torch.Tensor:
+        """Client level: the rows as the server aggregates them (clipped)."""
+        return rows
+
+    def noise(self, aggregate: torch.Tensor, m: int, generator: torch.Generator) -> torch.Tensor:
+        """Client level: the aggregate of ``m`` rows with its noise."""
+        return aggregate
+
+
+# ---------------------------------------------------------------------------- data, models
+
+
+@dataclass(frozen=True)
+class DatasetSplit:
+    """A loaded dataset: train and test arrays, one sample's shape, the classes, and the
+    natural client of each training sample where the data has one."""
+
+    x_train: np.ndarray  # float32, (N, *input_shape)
+    y_train: np.ndarray  # int64, (N,)
+    x_test: np.ndarray
+    y_test: np.ndarray
+    input_shape: tuple[int, ...]
+    num_classes: int
+    clients_train: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What validation needs to know of a dataset before anything runs, found without
+    loading it: the training samples (after the test split), one sample's shape, the classes."""
+
+    train_samples: int
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+
+class Dataset(Plugin, ABC):
+    """Samples and labels. ``check(n)``: ``n`` clients; it checks what can be checked
+    without loading (files exist, their schema) and raises ``ValueError("key: ...")``."""
+
+    @abstractmethod
+    def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
+        """The data, every random draw from ``seed``; ``test_fraction`` held out unless the
+        data has its own test split."""
+
+    def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo | None:
+        """What ``load`` would give, cheaply (None: unknown until loaded; validation then
+        skips the data and model checks)."""
+        return None
+
+
+class Partitioner(Plugin, ABC):
+    """Splits the training samples over clients. ``check(n)``: ``n`` clients."""
+
+    @abstractmethod
+    def __call__(self, y: np.ndarray, num_clients: int, rng: np.random.Generator,
+                 clients: np.ndarray | None = None) -> list[np.ndarray]:
+        """One array of training-sample indices per client (every client at least one);
+        ``clients``: the dataset's natural client of each sample, if any."""
+
+
+class Model(nn.Module, Plugin):
+    """A torch module whose constructor takes ``input_shape`` (one sample's shape) and
+    ``num_classes`` (supplied by the engine from the dataset), then its own scenario keys;
+    ``forward`` maps a float32 batch ``(b, *input_shape)`` to ``(b, num_classes)`` scores.
+    Its parameters travel as one flat float32 vector (``parameters()`` order)."""
+
+    traits = Traits(context=("input_shape", "num_classes"))
+
+
+CONTRACTS: dict[str, type] = {
+    "aggregators": Aggregator,
+    "preaggregators": PreAggregator,
+    "meta": MetaAggregator,
+    "attacks": Attack,
+    "topologies": Topology,
+    "gossip_defenses": GossipDefense,
+    "optimizers": ServerOptimizer,
+    "client_optimizers": ClientRule,
+    "trainers": Trainer,
+    "privacy": Privacy,
+    "datasets": Dataset,
+    "partitioners": Partitioner,
+    "models": Model,
+}

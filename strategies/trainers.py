@@ -1,0 +1,305 @@
+"""Trainers: how the clients of a round compute their messages on a ClientWorker.
+
+A trainer is a class (the plugin, chosen by ``local.trainer`` or by the scenario, see
+``Scenario.trainer``) with a pure functional twin, as torch.optim has ``SGD`` and ``sgd``:
+
+* ``sgd`` / :func:`local_sgd`: minibatch SGD with momentum (reset every round) and weight
+  decay, the local steps of FedAvg (McMahan et al., AISTATS 2017) and of FedRo (Allouah et
+  al., ICML 2024); the message is the model delta;
+* ``vectorized_sgd`` / :func:`vectorized_sgd`: the same steps for several clients at once
+  (``torch.func``: vmap of grad over the stacked client parameters and their minibatches);
+* ``dp_sgd`` / :func:`dp_sgd`: DP-SGD (Abadi et al., CCS 2016) inside each client;
+* ``gradient_rule``: the client rule's message from one minibatch (worker momentum,
+  mu2-SGD), with its per-client state.
+
+Every trainer draws its minibatches from the client's own generator (seed, round, client),
+so a client's message does not depend on the worker or on the other clients.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any
+
+import numpy as np
+import torch
+from annotated_types import Ge
+from torch import nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from strategies.protocols import ClientData, ClientRule, LocalSettings, Privacy, Trainer, Traits
+
+__all__ = ["DPSGD", "SGD", "GradientRule", "VectorizedSGD", "dp_sgd", "local_sgd",
+           "minibatches", "vectorized_sgd"]
+
+
+def minibatches(n: int, local: LocalSettings, generator: torch.Generator) -> list[torch.Tensor]:
+    """The index batches of one client with ``n`` samples in a round: ``local.steps``
+    batches of ``batch_size`` (fresh permutations as needed, partial batches dropped), or
+    ``local.epochs`` passes (default one) in ``batch_size`` chunks of a permutation each."""
+    bs = min(local.batch_size, n)
+    out: list[torch.Tensor] = []
+    if local.steps is not None:
+        while len(out) < local.steps:
+            perm = torch.randperm(n, generator=generator)
+            out += [perm[i : i + bs] for i in range(0, n - bs + 1, bs)]
+        return out[: local.steps]
+    for _ in range(local.epochs or 1):
+        perm = torch.randperm(n, generator=generator)
+        out += [perm[i : i + bs] for i in range(0, n, bs)]
+    return out
+
+
+def _flat_loss(model: nn.Module) -> tuple[Callable[[torch.Tensor], dict[str, torch.Tensor]],
+                                          Callable[..., torch.Tensor]]:
+    """(unflatten, masked mean loss of flat params on a batch) for torch.func over ``model``."""
+    from torch.func import functional_call
+
+    names = [name for name, _ in model.named_parameters()]
+    shapes = [p.shape for p in model.parameters()]
+    sizes = [p.numel() for p in model.parameters()]
+
+    def unflatten(vec: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {k: v.view(s) for k, v, s in zip(names, torch.split(vec, sizes), shapes)}
+
+    def masked_loss(vec: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor,
+                    mb: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, unflatten(vec), (xb,))
+        per = nn.functional.cross_entropy(out, yb, reduction="none")
+        return (per * mb).sum() / mb.sum().clamp_min(1.0)
+
+    return unflatten, masked_loss
+
+
+# ---------------------------------------------------------------------------- local SGD
+
+
+def local_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+              batches: Sequence[torch.Tensor], lr: float, momentum: float = 0.0,
+              weight_decay: float = 0.0) -> tuple[torch.Tensor, float]:
+    """Minibatch SGD of ``model`` from the flat parameters ``start`` over ``batches`` of
+    ``(x, y)`` (torch.optim.SGD: momentum and weight decay as it defines them). Returns
+    (update = local - start, mean loss over the batches). ``model``'s parameters are
+    overwritten."""
+    params = list(model.parameters())
+    vector_to_parameters(start.clone(), params)  # params become views of the copy
+    opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    model.train()
+    total = 0.0
+    for idx in batches:
+        opt.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
+        loss.backward()
+        opt.step()
+        total += float(loss.detach())
+    with torch.no_grad():
+        update = parameters_to_vector(params) - start
+    return update, total / max(len(batches), 1)
+
+
+class SGD(Trainer):
+    """Local SGD, one client after another (:func:`local_sgd`)."""
+
+    def __init__(self, model: nn.Module, local: LocalSettings) -> None:
+        self.model, self.local = model, local
+
+    def train(self, round_: int, clients: Sequence[ClientData], start: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        updates = torch.empty((len(clients), start.numel()))
+        losses = torch.empty(len(clients), dtype=torch.float64)
+        lc = self.local
+        for i, c in enumerate(clients):
+            batches = minibatches(len(c.y), lc, c.generator)
+            updates[i], losses[i] = local_sgd(self.model, start, c.x, c.y, batches, lc.lr,
+                                              lc.momentum, lc.weight_decay)
+        return updates, losses
+
+
+# ---------------------------------------------------------------------------- vectorised
+
+
+def vectorized_sgd(model: nn.Module, start: torch.Tensor, clients: Sequence[ClientData],
+                   local: LocalSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`local_sgd` of several clients at once, the same batches and the same SGD rule
+    (momentum, weight decay): clients with fewer or smaller batches are padded and masked,
+    so each client's result equals the loop's up to rounding. Returns (updates (k, d), mean
+    losses (k,))."""
+    from torch.func import grad_and_value, vmap
+
+    plans = [minibatches(len(c.y), local, c.generator) for c in clients]
+    k, d = len(clients), start.numel()
+    steps = max(len(b) for b in plans)
+    width = max((len(i) for b in plans for i in b), default=1)
+    feat = tuple(clients[0].x.shape[1:])
+    xs_parts, ys_parts, slots, on = [], [], [], []
+    for j, (c, batches) in enumerate(zip(clients, plans)):  # where each example goes
+        for s, idx in enumerate(batches):
+            xs_parts.append(c.x[idx])
+            ys_parts.append(c.y[idx])
+            slots.append((s * k + j) * width + np.arange(len(idx)))
+            on.append(s * k + j)
+    slots_t = torch.from_numpy(np.concatenate(slots))
+    xs = torch.zeros((steps * k * width, *feat))
+    ys = torch.zeros(steps * k * width, dtype=torch.long)
+    ms = torch.zeros(steps * k * width)
+    xs[slots_t] = torch.cat(xs_parts)
+    ys[slots_t] = torch.cat(ys_parts)
+    ms[slots_t] = 1.0
+    xs, ys, ms = (xs.view(steps, k, width, *feat), ys.view(steps, k, width),
+                  ms.view(steps, k, width))
+    active = torch.zeros(steps * k, dtype=torch.bool)
+    active[torch.tensor(on)] = True
+    active = active.view(steps, k)
+    _, masked_loss = _flat_loss(model)
+    step_fn = vmap(grad_and_value(masked_loss))
+    w = start.expand(k, d).clone()
+    buf = torch.zeros_like(w)
+    loss_sum = torch.zeros(k, dtype=torch.float64)
+    model.train()
+    for s in range(steps):
+        g, loss = step_fn(w, xs[s], ys[s], ms[s])
+        live = active[s][:, None]
+        if local.weight_decay:
+            g = g + local.weight_decay * w
+        if local.momentum:
+            buf = torch.where(live, local.momentum * buf + g, buf)
+            g = buf
+        w = torch.where(live, w - local.lr * g, w)
+        loss_sum += torch.where(active[s], loss.double(), torch.zeros_like(loss_sum))
+    counts = torch.tensor([len(b) for b in plans], dtype=torch.float64).clamp_min(1)
+    return (w - start).detach(), loss_sum / counts
+
+
+class VectorizedSGD(Trainer):
+    """:func:`vectorized_sgd` over chunks of ``chunk`` clients of alike sizes (little
+    padding; the chunk bounds the stacked batches' memory). The same numbers as ``sgd`` up
+    to float rounding (not bit for bit across worker counts)."""
+
+    def __init__(self, model: nn.Module, local: LocalSettings,
+                 chunk: Annotated[int, Ge(1)] = 32) -> None:
+        self.model, self.local, self.chunk = model, local, chunk
+
+    def train(self, round_: int, clients: Sequence[ClientData], start: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        updates = torch.empty((len(clients), start.numel()))
+        losses = torch.empty(len(clients), dtype=torch.float64)
+        order = np.argsort([len(c.y) for c in clients], kind="stable")
+        for lo in range(0, len(order), self.chunk):
+            pos = torch.from_numpy(order[lo : lo + self.chunk])
+            u, ls = vectorized_sgd(self.model, start, [clients[i] for i in pos], self.local)
+            updates[pos], losses[pos] = u, ls
+        return updates, losses
+
+
+# ---------------------------------------------------------------------------- DP-SGD
+
+
+def dp_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+           generator: torch.Generator, local: LocalSettings, clip: float,
+           noise_multiplier: float) -> tuple[torch.Tensor, float]:
+    """DP-SGD (Abadi et al., CCS 2016) from ``start``: each step takes a Poisson sample of
+    rate q = batch_size / n, clips every per-sample gradient (torch.func: vmap of grad) to
+    ``clip``, adds N(0, (noise_multiplier clip)^2) to their sum and divides by the expected
+    batch size q n; then SGD with momentum and weight decay as configured. The number of
+    steps is ``local.steps``, or ``local.epochs`` (default one) times ceil(n / batch_size).
+    Returns (update, mean loss of the sampled examples)."""
+    from torch.func import functional_call, grad, vmap
+
+    n = len(y)
+    q = min(1.0, local.batch_size / max(n, 1))
+    steps = local.steps or (local.epochs or 1) * math.ceil(max(n, 1) / local.batch_size)
+    unflatten, _ = _flat_loss(model)
+
+    def loss_one(vec: torch.Tensor, xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, unflatten(vec), (xi.unsqueeze(0),))
+        return nn.functional.cross_entropy(out, yi.unsqueeze(0))
+
+    per_sample = vmap(grad(loss_one), in_dims=(None, 0, 0))
+    w = start.clone()
+    buf = torch.zeros_like(w)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        idx = (torch.rand(n, generator=generator) < q).nonzero().squeeze(1)
+        total = torch.zeros_like(w)
+        if len(idx):
+            grads = per_sample(w, x[idx], y[idx])
+            norms = torch.linalg.vector_norm(grads, dim=1, keepdim=True)
+            total = (grads * torch.clamp(clip / norms.clamp_min(1e-30), max=1.0)).sum(0)
+            with torch.no_grad():
+                losses.append(float(nn.functional.cross_entropy(
+                    functional_call(model, unflatten(w), (x[idx],)), y[idx])))
+        noise = torch.randn(w.shape, generator=generator) * (noise_multiplier * clip)
+        step = (total + noise) / (q * n) + local.weight_decay * w
+        buf = local.momentum * buf + step if local.momentum else step
+        w = w - local.lr * buf
+    return (w - start).detach(), float(np.mean(losses)) if losses else float("nan")
+
+
+class DPSGD(Trainer):
+    """:func:`dp_sgd` for each client, with the clip and noise multiplier of the scenario's
+    sample-level privacy plugin (which also accounts for it)."""
+
+    traits = Traits(context=("model", "local", "privacy"))
+
+    def __init__(self, model: nn.Module, local: LocalSettings, privacy: Privacy) -> None:
+        self.model, self.local = model, local
+        self.clip, self.noise_multiplier = privacy.clip, privacy.noise_multiplier
+
+    def train(self, round_: int, clients: Sequence[ClientData], start: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        updates = torch.empty((len(clients), start.numel()))
+        losses = torch.empty(len(clients), dtype=torch.float64)
+        for i, c in enumerate(clients):
+            updates[i], losses[i] = dp_sgd(self.model, start, c.x, c.y, c.generator,
+                                           self.local, self.clip, self.noise_multiplier)
+        return updates, losses
+
+
+# ---------------------------------------------------------------------------- gradient rules
+
+
+def minibatch_gradient(model: nn.Module, params: torch.Tensor, xb: torch.Tensor,
+                       yb: torch.Tensor, weight_decay: float) -> tuple[torch.Tensor, float]:
+    """(gradient of the minibatch loss + weight decay, loss) at the flat ``params``."""
+    ps = list(model.parameters())
+    vector_to_parameters(params.clone(), ps)
+    for p in ps:
+        p.grad = None
+    loss = nn.functional.cross_entropy(model(xb), yb)
+    loss.backward()
+    grad = torch.cat([p.grad.reshape(-1) for p in ps if p.grad is not None])
+    if weight_decay:
+        grad = grad + weight_decay * params
+    return grad, float(loss.detach())
+
+
+class GradientRule(Trainer):
+    """A gradient client rule's message (worker momentum, mu2-SGD): one minibatch, the first
+    ``batch_size`` of the round's permutation, every gradient the rule asks for taken on it;
+    the client's state advances."""
+
+    traits = Traits(context=("model", "local", "rule"))
+
+    def __init__(self, model: nn.Module, local: LocalSettings, rule: ClientRule) -> None:
+        self.model, self.local, self.rule = model, local, rule
+
+    def train(self, round_: int, clients: Sequence[ClientData], start: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        updates = torch.empty((len(clients), start.numel()))
+        losses = torch.empty(len(clients), dtype=torch.float64)
+        lc = self.local
+        self.model.train()
+        for i, c in enumerate(clients):
+            idx = torch.randperm(len(c.y), generator=c.generator)[: lc.batch_size]
+            xb, yb = c.x[idx], c.y[idx]
+
+            def grad(p: torch.Tensor, xb: Any = xb, yb: Any = yb) -> tuple[torch.Tensor, float]:
+                return minibatch_gradient(self.model, p, xb, yb, lc.weight_decay)
+
+            message, state, losses[i] = self.rule.client_message(round_, start, grad, c.state,
+                                                                 lc.lr)
+            updates[i] = message.detach()
+            c.state = {k: v.detach() for k, v in state.items()}
+        return updates, losses
