@@ -73,8 +73,9 @@ def _entry_points(kind: str) -> dict[str, EntryPoint]:
     for ep in entry_points(group=f"fedray.{kind}"):
         seen = out.get(ep.name)
         if seen is not None and seen.value != ep.value:
+            both = sorted([_origin(seen), _origin(ep)], key=lambda o: "(from fedray)" not in o)
             raise BadPlugin(f"{kind.removesuffix('s')} {ep.name!r} is registered twice: "
-                            f"{_origin(seen)} and {_origin(ep)}; uninstall one or rename it")
+                            f"{both[0]} and {both[1]}; uninstall one or rename it")
         out[ep.name] = ep
     return out
 

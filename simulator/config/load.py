@@ -46,7 +46,7 @@ class LoadedScenario:
 
 
 def _resolve_paths(raw: dict, base: Path) -> None:
-    """Relative file paths in plugin blocks (a plugin lists them in ``PATH_PARAMS``) are
+    """Relative file paths in plugin blocks (a plugin lists them in ``traits.path_params``) are
     relative to the scenario file's directory, wherever ``fedray`` is started from."""
     for loc, kind in PLUGIN_FIELDS:
         spec = get_path(raw, loc)
