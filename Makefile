@@ -20,11 +20,13 @@ install: $(STAMP)
 quickstart: $(STAMP)
 	$(VENV)/bin/fedray run scenarios/quickstart.yaml
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q
 
+# ruff (with the C90 complexity rule) and mypy, both clean: part of `make test`, so CI runs them
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	$(PY) benchmarks/engine_overhead.py

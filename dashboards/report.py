@@ -224,6 +224,7 @@ def _mechanisms(runs: list[RunData]) -> dict[str, tuple[list[float], list[float]
     out = {}
     for key, r in list(by_mech.items())[:MAX_SERIES]:
         name = ", ".join(f"{k.removeprefix('privacy.')}={dict(key).get(k)}" for k in varying)
+        assert r.tradeoff is not None  # kept above
         out[name or r.group] = r.tradeoff
     return out
 
@@ -248,6 +249,26 @@ def _mechanism_table(curves: dict[str, tuple[list[float], list[float]]]) -> list
             "choosing the column's mechanism over the row's (0: the column is at least as "
             "private everywhere); advantage: the best attacker's max TPR - FPR.</p>"),
             _table(["mechanism", "advantage", *names], rows, "mechanisms")]
+
+
+def _topology_section(runs: list[RunData]) -> list[str]:
+    """The D-SGD runs' table: spectral gap, accuracy, generalization gap, consensus."""
+    by_topo: dict[str, list[RunData]] = {}
+    for r in runs:
+        if r.tags.get("topology", "none") != "none":
+            by_topo.setdefault(r.group, []).append(r)
+    if not by_topo:
+        return []
+    rows = []
+    for label, members in by_topo.items():
+        gap = summarize([float(r.params.get("spectral_gap", "nan")) for r in members])
+        rows.append([label, members[0].tags.get("topology", ""), _cell(gap),
+                     _cell(summarize([r.final("test_accuracy") for r in members])),
+                     _cell(summarize([r.final("generalization_gap") for r in members])),
+                     _cell(summarize([r.final("consensus_distance") for r in members]))])
+    return ["<h2>Topologies (D-SGD)</h2>", _table(
+        ["sweep point", "topology", "spectral gap", "peers' test accuracy",
+         "generalization gap", "consensus distance"], rows, "topologies")]
 
 
 def render(title: str, runs: list[RunData]) -> str:
@@ -287,21 +308,7 @@ def render(title: str, runs: list[RunData]) -> str:
         parts += ["<h2>Aggregator x f</h2>", *_heat_maps(
             runs, "aggregator", "f", "f (Byzantine clients)",
             {"aggregator", "aggregator.name", "clients.byzantine", "clients.b_hat"})]
-    topo = [r for r in runs if r.tags.get("topology", "none") != "none"]
-    if topo:
-        by_topo: dict[str, list[RunData]] = {}
-        for r in topo:
-            by_topo.setdefault(r.group, []).append(r)
-        rows = []
-        for label, members in by_topo.items():
-            gap = summarize([float(r.params.get("spectral_gap", "nan")) for r in members])
-            rows.append([label, members[0].tags.get("topology", ""), _cell(gap),
-                         _cell(summarize([r.final("test_accuracy") for r in members])),
-                         _cell(summarize([r.final("generalization_gap") for r in members])),
-                         _cell(summarize([r.final("consensus_distance") for r in members]))])
-        parts += ["<h2>Topologies (D-SGD)</h2>", _table(
-            ["sweep point", "topology", "spectral gap", "peers' test accuracy",
-             "generalization gap", "consensus distance"], rows, "topologies")]
+    parts += _topology_section(runs)
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>fedray report: {html.escape(title)}</title><style>{CSS}</style></head>"
             f"<body>{''.join(parts)}<script>{JS}</script></body></html>")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Sequence
+from typing import Any
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22", "#17becf"]
@@ -48,6 +49,33 @@ def color(value: float, lo: float, hi: float) -> str:
     f = pos - i
     r, g, b = (round(a + (c - a) * f) for a, c in zip(VIRIDIS[i], VIRIDIS[i + 1]))
     return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def _series_svg(i: int, s: dict, sx: Any, sy: Any, legend_x: float, top: float) -> list[str]:
+    """One series of a line chart: its band (when not flat), curve, markers and legend."""
+    c = PALETTE[i % len(PALETTE)]
+    out = []
+    lo, hi = s.get("lo"), s.get("hi")
+    if lo and hi and any(a != b for a, b in zip(lo, hi)):
+        ring = [(x, y) for x, y in zip(s["x"], hi) if math.isfinite(y)]
+        ring += [(x, y) for x, y in reversed(list(zip(s["x"], lo))) if math.isfinite(y)]
+        poly = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in ring)
+        out.append(f'<polygon class="band" data-series="{i}" points="{poly}" fill="{c}"/>')
+    line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(s["x"], s["mean"])
+                    if math.isfinite(y))
+    last = next((y for y in reversed(s["mean"]) if math.isfinite(y)), math.nan)
+    out.append(f'<polyline class="curve" data-series="{i}" points="{line}" stroke="{c}">'
+               f'<title>{_esc(s["label"])}: final {_fmt(last)}</title></polyline>')
+    finite = [(x, y) for x, y in zip(s["x"], s["mean"]) if math.isfinite(y)]
+    if len(finite) <= 25:  # a sparse series (evaluated every k rounds) shows its points
+        out += [f'<circle class="marker" data-series="{i}" cx="{sx(x):.1f}" cy="{sy(y):.1f}" '
+                f'r="3" fill="{c}"/>' for x, y in finite]
+    ly = top + 12 + 16 * i
+    out.append(f'<g class="legend" data-series="{i}"><rect x="{legend_x + 10}" y="{ly - 9}" '
+               f'width="10" height="10" fill="{c}"/><text x="{legend_x + 25}" y="{ly}" '
+               f'class="tick">{_esc(s["label"][:40])}<title>{_esc(s["label"])}</title>'
+               '</text></g>')
+    return out
 
 
 def line_chart(title: str, series: Sequence[dict], x_label: str = "round", y_label: str = "",
@@ -90,27 +118,7 @@ def line_chart(title: str, series: Sequence[dict], x_label: str = "round", y_lab
     out.append(f'<text x="14" y="{top + ph / 2}" class="axis" text-anchor="middle" '
                f'transform="rotate(-90 14 {top + ph / 2})">{_esc(y_label)}</text>')
     for i, s in enumerate(series):
-        c = PALETTE[i % len(PALETTE)]
-        lo, hi = s.get("lo"), s.get("hi")
-        if lo and hi and any(a != b for a, b in zip(lo, hi)):
-            ring = [(x, y) for x, y in zip(s["x"], hi) if math.isfinite(y)]
-            ring += [(x, y) for x, y in reversed(list(zip(s["x"], lo))) if math.isfinite(y)]
-            poly = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in ring)
-            out.append(f'<polygon class="band" data-series="{i}" points="{poly}" fill="{c}"/>')
-        line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(s["x"], s["mean"])
-                        if math.isfinite(y))
-        last = next((y for y in reversed(s["mean"]) if math.isfinite(y)), math.nan)
-        out.append(f'<polyline class="curve" data-series="{i}" points="{line}" stroke="{c}">'
-                   f'<title>{_esc(s["label"])}: final {_fmt(last)}</title></polyline>')
-        finite = [(x, y) for x, y in zip(s["x"], s["mean"]) if math.isfinite(y)]
-        if len(finite) <= 25:  # a sparse series (evaluated every k rounds) shows its points
-            out += [f'<circle class="marker" data-series="{i}" cx="{sx(x):.1f}" cy="{sy(y):.1f}" '
-                    f'r="3" fill="{c}"/>' for x, y in finite]
-        ly = top + 12 + 16 * i
-        out.append(f'<g class="legend" data-series="{i}"><rect x="{left + pw + 10}" y="{ly - 9}" '
-                   f'width="10" height="10" fill="{c}"/><text x="{left + pw + 25}" y="{ly}" '
-                   f'class="tick">{_esc(s["label"][:40])}<title>{_esc(s["label"])}</title>'
-                   '</text></g>')
+        out += _series_svg(i, s, sx, sy, left + pw, top)
     out.append("</svg>")
     return "".join(out)
 

@@ -41,7 +41,7 @@ Check = tuple[str, Callable[[], None]]
 __all__ = ["D", "F", "N", "build", "check_plugin", "plugin_checks"]
 
 
-def build(kind: str, cls: type, params: dict[str, Any] | None = None, **context: Any) -> Any:
+def build(kind: str, cls: Any, params: dict[str, Any] | None = None, **context: Any) -> Any:
     """An instance of ``cls`` for the checks: ``params``, plus ``f = F`` when the
     constructor takes an ``f`` that ``params`` does not set, plus the engine's ``context``."""
     keys = dict(params or {})
@@ -204,7 +204,7 @@ def _meta_checks(make: Callable[[], Any]) -> list[Check]:
 # ---------------------------------------------------------------------------- attacks
 
 
-def _attack_checks(make: Callable[[], Any], cls: type) -> list[Check]:
+def _attack_checks(make: Callable[[], Any], cls: Any) -> list[Check]:
     if cls.traits.gossip:
         def messages_contract() -> None:
             h = 6
@@ -247,7 +247,7 @@ def _attack_checks(make: Callable[[], Any], cls: type) -> list[Check]:
 # ---------------------------------------------------------------------------- D-SGD
 
 
-def _topology_checks(make: Callable[[], Any], cls: type) -> list[Check]:
+def _topology_checks(make: Callable[[], Any], cls: Any) -> list[Check]:
     from strategies.topologies import validate_mixing
 
     def mixing_matrices() -> None:
@@ -312,7 +312,7 @@ def _optimizer_checks(make: Callable[[], Any]) -> list[Check]:
     return [("step_and_state_round_trip", step_and_state_round_trip)]
 
 
-def _client_rule_checks(make: Callable[[], Any], cls: type) -> list[Check]:
+def _client_rule_checks(make: Callable[[], Any], cls: Any) -> list[Check]:
     if not cls.traits.gradient_rule:
         return [("builds", lambda: pickle.loads(pickle.dumps(make())) and None)]
 
@@ -435,7 +435,7 @@ def _model_checks(make_with: Callable[..., Any]) -> list[Check]:
 # ---------------------------------------------------------------------------- entry points
 
 
-def plugin_checks(kind: str, cls: type, params: dict[str, Any] | None = None,
+def plugin_checks(kind: str, cls: Any, params: dict[str, Any] | None = None,
                   skip: dict[str, str] | None = None) -> list[Check]:
     """The conformance checks of ``kind`` for ``cls`` as ``(name, check)`` pairs, the
     ``skip``ped ones left out. The first check is always ``subclasses_the_contract``."""
@@ -493,7 +493,7 @@ def _trainer(make: Callable[..., Any]) -> Callable[..., Any]:
     return with_context
 
 
-def check_plugin(kind: str, cls: type, params: dict[str, Any] | None = None,
+def check_plugin(kind: str, cls: Any, params: dict[str, Any] | None = None,
                  skip: dict[str, str] | None = None) -> None:
     """Run every conformance check of ``kind`` on ``cls``; an AssertionError names the check
     and the plugin."""

@@ -322,6 +322,7 @@ class Engine:
         if mech is None:
             return {}, {}
         p = self.privacy
+        assert p is not None  # a mechanism comes from the privacy plugin
         eps = mech.epsilon(p.delta, p.accountant)
         grid = np.linspace(0.0, max(2 * eps, 1.0) if math.isfinite(eps) else 10.0, 101)
         alpha = np.linspace(0.0, 1.0, 1001)
@@ -424,6 +425,7 @@ class DecentralizedEngine(Engine):
         """Every honest peer's model (rows in peer order)."""
         import torch
 
+        assert self._state is not None  # a round has run
         results = self.backend.get(list(self._state))
         x = stack_updates(self.honest, tuple(results), len(results[0]["updates"][0]))
         return {"peers": torch.from_numpy(x), "clients": {}}
@@ -439,6 +441,7 @@ class DecentralizedEngine(Engine):
         """The honest peers' averaged model, and the topology's spectral gap and degree."""
         from strategies.topologies import topology_summary
 
+        assert self._state is not None and self.sc.topology is not None
         final, state = self.backend.get(self.backend.call(self.mixer, "averaged", *self._state))
         topo = instantiate("topologies", self.sc.topology)
         summary = topology_summary(topo, self.sc.clients.total, self.seed)

@@ -139,12 +139,12 @@ def instantiate(kind: str, spec: PluginSpec, **context: Any) -> Any:
     return cls(**{k: context[k] for k in wanted}, **params)
 
 
-def params_model(cls: type) -> type[BaseModel]:
+def params_model(cls: Any) -> type[BaseModel]:
     """A pydantic model of a plugin's scenario keys, derived from its constructor signature
     (type hints with annotated_types constraints, defaults). The arguments the engine
     supplies (``traits.context``) are not scenario keys."""
     init = cls.__init__
-    skip = {"self", *cls.traits.context}  # type: ignore[attr-defined]
+    skip = {"self", *cls.traits.context}
     try:
         hints = typing.get_type_hints(init, include_extras=True)
     except Exception:  # noqa: BLE001 - unresolvable hints: fall back to no type checks

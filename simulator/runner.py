@@ -174,6 +174,49 @@ def _simulate(scenario: Scenario) -> Any:
     return make_engine(scenario, InlineBackend()).run()
 
 
+def _sweep_parent(loaded: LoadedScenario, backend: Any, tracker: Tracker, tmp: Path,
+                  fresh: bool) -> tuple[str, set[str]]:
+    """(parent run, keys of its FINISHED points): the last sweep of the same resolved
+    scenario, reopened (children a dead driver left RUNNING are marked KILLED), or a new one."""
+    key = sweep_key(loaded)
+    parent = None if fresh else tracker.find_run({"fedray.sweep_key": key, "fedray.kind": "scenario"})
+    done: set[str] = set()
+    if parent is None:
+        return open_parent(loaded, backend, tracker, tmp, {"fedray.sweep_key": key}), done
+    tracker.reopen(parent)
+    for child in tracker.children(parent):
+        if child.info.status == "FINISHED":
+            done.add(child.data.tags.get("fedray.point_key", ""))
+        elif child.info.status == "RUNNING":  # left by a driver that died
+            tracker.end(child.info.run_id, "KILLED")
+    return parent, done
+
+
+def _collect(ray: Any, ref: Any, point: RunPoint, run_id: str, tracker: Tracker, tmp: Path,
+             callbacks: list[Callback], out: dict[str, Any], total: int) -> None:
+    """A finished sweep task into its run: the history, the callbacks' ``on_end``, the
+    status; a failed one is marked FAILED and named in ``out["failed"]``."""
+    try:
+        result = ray.get(ref)
+    except Exception as e:  # noqa: BLE001 - one failed point does not stop the sweep
+        cause = getattr(e, "cause", None) or e  # a RayTaskError wraps the real error
+        text = (str(cause).strip().splitlines() or [""])[-1]
+        print(f"{point.label}: FAILED ({type(cause).__name__}: {text})", file=sys.stderr)
+        tracker.end(run_id, "FAILED")
+        out["failed"].append(point.label)
+        return
+    tracker.log_history(run_id, result.metrics)
+    run = PointRun(point, run_id, tracker, tmp / run_id, rows=result.metrics)
+    for cb in callbacks:
+        cb.on_end(run, result, "FINISHED")
+    tracker.end(run_id, "FINISHED")
+    acc = result.final("test_accuracy")
+    out["runs"].append({"run_id": run_id, "label": point.label, "values": point.values,
+                        "seed": point.seed, "final_test_accuracy": acc})
+    print(f"{point.label}: final test accuracy {acc:.4f}  (run {run_id}; "
+          f"{len(out['runs']) + len(out['failed'])}/{total})", file=sys.stderr)
+
+
 def run_sweep(
     loaded: LoadedScenario,
     address: str | None = None,
@@ -195,70 +238,35 @@ def run_sweep(
     """
     from simulator.runtime.backend import RayBackend
 
-    sc = loaded.scenario
     uri = tracking_uri or default_uri()
-    tracker = Tracker(uri, sc.name)  # before Ray: a store that cannot be used stops it here
+    tracker = Tracker(uri, loaded.scenario.name)  # before Ray: a store that cannot be used stops it
     backend = RayBackend(address, **(ray_init or {}))
     trap_sigterm()
     ray = backend.ray
-    key = sweep_key(loaded)
     cbs = [MLflowArtifacts(), *(callbacks or [])]
     out: dict[str, Any] = {"tracking_uri": uri, "skipped": [], "runs": [], "failed": []}
-    parent = None if fresh else tracker.find_run({"fedray.sweep_key": key, "fedray.kind": "scenario"})
     pending: dict[Any, tuple[RunPoint, str]] = {}
-    status = ""
+    parent, status = None, ""
     try:
         with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
-            done: set[str] = set()
-            if parent is None:
-                parent = open_parent(loaded, backend, tracker, Path(tmp),
-                                     {"fedray.sweep_key": key})
-            else:
-                tracker.reopen(parent)
-                for child in tracker.children(parent):
-                    if child.info.status == "FINISHED":
-                        done.add(child.data.tags.get("fedray.point_key", ""))
-                    elif child.info.status == "RUNNING":  # left by a driver that died
-                        tracker.end(child.info.run_id, "KILLED")
+            parent, done = _sweep_parent(loaded, backend, tracker, Path(tmp), fresh)
             out["parent_run_id"] = parent
-            todo = []
-            for point in loaded.points:
-                if point_key(point) in done:
-                    out["skipped"].append(point.label)
-                else:
-                    todo.append(point)
+            out["skipped"] = [p.label for p in loaded.points if point_key(p) in done]
+            todo = [p for p in loaded.points if point_key(p) not in done]
             cap = max(1, min(parallel or backend.default_workers(), len(todo) or 1))
             remote = ray.remote(num_cpus=1, max_retries=1)(_simulate)
-            queue = list(enumerate(todo))
             print(f"sweep: {len(loaded.points)} points, {len(out['skipped'])} already finished, "
                   f"running {len(todo)}, {cap} at a time", file=sys.stderr)
+            queue = list(todo)
             while queue or pending:
                 while queue and len(pending) < cap:
-                    _, point = queue.pop(0)
+                    point = queue.pop(0)
                     run_id = open_child(point, point_key(point), backend, tracker, parent,
                                         Path(tmp) / "open")
                     pending[remote.remote(point.scenario)] = (point, run_id)
                 ready, _ = ray.wait(list(pending), num_returns=1)
-                point, run_id = pending.pop(ready[0])
-                try:
-                    result = ray.get(ready[0])
-                except Exception as e:  # noqa: BLE001 - one failed point does not stop the sweep
-                    cause = getattr(e, "cause", None) or e  # a RayTaskError wraps the real error
-                    text = (str(cause).strip().splitlines() or [""])[-1]
-                    print(f"{point.label}: FAILED ({type(cause).__name__}: {text})", file=sys.stderr)
-                    tracker.end(run_id, "FAILED")
-                    out["failed"].append(point.label)
-                    continue
-                tracker.log_history(run_id, result.metrics)
-                run = PointRun(point, run_id, tracker, Path(tmp) / run_id, rows=result.metrics)
-                for cb in cbs:
-                    cb.on_end(run, result, "FINISHED")
-                tracker.end(run_id, "FINISHED")
-                acc = result.final("test_accuracy")
-                out["runs"].append({"run_id": run_id, "label": point.label, "values": point.values,
-                                    "seed": point.seed, "final_test_accuracy": acc})
-                print(f"{point.label}: final test accuracy {acc:.4f}  (run {run_id}; "
-                      f"{len(out['runs']) + len(out['failed'])}/{len(todo)})", file=sys.stderr)
+                _collect(ray, ready[0], *pending.pop(ready[0]), tracker, Path(tmp), cbs, out,
+                         len(todo))
         return out
     except KeyboardInterrupt:
         for point, run_id in pending.values():  # the points in flight

@@ -395,6 +395,7 @@ class MinimumDiameterAveraging(Aggregator):
             i = int(torch.argmin(diam))
             if float(diam[i]) < best_val or best is None:
                 best, best_val = s[i], float(diam[i])
+        assert best is not None  # n >= 1 rows: some subset was scored
         return mean_of_rows(x, best)
 
     def check(self, n: int) -> None:
@@ -507,6 +508,7 @@ class SmallestMaxEigenvalueAveraging(Aggregator):
             i = int(torch.argmin(lam))
             if float(lam[i]) < best_val or best is None:
                 best, best_val = s[i], float(lam[i])
+        assert best is not None  # n >= 1 rows: some subset was scored
         return mean_of_rows(x, best)
 
     def check(self, n: int) -> None:

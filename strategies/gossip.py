@@ -69,9 +69,9 @@ def clipped_gossip(x: torch.Tensor, w_hh: np.ndarray, w_byz: np.ndarray,
     src, dst = np.nonzero(off)  # edge dst <- src: peer dst hears src
     diffs = x[src] - x[dst]
     dist = torch.linalg.vector_norm(diffs, dim=1).numpy().astype(np.float64)
-    has_byz = messages is not None and (w_byz > 0).any()
-    byz_diff = (messages - x) if has_byz else None
-    byz_dist = torch.linalg.vector_norm(byz_diff, dim=1).numpy() if has_byz else np.zeros(h)
+    byz_diff = (messages - x) if messages is not None and (w_byz > 0).any() else None
+    has_byz = byz_diff is not None
+    byz_dist = torch.linalg.vector_norm(byz_diff, dim=1).numpy() if byz_diff is not None else np.zeros(h)
     if tau is None:
         taus = np.empty(h)
         for i in range(h):  # a small sort per peer over its neighbourhood
@@ -86,7 +86,7 @@ def clipped_gossip(x: torch.Tensor, w_hh: np.ndarray, w_byz: np.ndarray,
     moved = torch.zeros_like(x)
     weights = torch.from_numpy(off[dst, src].astype(np.float32))[:, None]
     moved.index_add_(0, torch.from_numpy(dst), weights * _clip(diffs, tau_t[dst]))
-    if has_byz:
+    if byz_diff is not None:
         moved += torch.from_numpy(w_byz.astype(np.float32))[:, None] * _clip(byz_diff, tau_t)
     return x + moved
 

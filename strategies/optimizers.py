@@ -166,7 +166,7 @@ class Mu2SGDClient(ClientRule):
                        lr: float) -> tuple[torch.Tensor, dict, float]:
         g, loss = grad(x)
         d_prev, x_prev = state.get("d"), state.get("x")
-        g_prev = grad(x_prev)[0] if d_prev is not None else g
+        g_prev = grad(x_prev)[0] if d_prev is not None and x_prev is not None else g
         d = storm_estimate(g, g_prev, d_prev, mu2_beta(round_ + 1, self.beta_min))
         return -d, {"d": d, "x": x.clone()}, loss
 

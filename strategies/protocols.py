@@ -146,16 +146,17 @@ class Aggregator(Plugin, Stateful, ABC):
     ``rule(x, generator)``). Non-finite rows must not break it while at most ``f`` rows
     are Byzantine."""
 
-    @abstractmethod
-    def __call__(self, x: torch.Tensor, *generator: torch.Generator) -> torch.Tensor: ...
+    # ``rule(x)``, or ``rule(x, generator)`` with ``traits.random`` (typed loosely: the two
+    # signatures are both the contract)
+    __call__: Callable[..., torch.Tensor]
 
 
 class PreAggregator(Plugin, Stateful, ABC):
     """``(n, d)`` -> ``(output_rows(n), d)``, applied before the aggregator in the order of
     the scenario's ``preaggregators`` list."""
 
-    @abstractmethod
-    def __call__(self, x: torch.Tensor, *generator: torch.Generator) -> torch.Tensor: ...
+    # ``rule(x)``, or ``rule(x, generator)`` with ``traits.random``
+    __call__: Callable[..., torch.Tensor]
 
     def output_rows(self, n: int) -> int:
         """How many rows come out of ``n`` rows in (the default: as many)."""
@@ -167,9 +168,8 @@ class MetaAggregator(Plugin, Stateful, ABC):
     ``meta(x, aggregator, generator)``) -> ``(d,)``; ``aggregator`` maps ``(m, d)`` to
     ``(d,)`` and is called on ``output_rows(n)`` rows at most."""
 
-    @abstractmethod
-    def __call__(self, x: torch.Tensor, aggregator: Callable[[torch.Tensor], torch.Tensor],
-                 *generator: torch.Generator) -> torch.Tensor: ...
+    # ``meta(x, aggregator)``, or ``meta(x, aggregator, generator)`` with ``traits.random``
+    __call__: Callable[..., torch.Tensor]
 
     def output_rows(self, n: int) -> int:
         """How many rows the wrapped aggregator receives at most from ``n`` rows."""

@@ -263,7 +263,7 @@ class EdgeList(_Static):
 
     def __init__(self, path: str, mixing: Literal["metropolis", "uniform", "given"] = "metropolis") -> None:
         self.path = path
-        self.mixing = mixing
+        self.mixing = mixing  # type: ignore[assignment]  # "given": only an edge list has weights
 
     MAX_BYTES = 64 << 20  # an edge list of a few million edges
 

@@ -212,26 +212,26 @@ def _check_model(sc: Scenario, info: Any, problems: list[Problem]) -> None:
 
 def _check_dsgd(sc: Scenario, problems: list[Problem]) -> None:
     """D-SGD (a ``topology``) versus server-based runs: what each one accepts."""
-    gossip_attack = sc.attack is not None and registry.get("attacks", sc.attack["name"]).traits.gossip
+    attack = sc.attack["name"] if sc.attack is not None else None
+    gossip_attack = attack is not None and registry.get("attacks", attack).traits.gossip
     if sc.topology is None:
         if gossip_attack:
-            problems.append(Problem(("attack", "name"), f"{sc.attack['name']!r} attacks gossip: "
+            problems.append(Problem(("attack", "name"), f"{attack!r} attacks gossip: "
                                     "it needs a topology (D-SGD)"))
         return
     c = sc.clients
     if c.per_round is not None and c.per_round != c.total:
         problems.append(Problem(("clients", "per_round"), "every D-SGD peer takes part in every "
                                 f"round; remove it or set {c.total}, got {c.per_round}"))
-    if sc.attack is not None and not gossip_attack:
+    if attack is not None and not gossip_attack:
         names = [n for n in registry.available("attacks") if registry.get("attacks", n).traits.gossip]
         problems.append(Problem(("attack", "name"), f"D-SGD needs an attack on gossip; "
-                                f"available: {', '.join(names)}; got {sc.attack['name']!r}"))
-    for key in ("preaggregators", "meta", "b_hat", "dropout", "stragglers"):
-        in_clients = key in ("b_hat", "dropout", "stragglers")
-        value = getattr(sc.clients, key) if in_clients else getattr(sc, key)
-        if value:
-            where = ("clients", key) if in_clients else (key,)
-            problems.append(Problem(where, "not used by D-SGD (a topology is set); remove it"))
+                                f"available: {', '.join(names)}; got {attack!r}"))
+    problems += [Problem(loc, "not used by D-SGD (a topology is set); remove it")
+                 for loc, value in [(("preaggregators",), sc.preaggregators), (("meta",), sc.meta),
+                                    (("clients", "b_hat"), c.b_hat),
+                                    (("clients", "dropout"), c.dropout),
+                                    (("clients", "stragglers"), c.stragglers)] if value]
     if sc.server.optimizer["name"] != "sgd" or sc.local.optimizer["name"] != "sgd":
         problems.append(Problem(("server", "optimizer"), "D-SGD peers run local SGD; "
                                 "server.optimizer and local.optimizer must be sgd"))
@@ -239,31 +239,36 @@ def _check_dsgd(sc: Scenario, problems: list[Problem]) -> None:
         problems.append(Problem(("dsgd", "defense"),
                                 registry.unknown_message("gossip_defenses", sc.dsgd.defense)))
         return
-    topo = instantiate("topologies", sc.topology)
-    agg = instantiate("aggregators", sc.aggregator)
-    # a defense that runs the scenario's aggregator over each peer's neighbourhood
-    aggregates = "aggregator" in registry.get("gossip_defenses", sc.dsgd.defense).traits.context
     for seed in sc.seeds:  # random graphs differ by seed: check each run's
-        where = f" (seed {seed})" if len(sc.seeds) > 1 else ""
-        try:
-            topo.check(c.total)
-            w = topo.mixing_matrix(c.total, seed)
-            if not topo.traits.time_varying:
-                from strategies.topologies import validate_mixing
-
-                validate_mixing(w)
-        except ValueError as e:
-            problems.append(Problem(("topology",) + param_loc(e), strip_param(e) + where))
+        if not _check_graph(sc, seed, problems):
             return
-        if aggregates:
-            # an honest peer aggregates its own model, its neighbours' and Byzantine messages
-            byz = set(byzantine_clients(seed, c.total, c.byzantine).tolist())
-            sizes = {i: int((w[i] > 0).sum()) for i in range(c.total) if i not in byz}
-            peer = min(sizes, key=lambda i: (sizes[i], i))
-            try:
-                agg.check(sizes[peer])
-            except ValueError as e:
-                problems.append(Problem(("aggregator",) + param_loc(e), f"{strip_param(e)} "
-                                        f"(the smallest neighbourhood, peer {peer}'s, has "
-                                        f"{sizes[peer]} models){where}"))
-                return
+
+
+def _check_graph(sc: Scenario, seed: int, problems: list[Problem]) -> bool:
+    """The topology for the run of ``seed``: a valid gossip matrix, and (a defense that runs
+    the scenario's aggregator over each peer's neighbourhood) the aggregator's ``check`` for
+    the smallest neighbourhood; False at the first problem."""
+    assert sc.topology is not None
+    c = sc.clients
+    where = f" (seed {seed})" if len(sc.seeds) > 1 else ""
+    topo = instantiate("topologies", sc.topology)
+    try:
+        topo.check(c.total)
+        w = topo.mixing_matrix(c.total, seed)
+        if not topo.traits.time_varying:
+            from strategies.topologies import validate_mixing
+
+            validate_mixing(w)
+    except ValueError as e:
+        problems.append(Problem(("topology",) + param_loc(e), strip_param(e) + where))
+        return False
+    if "aggregator" not in registry.get("gossip_defenses", sc.dsgd.defense).traits.context:
+        return True
+    # an honest peer aggregates its own model, its neighbours' and Byzantine messages
+    byz = set(byzantine_clients(seed, c.total, c.byzantine).tolist())
+    sizes = {i: int((w[i] > 0).sum()) for i in range(c.total) if i not in byz}
+    peer = min(sizes, key=lambda i: (sizes[i], i))
+    return _check(instantiate("aggregators", sc.aggregator), sizes[peer], ("aggregator",),
+                  problems, f" (the smallest neighbourhood, peer {peer}'s, has "
+                  f"{sizes[peer]} models){where}")
+

@@ -72,39 +72,38 @@ _OPS = {
     "greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<=",
 }
 
+# what a value of a pydantic error type must be
+_MUST_BE = {
+    **dict.fromkeys(("int_type", "int_parsing", "int_from_float"), "an integer"),
+    **dict.fromkeys(("float_type", "float_parsing"), "a number"),
+    "finite_number": "a finite number",
+    "string_type": "a string",
+    **dict.fromkeys(("bool_type", "bool_parsing"), "true or false"),
+    **dict.fromkeys(("dict_type", "model_type", "model_attributes_type"), "a mapping"),
+    "list_type": "a list",
+}
 
-def message(err: dict, root: type[BaseModel], loc: Loc) -> str:
+
+def message(err: Any, root: type[BaseModel], loc: Loc) -> str:
+    """One pydantic error as the scenario's one-line message (``must be ..., got ...``)."""
     kind = err["type"]
     ctx = err.get("ctx") or {}
-    got = err.get("input")
+    got = brief(err.get("input"))
     if kind == "extra_forbidden":
         return "unknown key" + (suggest(str(loc[-1]), _fields_at(root, loc[:-1])) or
                                 f"; allowed: {', '.join(_fields_at(root, loc[:-1]))}")
     if kind == "missing":
         return "required"
-    for k, op in _OPS.items():
-        if kind == k:
-            bound = next(iter(ctx.values())) if ctx else "?"
-            return f"must be {op} {bound}, got {brief(got)}"
+    if kind in _OPS:
+        bound = next(iter(ctx.values())) if ctx else "?"
+        return f"must be {_OPS[kind]} {bound}, got {got}"
     if kind == "literal_error":
-        return f"must be one of {ctx.get('expected')}, got {brief(got)}"
-    if kind in ("int_type", "int_parsing", "int_from_float"):
-        return f"must be an integer, got {brief(got)}"
-    if kind in ("float_type", "float_parsing"):
-        return f"must be a number, got {brief(got)}"
-    if kind == "finite_number":
-        return f"must be a finite number, got {brief(got)}"
-    if kind in ("string_type",):
-        return f"must be a string, got {brief(got)}"
-    if kind in ("bool_type", "bool_parsing"):
-        return f"must be true or false, got {brief(got)}"
-    if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return f"must be a mapping, got {brief(got)}"
-    if kind == "list_type":
-        return f"must be a list, got {brief(got)}"
+        return f"must be one of {ctx.get('expected')}, got {got}"
+    if kind in _MUST_BE:
+        return f"must be {_MUST_BE[kind]}, got {got}"
     if kind in ("too_short", "too_long"):
-        return err["msg"].replace("List", "list") + f", got {brief(got)}"
-    return err["msg"]
+        return str(err["msg"]).replace("List", "list") + f", got {got}"
+    return str(err["msg"])
 
 
 def pydantic_problems(e: ValidationError, root: type[BaseModel], prefix: Loc = ()) -> list[Problem]:

@@ -110,9 +110,8 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key.strip(), read_yaml(value, (f"--set {brief_text(key.strip(), 60)}",))[0]
 
 
-def load(path: str | Path, overrides: list[str] | None = None) -> LoadedScenario:
-    """Read, validate and expand a scenario file; ``overrides`` are ``--set`` items."""
-    path = Path(path)
+def _read_text(path: Path) -> str:
+    """The text of a scenario file: a regular text file of at most MAX_FILE_BYTES."""
     source = str(path)
     try:
         if not path.is_file():
@@ -121,11 +120,18 @@ def load(path: str | Path, overrides: list[str] | None = None) -> LoadedScenario
         if path.stat().st_size > MAX_FILE_BYTES:
             raise ScenarioError([Problem((), f"larger than {MAX_FILE_BYTES >> 20} MiB: not a "
                                          "scenario file")], source)
-        text = path.read_text()
+        return path.read_text()
     except OSError as e:
         raise ScenarioError([Problem((), f"cannot read: {e.strerror}")], source) from None
     except UnicodeDecodeError:
         raise ScenarioError([Problem((), "not a text file")], source) from None
+
+
+def load(path: str | Path, overrides: list[str] | None = None) -> LoadedScenario:
+    """Read, validate and expand a scenario file; ``overrides`` are ``--set`` items."""
+    path = Path(path)
+    source = str(path)
+    text = _read_text(path)
     try:
         raw, root = read_yaml(text)
         raw = {} if raw is None else raw

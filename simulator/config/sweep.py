@@ -34,18 +34,15 @@ def _sweep_parts(key: str) -> list[str]:
     return [part.strip() for part in key.split(",")]
 
 
-def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
-    """Validate a scenario mapping and expand its sweep grid x seeds into run points.
-
-    Returns the points and the validated base scenario. Raises ScenarioError listing every
-    problem of the base and of each sweep point.
-    """
+def _check_sweep(raw: dict) -> dict[str, list[Any]]:
+    """The ``sweep`` block of a mapping: paths to non-empty lists (a zipped key's values are
+    lists of one value per path), at most MAX_POINTS points; ScenarioError otherwise."""
     if not isinstance(raw, dict):
         raise ScenarioError([Problem((), f"must be a mapping of keys, got {type(raw).__name__}")])
     sweep = raw.get("sweep") or {}
-    problems: list[Problem] = []
     if not isinstance(sweep, dict):
         raise ScenarioError([Problem(("sweep",), f"must map dotted paths to lists, got {brief(sweep)}")])
+    problems: list[Problem] = []
     for k, v in sweep.items():
         if not isinstance(v, list) or not v:
             problems.append(Problem(("sweep", k), f"must be a non-empty list of values, got {brief(v)}"))
@@ -61,19 +58,45 @@ def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
     if n_grid > MAX_POINTS:
         raise ScenarioError([Problem(("sweep",), f"{n_grid:,} points; at most {MAX_POINTS:,} "
                                      "(split the study into several files)")])
+    return sweep
+
+
+def _sweep_key_of(problem: Problem, keys: list[str]) -> str | None:
+    """The sweep key whose paths reach the problem's location, if any."""
+    dotted = ".".join(map(str, problem.loc))
+    return next((k for k in keys for part in _sweep_parts(k)
+                 if dotted == part or dotted.startswith(part + ".")
+                 or part.startswith(dotted + ".")), None)
+
+
+def _grid(sweep: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """The values of every grid point, by dotted path (zipped keys split into their paths)."""
+    keys = list(sweep)
+    out = []
+    for combo in itertools.product(*(sweep[k] for k in keys)) if keys else [()]:
+        values: dict[str, Any] = {}
+        for k, v in zip(keys, combo):
+            parts = _sweep_parts(k)
+            values.update(zip(parts, v) if len(parts) > 1 else {k: v})
+        out.append(values)
+    return out
+
+
+def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
+    """Validate a scenario mapping and expand its sweep grid x seeds into run points.
+
+    Returns the points and the validated base scenario. Raises ScenarioError listing every
+    problem of the base and of each sweep point (a problem every point has, once).
+    """
+    sweep = _check_sweep(raw)
     base_raw = {k: v for k, v in raw.items() if k != "sweep"}
     keys = list(sweep)
     points: list[RunPoint] = []
     base: Scenario | None = None
     per_point: dict[tuple[Loc, str], list[tuple[Problem, str]]] = {}
-    n_points = 0
-    for combo in itertools.product(*(sweep[k] for k in keys)) if keys else [()]:
-        n_points += 1
+    grid = _grid(sweep)
+    for values in grid:
         point = copy.deepcopy(base_raw)
-        values: dict[str, Any] = {}
-        for k, v in zip(keys, combo):
-            parts = _sweep_parts(k)
-            values.update(zip(parts, v) if len(parts) > 1 else {k: v})
         for k, v in values.items():
             set_path(point, k, v)
         try:
@@ -81,17 +104,15 @@ def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
         except ScenarioError as e:
             where = ", ".join(f"{k}={short(v)}" for k, v in values.items())
             for p in e.problems:
-                dotted = ".".join(map(str, p.loc))
-                p.sweep_key = next((k for k in keys for part in _sweep_parts(k)
-                                    if dotted == part or dotted.startswith(part + ".")
-                                    or part.startswith(dotted + ".")), None)
+                p.sweep_key = _sweep_key_of(p, keys)
                 per_point.setdefault((p.loc, p.message), []).append((p, where))
             continue
         base = base or sc
-        for seed in sc.seeds:
-            points.append(RunPoint(values, seed, sc.model_copy(update={"seeds": [seed]})))
+        points += [RunPoint(values, seed, sc.model_copy(update={"seeds": [seed]}))
+                   for seed in sc.seeds]
+    problems: list[Problem] = []
     for group in per_point.values():
-        if len(group) == n_points or not keys:  # the same problem at every point: say it once
+        if len(group) == len(grid) or not keys:  # the same problem at every point: say it once
             problems.append(group[0][0])
         else:
             for p, where in group:

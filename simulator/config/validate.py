@@ -161,6 +161,32 @@ def _apply_b_hat(raw: dict, problems: list[Problem]) -> dict:
     return out
 
 
+def _plugin_pass(raw: dict, problems: list[Problem]) -> dict:
+    """Every plugin block of ``raw`` checked against its plugin's constructor (even where
+    other parts of the structure failed; a block's structural problems give way to the
+    plugin's own). Returns ``raw`` with each valid block resolved (defaults filled in)."""
+    resolved = copy.deepcopy(raw)
+    for loc, kind in PLUGIN_FIELDS:
+        spec = get_path(raw, loc)
+        if spec is None:
+            spec = _PLUGIN_DEFAULTS.get(loc)
+            if spec is None or (len(loc) > 1 and not isinstance(raw.get(loc[0], {}), dict)):
+                continue
+        problems[:] = [p for p in problems if p.loc[: len(loc)] != loc or p.message == "required"]
+        out = _check_plugin(kind, spec, loc, problems)
+        if out is not None:
+            parent = resolved
+            for part in loc[:-1]:
+                parent = parent.setdefault(part, {})
+            parent[loc[-1]] = out
+    pre = raw.get("preaggregators")
+    for i, spec in enumerate(pre if isinstance(pre, list) else []):
+        out = _check_plugin("preaggregators", spec, ("preaggregators", i), problems)
+        if out is not None:
+            resolved["preaggregators"][i] = out
+    return resolved
+
+
 def validate_point(raw: dict) -> Scenario:
     """Validate one scenario mapping (no sweep expansion); raises ScenarioError."""
     if not isinstance(raw, dict):
@@ -172,27 +198,7 @@ def validate_point(raw: dict) -> Scenario:
         problems += pydantic_problems(e, Scenario)
     b_hat_problems: list[Problem] = []
     raw = _apply_b_hat(raw, b_hat_problems)
-    # plugin blocks are validated even when other parts of the structure failed
-    resolved = copy.deepcopy(raw)
-    for loc, kind in PLUGIN_FIELDS:
-        spec = get_path(raw, loc)
-        if spec is None:
-            spec = _PLUGIN_DEFAULTS.get(loc)
-            if spec is None or (len(loc) > 1 and not isinstance(raw.get(loc[0], {}), dict)):
-                continue
-        problems = [p for p in problems if p.loc[: len(loc)] != loc or p.message == "required"]
-        out = _check_plugin(kind, spec, loc, problems)
-        if out is not None:
-            parent = resolved
-            for part in loc[:-1]:
-                parent = parent.setdefault(part, {})
-            parent[loc[-1]] = out
-    pre = raw.get("preaggregators")
-    if isinstance(pre, list):
-        for i, spec in enumerate(pre):
-            out = _check_plugin("preaggregators", spec, ("preaggregators", i), problems)
-            if out is not None:
-                resolved["preaggregators"][i] = out
+    resolved = _plugin_pass(raw, problems)
     problems += b_hat_problems
     if problems:
         raise ScenarioError(problems)

@@ -106,8 +106,11 @@ class Synthetic(Dataset):
             x = v + rng.standard_normal((counts[k], d)) * sd
             y = np.argmax(x @ w + b, axis=1)
             tr, te = _holdout(int(counts[k]), test_fraction, rng)
-            xs_tr.append(x[tr]), ys_tr.append(y[tr]), cs_tr.append(np.full(len(tr), k))
-            xs_te.append(x[te]), ys_te.append(y[te])
+            xs_tr.append(x[tr])
+            ys_tr.append(y[tr])
+            cs_tr.append(np.full(len(tr), k))
+            xs_te.append(x[te])
+            ys_te.append(y[te])
         return DatasetSplit(
             x_train=np.concatenate(xs_tr).astype(np.float32),
             y_train=np.concatenate(ys_tr).astype(np.int64),

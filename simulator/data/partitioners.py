@@ -17,7 +17,8 @@ from strategies.protocols import Partitioner
 class IID(Partitioner):
     """Uniformly random, equal-size (to within one sample) split."""
 
-    def __call__(self, y, num_clients, rng, clients=None):
+    def __call__(self, y: np.ndarray, num_clients: int, rng: np.random.Generator,
+                 clients: np.ndarray | None = None) -> list[np.ndarray]:
         return [np.sort(p) for p in np.array_split(rng.permutation(len(y)), num_clients)]
 
 
@@ -29,7 +30,8 @@ class Dirichlet(Partitioner):
     def __init__(self, alpha: Annotated[float, Gt(0)] = 0.5, min_size: Annotated[int, Ge(1)] = 1) -> None:
         self.alpha, self.min_size = alpha, min_size
 
-    def __call__(self, y, num_clients, rng, clients=None):
+    def __call__(self, y: np.ndarray, num_clients: int, rng: np.random.Generator,
+                 clients: np.ndarray | None = None) -> list[np.ndarray]:
         if len(y) < self.min_size * num_clients:
             raise DataError(
                 f"data.partitioner.min_size: {num_clients} clients x {self.min_size} needs "
@@ -61,7 +63,8 @@ class Shards(Partitioner):
     def __init__(self, k: Annotated[int, Ge(1)] = 2) -> None:
         self.k = k
 
-    def __call__(self, y, num_clients, rng, clients=None):
+    def __call__(self, y: np.ndarray, num_clients: int, rng: np.random.Generator,
+                 clients: np.ndarray | None = None) -> list[np.ndarray]:
         n_shards = self.k * num_clients
         if n_shards > len(y):
             raise DataError(f"data.partitioner.k: {n_shards} shards exceed the {len(y)} samples")
@@ -74,7 +77,8 @@ class Shards(Partitioner):
 class Natural(Partitioner):
     """The dataset's own clients (Synthetic's clients, a Parquet file's client column)."""
 
-    def __call__(self, y, num_clients, rng, clients=None):
+    def __call__(self, y: np.ndarray, num_clients: int, rng: np.random.Generator,
+                 clients: np.ndarray | None = None) -> list[np.ndarray]:
         if clients is None:
             raise DataError("data.partitioner: 'natural' needs a dataset with a client column "
                             "(synthetic, or parquet with client: COLUMN)")

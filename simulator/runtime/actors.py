@@ -72,7 +72,8 @@ class Server:
         self.optimizer_name = scenario.server.optimizer["name"]
         # client-level DP (DP-FedAvg) acts here; sample-level DP acts in the trainer
         self.dp = (instantiate("privacy", scenario.privacy)
-                   if scenario.privacy_level() == "client" else None)
+                   if scenario.privacy is not None and scenario.privacy_level() == "client"
+                   else None)
         self.seed = seed
         self.x_test, self.y_test, self.x_tr, self.y_tr = eval_data
 

@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
+from fedray.testing import _call as call
 from simulator import registry
 from simulator.registry import instantiate
 from strategies import aggregators as A
 from strategies import preaggregators as P
 from strategies.meta import CenteredTrimmedMetaAggregator
-from fedray.testing import _call as call
 
 
 def col(*v: float) -> torch.Tensor:
