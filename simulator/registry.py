@@ -95,7 +95,7 @@ def available(kind: str) -> list[str]:
 def contract(kind: str) -> type:
     """The base class every plugin of ``kind`` subclasses (``strategies.protocols``)."""
     _check_kind(kind)
-    return import_module("strategies.protocols").CONTRACTS[kind]  # type: ignore[no-any-return]
+    return import_module("strategies.protocols").CONTRACTS[kind]
 
 
 @cache
@@ -156,7 +156,7 @@ def params_model(cls: Any) -> type[BaseModel]:
                 continue
             tp = hints.get(p.name, Any)
             fields[p.name] = (tp, ... if p.default is p.empty else p.default)
-    return create_model(f"{cls.__name__}Params",  # type: ignore[call-overload,no-any-return]
+    return create_model(f"{cls.__name__}Params",
                         __config__=ConfigDict(extra="forbid", **FINITE), **fields)
 
 
