@@ -20,7 +20,7 @@ import torch
 from annotated_types import Ge, Gt, Lt
 from pydantic import AllowInfNan
 
-from strategies.aggregators import squared_distances
+from strategies.geometry import squared_distances
 from strategies.protocols import Attack, GossipAttack, Traits
 
 

@@ -10,7 +10,7 @@ from typing import Annotated
 import torch
 from annotated_types import Ge
 
-from strategies.aggregators import finite_rows
+from strategies.geometry import finite_rows
 from strategies.preaggregators import Bucketing, NearestNeighborMixing
 from strategies.protocols import MetaAggregator, Traits
 

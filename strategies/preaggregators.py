@@ -14,7 +14,7 @@ import torch
 from annotated_types import Ge, Gt
 from pydantic import AllowInfNan
 
-from strategies.aggregators import finite_rows, squared_distances
+from strategies.geometry import finite_rows, squared_distances
 from strategies.protocols import PreAggregator, Traits
 
 

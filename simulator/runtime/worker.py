@@ -94,7 +94,8 @@ class ClientWorker:
                                             local=scenario.local, rule=scenario.client_rule(),
                                             privacy=privacy)
         self.train_clients = guarded("local.trainer", spec["name"], self.trainer.train)
-        self.state_dtype: torch.dtype = getattr(torch, scenario.runtime.state_dtype)
+        self.state_dtype = {"float32": torch.float32,
+                            "float16": torch.float16}[scenario.runtime.state_dtype]
         self.client_state = ClientStateStore(self.state_dtype)  # per-client state
         self.peer_x: dict[int, torch.Tensor] = {}  # D-SGD: the models of this worker's peers
 

@@ -12,6 +12,7 @@ from fedray.testing import _call as call
 from simulator import registry
 from simulator.registry import instantiate
 from strategies import aggregators as A
+from strategies import geometry as G
 from strategies import preaggregators as P
 from strategies.meta import CenteredTrimmedMetaAggregator
 
@@ -43,8 +44,8 @@ def test_krum_scores_follow_the_paper_not_byzfl():
     """Blanchard et al. sum the n - f - 2 nearest squared distances; ByzFL averages n - f - 1.
     On this case (n = 6, f = 1) the paper's rule picks the row 4, ByzFL's the row 13."""
     x = col(4, 19, 13, 0, 3, 19)
-    d2 = A.squared_distances(x)
-    assert A.krum_scores(d2, 1).tolist() == [98, 261, 153, 194, 110, 261]
+    d2 = G.squared_distances(x)
+    assert G.krum_scores(d2, 1).tolist() == [98, 261, 153, 194, 110, 261]
     assert A.Krum(1)(x).item() == 4
     byzfl = torch.sort(d2, dim=1).values[:, 1:5].mean(dim=1)
     assert int(torch.argmin(byzfl)) == 2
