@@ -30,11 +30,12 @@ local: {{epochs: 1, batch_size: 16, lr: 0.05}}
 
 
 def time_round(sc, clients: list[int], vectorize: bool, repeat: int = 3) -> float:
+    """Median seconds of one worker's train call, with the sgd or the vectorized_sgd trainer."""
+    sc = sc.model_copy(update={"runtime": sc.runtime.model_copy(update={"vectorize": vectorize})})
     eng = Engine(sc, InlineBackend())
     eng._spawn()
     worker = eng.workers[0]
     x0 = torch.from_numpy(eng.server.params())
-    worker.local["vectorize"] = vectorize
     times = []
     for r in range(repeat):
         t0 = time.perf_counter()
