@@ -122,8 +122,10 @@ class Checkpoints(Callback):
 
 
 def default_callbacks(quiet: bool = False) -> list[Callback]:
-    """What every point run of ``fedray run`` has: progress, checkpoints, MLflow."""
-    return [Progress(quiet), Checkpoints(), MLflowMetrics(), MLflowArtifacts()]
+    """What every point run of ``fedray run`` has: MLflow, progress, checkpoints. The order
+    is the order of the hooks: a round's metrics are queued for MLflow before anything else
+    sees the round (an interrupt in a later hook loses none)."""
+    return [MLflowMetrics(), Progress(quiet), Checkpoints(), MLflowArtifacts()]
 
 
 # --------------------------------------------------------------------------- MLflow layout
