@@ -155,13 +155,15 @@ LIST_KINDS = registry.KINDS
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    kinds = [args.kind] if args.kind else list(LIST_KINDS)
-    for kind in kinds:
-        names = registry.available(kind)
-        if args.kind:
-            print("\n".join(names))
-        else:
-            print(f"{kind}: {', '.join(names) or '(none installed)'}")
+    """Registered plugins; of one kind, each with the scenario keys it takes."""
+    if not args.kind:
+        for kind in LIST_KINDS:
+            print(f"{kind}: {', '.join(registry.available(kind)) or '(none installed)'}")
+        return 0
+    for name in registry.available(args.kind):
+        keys = registry.keys(args.kind, name)
+        shown = ", ".join(k if v is ... else f"{k}={v!r}" for k, v in keys.items())
+        print(f"{name}" + (f"  ({shown})" if shown else ""))
     return 0
 
 

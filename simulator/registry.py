@@ -162,4 +162,5 @@ def params_model(cls: Any) -> type[BaseModel]:
 
 def keys(kind: str, name: str) -> dict[str, Any]:
     """The scenario keys a plugin takes, with their defaults (``...``: required)."""
-    return {k: f.default for k, f in params_model(get(kind, name)).model_fields.items()}
+    return {k: ... if f.is_required() else f.default
+            for k, f in params_model(get(kind, name)).model_fields.items()}

@@ -367,7 +367,7 @@ class DatasetSplit:
     """A loaded dataset: train and test arrays, one sample's shape, the classes, and the
     natural client of each training sample where the data has one."""
 
-    x_train: np.ndarray  # float32, (N, *input_shape)
+    x_train: np.ndarray  # float32, or uint8 images (0..255, scaled to [0, 1] on the worker)
     y_train: np.ndarray  # int64, (N,)
     x_test: np.ndarray
     y_test: np.ndarray

@@ -169,8 +169,10 @@ class Digits(Dataset):
 
 
 class ParquetDataset(Dataset):
-    """A user's Parquet file: numeric feature columns (or one fixed-size list column), an
-    integer label column and, optionally, a client column for the ``natural`` partitioner.
+    """A user's Parquet file: numeric feature columns (or list columns: list, large_list or
+    fixed_size_list, every row the same length), an integer label column and, optionally, a
+    client column for the ``natural`` partitioner. ``shape`` gives one sample's shape (say
+    ``[1, 28, 28]`` for images stored as 784 values), default the flat feature vector.
     ``test_path`` gives a separate test file; otherwise ``test_fraction`` is held out.
     Relative paths are relative to the scenario file's directory."""
 
@@ -183,9 +185,20 @@ class ParquetDataset(Dataset):
         features: list[str] | None = None,
         client: str | None = None,
         test_path: str | None = None,
+        shape: list[Annotated[int, Ge(1)]] | None = None,
     ) -> None:
         self.path, self.label, self.features = path, label, features
         self.client, self.test_path = client, test_path
+        self.shape = shape
+
+    def _shape(self, width: int) -> tuple[int, ...]:
+        """One sample's shape: ``shape`` when given (its product must be the width)."""
+        if self.shape is None:
+            return (width,)
+        if int(np.prod(self.shape)) != width:
+            raise DataError(f"shape: {list(self.shape)} holds {int(np.prod(self.shape))} values, "
+                            f"the samples of {self.path} have {width}")
+        return tuple(self.shape)
 
     def check(self, n: int) -> None:
         """Both files exist, are regular files and are Parquet, with the named columns."""
@@ -220,7 +233,7 @@ class ParquetDataset(Dataset):
             x_width, top = width, max(top, hi)
             n = n or rows
         train = n if self.test_path else _n_train(n, test_fraction)
-        return DatasetInfo(train, (x_width,), top + 1)
+        return DatasetInfo(train, self._shape(x_width), top + 1)
 
     def _scan(self, path: str) -> tuple[int, int, int]:
         """(features per sample, rows, largest label) of one file, checked batch by batch."""
@@ -282,7 +295,8 @@ class ParquetDataset(Dataset):
             tr, te = _holdout(len(y), test_fraction, np.random.default_rng([seed, 0x9A]))
             x_te, y_te = x[te], y[te]
         num_classes = int(max(y.max(), y_te.max() if len(y_te) else 0)) + 1
+        shape = self._shape(x.shape[1])
         return DatasetSplit(
-            x[tr], y[tr], x_te, y_te, (x.shape[1],), num_classes,
-            None if clients is None else clients[tr],
+            x[tr].reshape(-1, *shape), y[tr], x_te.reshape(-1, *shape), y_te, shape,
+            num_classes, None if clients is None else clients[tr],
         )

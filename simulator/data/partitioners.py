@@ -91,3 +91,61 @@ class Natural(Partitioner):
         order = np.argsort(clients, kind="stable")
         counts = np.bincount(np.searchsorted(ids, clients), minlength=len(ids))
         return np.split(order, np.cumsum(counts)[:-1])
+
+
+class Pathological(Partitioner):
+    """Pathological label skew, ``k`` classes per client (as Flower Datasets'
+    PathologicalPartitioner with random class assignment, after McMahan et al. 2017): each
+    client draws ``k`` distinct classes at random, each class's samples are split evenly
+    (shuffled) between the clients that hold it. A class no client draws is left out; a
+    draw that leaves a client without samples is redrawn (up to 100 times)."""
+
+    def __init__(self, k: Annotated[int, Ge(1)] = 2) -> None:
+        self.k = k
+
+    def __call__(self, y: np.ndarray, num_clients: int, rng: np.random.Generator,
+                 clients: np.ndarray | None = None) -> list[np.ndarray]:
+        classes = np.unique(y)
+        if self.k > len(classes):
+            raise DataError(f"data.partitioner.k: {self.k} classes per client, the data has "
+                            f"{len(classes)}")
+        for _ in range(100):
+            held = [rng.choice(classes, self.k, replace=False) for _ in range(num_clients)]
+            parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+            for c in classes:
+                owners = [i for i, h in enumerate(held) if c in h]
+                if owners:
+                    idx = rng.permutation(np.flatnonzero(y == c))
+                    for i, chunk in zip(owners, np.array_split(idx, len(owners))):
+                        parts[i].append(chunk)
+            out = [np.sort(np.concatenate(p)) if p else np.zeros(0, np.int64) for p in parts]
+            if min(len(p) for p in out) > 0:
+                return out
+        raise DataError(f"data.partitioner: no draw of {self.k} classes per client gave each "
+                        f"of {num_clients} clients a sample; use fewer clients or a larger k")
+
+
+class Sizes(Partitioner):
+    """Quantity skew: client sizes in proportion to a Dirichlet(``alpha``) draw over the
+    clients (small alpha: a few large clients, many small ones), at least ``min_size``
+    samples each, the samples themselves spread uniformly (as Flower Datasets' size-based
+    partitioners)."""
+
+    def __init__(self, alpha: Annotated[float, Gt(0)] = 1.0,
+                 min_size: Annotated[int, Ge(1)] = 1) -> None:
+        self.alpha, self.min_size = alpha, min_size
+
+    def __call__(self, y: np.ndarray, num_clients: int, rng: np.random.Generator,
+                 clients: np.ndarray | None = None) -> list[np.ndarray]:
+        n = len(y)
+        spare = n - self.min_size * num_clients
+        if spare < 0:
+            raise DataError(f"data.partitioner.min_size: {num_clients} clients x "
+                            f"{self.min_size} needs {self.min_size * num_clients} samples, the "
+                            f"data set has {n}")
+        share = rng.dirichlet(np.full(num_clients, self.alpha))
+        extra = np.floor(share * spare).astype(np.int64)
+        extra[np.argsort(-(share * spare - extra))[: spare - int(extra.sum())]] += 1
+        sizes = self.min_size + extra
+        cuts = np.cumsum(sizes)[:-1]
+        return [np.sort(p) for p in np.split(rng.permutation(n), cuts)]

@@ -15,6 +15,14 @@ def single_thread() -> None:
     torch.set_num_threads(1)
 
 
+def model_input(x: np.ndarray) -> torch.Tensor:
+    """A batch of samples as the model takes it: a writable float32 tensor; uint8 images
+    (stored compactly in the partition table) scaled to [0, 1]."""
+    if x.dtype == np.uint8:
+        return torch.from_numpy(np.asarray(x, dtype=np.float32) / np.float32(255.0))
+    return torch.from_numpy(np.array(x, dtype=np.float32))  # a copy: ray views are read-only
+
+
 def evaluate_model(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """(accuracy, mean cross-entropy) of ``model`` on ``(x, y)``."""
     if len(y) == 0:
@@ -23,7 +31,7 @@ def evaluate_model(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[floa
     model.eval()
     with torch.no_grad():
         for lo in range(0, len(y), EVAL_BATCH):
-            xb = torch.from_numpy(np.array(x[lo : lo + EVAL_BATCH]))  # copy: ray views are read-only
+            xb = model_input(x[lo : lo + EVAL_BATCH])
             yb = torch.from_numpy(np.array(y[lo : lo + EVAL_BATCH]))
             out = model(xb)
             loss += float(nn.functional.cross_entropy(out, yb, reduction="sum"))

@@ -21,7 +21,7 @@ from simulator.data import client_arrays
 from simulator.errors import ClientStateLost, guarded
 from simulator.models import build_model
 from simulator.registry import PluginSpec, instantiate
-from simulator.runtime.common import single_thread
+from simulator.runtime.common import model_input, single_thread
 from simulator.seeding import torch_generator
 from strategies.protocols import Attack, ClientData, Trainer
 
@@ -103,7 +103,7 @@ class ClientWorker:
         """Client ``client``'s samples (writable copies; labels poisoned by a data-poisoning
         attack), random stream and state in round ``round_``."""
         lo, hi = int(self.offsets[client]), int(self.offsets[client + 1])
-        x = torch.from_numpy(np.array(self.x[lo:hi]))
+        x = model_input(self.x[lo:hi])
         y = torch.from_numpy(np.array(self.y[lo:hi]))
         if poison is not None:
             y = poison.poison_labels(y, self.num_classes)

@@ -34,7 +34,11 @@ def test_validate_exit_codes_and_every_error_printed():
 
 def test_list_kinds(capsys):
     assert main(["list", "partitioners"]) == 0
-    assert capsys.readouterr().out.split() == ["dirichlet", "iid", "natural", "shards"]
+    assert capsys.readouterr().out.splitlines() == [
+        "dirichlet  (alpha=0.5, min_size=1)", "iid", "natural", "pathological  (k=2)",
+        "shards  (k=2)", "sizes  (alpha=1.0, min_size=1)"]
+    assert main(["list", "datasets"]) == 0
+    assert "mnist  (root)" in capsys.readouterr().out.splitlines()
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "aggregators: bulyan, caf, cc, cwtm, dnc, geomed, krum, mda, meamed, mean, median, monna, multikrum, smea" in out

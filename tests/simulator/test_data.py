@@ -137,3 +137,36 @@ def test_parquet_list_rows_of_different_lengths_are_one_error(tmp_path):
         ParquetDataset(str(path)).load(1, 0, 0.3)
     with pytest.raises(DataError, match="have 1 to 2 values"):
         ParquetDataset(str(path)).describe(1, 0, 0.3)
+
+
+def test_pathological_gives_each_client_k_classes_split_evenly():
+    from simulator.data.partitioners import Pathological
+
+    y = np.repeat(np.arange(10), 30)
+    parts = Pathological(k=2)(y, 12, np.random.default_rng(0))
+    assert len(parts) == 12 and all(len(p) for p in parts)
+    assert all(len(np.unique(y[p])) <= 2 for p in parts)
+    flat = np.concatenate(parts)
+    assert len(np.unique(flat)) == len(flat)  # disjoint
+    for c in np.unique(y[flat]):  # a class's samples split evenly between its holders
+        sizes = [int((y[p] == c).sum()) for p in parts if (y[p] == c).any()]
+        assert max(sizes) - min(sizes) <= 1
+    again = Pathological(k=2)(y, 12, np.random.default_rng(0))
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+    with pytest.raises(ValueError, match="data.partitioner.k: 11 classes per client, the data has 10"):
+        Pathological(k=11)(y, 3, np.random.default_rng(0))
+
+
+def test_sizes_skews_the_client_sizes_and_keeps_every_sample():
+    from simulator.data.partitioners import Sizes
+
+    y = np.zeros(1000, dtype=np.int64)
+    even = Sizes(alpha=1000.0)(y, 10, np.random.default_rng(1))
+    skew = Sizes(alpha=0.2, min_size=5)(y, 10, np.random.default_rng(1))
+    for parts in (even, skew):
+        flat = np.concatenate(parts)
+        assert sorted(flat.tolist()) == list(range(1000))
+    assert max(map(len, even)) - min(map(len, even)) < 30  # ~100 each
+    assert min(map(len, skew)) >= 5 and max(map(len, skew)) > 300
+    with pytest.raises(ValueError, match="min_size: 10 clients x 200 needs 2000 samples"):
+        Sizes(min_size=200)(y, 10, np.random.default_rng(0))

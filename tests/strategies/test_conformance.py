@@ -11,6 +11,7 @@ import torch
 
 from fedray.testing import F, N, check_plugin, matrix, plugin_checks
 from simulator import registry
+from tests import formats
 
 # Keys a built-in needs for the test matrices (rules taking ``f`` get F from the checks).
 PARAMS: dict[tuple[str, str], dict] = {
@@ -18,7 +19,16 @@ PARAMS: dict[tuple[str, str], dict] = {
     ("aggregators", "cc"): {"tau": 100.0, "iterations": 3},  # a radius at the rows' scale
     ("preaggregators", "bucketing"): {"s": 2},
     ("meta", "bucketing"): {"s": 2},
-    ("datasets", "parquet"): None,  # needs files: tests/simulator/test_data.py
+}
+
+# Data sets read from files: the checks run on small files in their real formats.
+FILES = {
+    "mnist": lambda root: formats.write_mnist(root),
+    "fashion-mnist": lambda root: formats.write_mnist(root),
+    "emnist": lambda root: formats.write_mnist(root, prefix="emnist-balanced-", classes=47),
+    "cifar10": lambda root: formats.write_cifar10(root),
+    "cifar100": lambda root: formats.write_cifar100(root),
+    "femnist": lambda root: formats.write_leaf(root),
 }
 
 # Checks that do not apply to a built-in, and why (stated in its docstring too).
@@ -39,6 +49,16 @@ def test_builtin_passes_the_shipped_checks(kind, name, tmp_path):
     if (kind, name) == ("topologies", "edge_list"):  # a ring of 16 peers in a file
         (tmp_path / "ring.txt").write_text("".join(f"{i} {(i + 1) % 16}\n" for i in range(16)))
         params = {"path": str(tmp_path / "ring.txt")}
+    if kind == "datasets" and name in FILES:
+        FILES[name](tmp_path / "data")
+        params = {"root": str(tmp_path / "data")}
+    if (kind, name) == ("datasets", "parquet"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        x, y = formats.images(40, 0, (16,))
+        pq.write_table(pa.table({"pixels": pa.array(list(x)), "label": y}), tmp_path / "d.parquet")
+        params = {"path": str(tmp_path / "d.parquet"), "shape": [1, 4, 4]}
     check_plugin(kind, registry.get(kind, name), params, SKIP.get((kind, name)))
 
 

@@ -1,0 +1,273 @@
+"""The field's data sets, read from their published on-disk formats in a folder (``root``):
+MNIST, Fashion-MNIST and EMNIST (IDX files), CIFAR-10 and CIFAR-100 (python pickle batches),
+LEAF's FEMNIST (JSON, one client per writer). docs/datasets.md says where to get each one and
+the layout expected.
+
+Images stay uint8 (0..255) in the partition table and are scaled to [0, 1] on the worker.
+Each data set keeps its own train/test split. ``check`` and ``describe`` read headers and
+indexes only, never the whole data.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+import numpy as np
+from annotated_types import Ge
+
+from simulator.data.datasets import DataError
+from simulator.data.formats import (
+    find,
+    idx_header,
+    leaf_index,
+    read_cifar_batch,
+    read_idx,
+    read_leaf,
+)
+from strategies.protocols import Dataset, DatasetInfo, DatasetSplit, Traits
+
+
+def _root(root: str) -> Path:
+    path = Path(root)
+    if not path.is_dir():
+        raise DataError(f"root: {'not a folder' if path.exists() else 'no such folder'}: {root}")
+    return path
+
+
+# ---------------------------------------------------------------------------- IDX
+
+
+class MNIST(Dataset):
+    """MNIST (LeCun, Bottou, Bengio, Haffner, Proc. IEEE 1998): 60,000 + 10,000 28x28
+    grey-level digits, shape (1, 28, 28), 10 classes, from the four IDX files
+    ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``,
+    ``t10k-labels-idx1-ubyte`` in ``root`` (each may be gzipped, with ``.gz``). The test
+    split is the data set's own: ``test_fraction`` is not used."""
+
+    traits = Traits(path_params=("root",))
+    LAYOUT = ("train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and "
+              "t10k-labels-idx1-ubyte (optionally .gz), as published")
+    PREFIX: ClassVar[dict[str, str]] = {"train": "train", "test": "t10k"}
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def _files(self, split: str) -> tuple[Path, Path]:
+        root, p = _root(self.root), self.PREFIX[split]
+        return (find(root, [f"{p}-images-idx3-ubyte", f"{p}-images.idx3-ubyte"], self.LAYOUT),
+                find(root, [f"{p}-labels-idx1-ubyte", f"{p}-labels.idx1-ubyte"], self.LAYOUT))
+
+    def check(self, n: int) -> None:
+        for split in ("train", "test"):
+            images, labels = self._files(split)
+            _, dims = idx_header(images)
+            _, ldims = idx_header(labels)
+            if len(dims) != 3 or ldims != dims[:1]:
+                raise DataError(f"root: {images.name} holds {dims}, {labels.name} {ldims}: "
+                                "expected (N, rows, columns) images and (N,) labels")
+
+    def _labels(self, y: np.ndarray) -> np.ndarray:
+        return y.astype(np.int64)
+
+    def _images(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
+        self.check(num_clients)
+        images, labels = self._files("train")
+        _, dims = idx_header(images)
+        return DatasetInfo(dims[0], (1, dims[1], dims[2]),
+                           int(self._labels(read_idx(labels)).max()) + 1)
+
+    def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
+        self.check(num_clients)
+        out: list[np.ndarray] = []
+        for split in ("train", "test"):
+            images, labels = self._files(split)
+            x = self._images(read_idx(images)).astype(np.uint8)
+            out += [x.reshape(len(x), 1, *x.shape[1:]), self._labels(read_idx(labels))]
+        classes = int(max(out[1].max(), out[3].max())) + 1
+        return DatasetSplit(out[0], out[1], out[2], out[3], tuple(out[0].shape[1:]), classes)
+
+
+class FashionMNIST(MNIST):
+    """Fashion-MNIST (Xiao, Rasul, Vollgraf, 2017): 70,000 28x28 images of 10 kinds of
+    clothing, in MNIST's four IDX files and names."""
+
+
+class EMNIST(MNIST):
+    """EMNIST (Cohen, Afshar, Tapson, van Schaik, IJCNN 2017), one of its splits: the IDX
+    files ``emnist-SPLIT-train-images-idx3-ubyte`` etc. of the published ``gzip`` folder.
+    EMNIST stores each image transposed; it is transposed back here. ``letters`` labels
+    1..26 become 0..25."""
+
+    def __init__(self, root: str,
+                 split: Literal["byclass", "bymerge", "balanced", "letters", "digits",
+                                "mnist"] = "balanced") -> None:
+        super().__init__(root)
+        self.split = split
+
+    def _files(self, split: str) -> tuple[Path, Path]:
+        root, p = _root(self.root), f"emnist-{self.split}-{'train' if split == 'train' else 'test'}"
+        layout = (f"{p}-images-idx3-ubyte and {p}-labels-idx1-ubyte (optionally .gz), the "
+                  "published names")
+        return (find(root, [f"{p}-images-idx3-ubyte"], layout),
+                find(root, [f"{p}-labels-idx1-ubyte"], layout))
+
+    def _labels(self, y: np.ndarray) -> np.ndarray:
+        return y.astype(np.int64) - (1 if self.split == "letters" else 0)
+
+    def _images(self, x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x.transpose(0, 2, 1))
+
+
+# ---------------------------------------------------------------------------- CIFAR
+
+
+class CIFAR10(Dataset):
+    """CIFAR-10 (Krizhevsky, 2009): 50,000 + 10,000 32x32 colour images, shape (3, 32, 32),
+    10 classes, from the python batches ``data_batch_1`` .. ``data_batch_5`` and
+    ``test_batch`` in ``root`` or in ``root/cifar-10-batches-py``."""
+
+    traits = Traits(path_params=("root",))
+    FOLDER = "cifar-10-batches-py"
+    TRAIN: tuple[str, ...] = tuple(f"data_batch_{i}" for i in range(1, 6))
+    TEST: tuple[str, ...] = ("test_batch",)
+    LABELS = "labels"
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def _dir(self) -> Path:
+        root = _root(self.root)
+        return root / self.FOLDER if (root / self.FOLDER).is_dir() else root
+
+    def _paths(self, names: tuple[str, ...]) -> list[Path]:
+        d = self._dir()
+        layout = f"{', '.join((*self.TRAIN, *self.TEST))} (the python version's batches)"
+        return [find(d, [name], layout) for name in names]
+
+    def check(self, n: int) -> None:
+        self._paths(self.TRAIN + self.TEST)
+
+    def _read(self, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+        xs, ys = [], []
+        for path in self._paths(names):
+            batch = read_cifar_batch(path)
+            if self.LABELS not in batch:
+                raise DataError(f"root: {path} has no {self.LABELS!r}; keys: "
+                                f"{', '.join(sorted(batch))}")
+            x = np.asarray(batch["data"], dtype=np.uint8)
+            xs.append(x.reshape(len(x), 3, 32, 32))
+            ys.append(np.asarray(batch[self.LABELS], dtype=np.int64))
+        return np.concatenate(xs), np.concatenate(ys)
+
+    def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
+        self.check(num_clients)
+        _, y = self._read(self.TRAIN)
+        return DatasetInfo(len(y), (3, 32, 32), self.classes(y))
+
+    def classes(self, y: np.ndarray) -> int:
+        return 10
+
+    def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
+        self.check(num_clients)
+        x, y = self._read(self.TRAIN)
+        x_te, y_te = self._read(self.TEST)
+        return DatasetSplit(x, y, x_te, y_te, (3, 32, 32), self.classes(y))
+
+
+class CIFAR100(CIFAR10):
+    """CIFAR-100 (Krizhevsky, 2009): the python files ``train`` and ``test`` in ``root`` or
+    ``root/cifar-100-python``; ``labels: fine`` (100 classes) or ``coarse`` (20)."""
+
+    FOLDER = "cifar-100-python"
+    TRAIN = ("train",)
+    TEST = ("test",)
+
+    def __init__(self, root: str, labels: Literal["fine", "coarse"] = "fine") -> None:
+        super().__init__(root)
+        self.labels = labels
+        self.LABELS = f"{labels}_labels"
+
+    def classes(self, y: np.ndarray) -> int:
+        return 100 if self.labels == "fine" else 20
+
+
+# ---------------------------------------------------------------------------- LEAF
+
+
+class FEMNIST(Dataset):
+    """LEAF's FEMNIST (Caldas et al., "LEAF: A Benchmark for Federated Settings", 2018):
+    EMNIST's 62 classes of handwritten digits and letters partitioned by writer, from the
+    JSON files of LEAF's ``data/train`` and ``data/test`` folders (``root/train/*.json``,
+    ``root/test/*.json``: ``users``, ``num_samples``, ``user_data``). Each writer is a
+    natural client (use the ``natural`` partitioner); with fewer clients than writers a
+    seeded subset of writers is taken, their train and test samples both. LEAF's own
+    train/test split is kept (``test_fraction`` is not used). Pixels (LEAF stores floats in
+    [0, 1]) are kept as uint8."""
+
+    traits = Traits(path_params=("root",))
+
+    def __init__(self, root: str, min_samples: Annotated[int, Ge(1)] = 1) -> None:
+        self.root, self.min_samples = root, min_samples
+
+    def _files(self, split: str) -> list[Path]:
+        d = _root(self.root) / split
+        files = sorted(d.glob("*.json")) if d.is_dir() else []
+        if not files:
+            raise DataError(f"root: no {split}/*.json in {self.root}; expected LEAF's layout: "
+                            "train/*.json and test/*.json (users, num_samples, user_data)")
+        return files
+
+    def _writers(self) -> dict[str, int]:
+        """Every writer with at least ``min_samples`` training samples -> its sample count."""
+        counts: dict[str, int] = {}
+        for path in self._files("train"):
+            for user, k in zip(*leaf_index(path)):
+                counts[user] = counts.get(user, 0) + k
+        return {u: k for u, k in counts.items() if k >= self.min_samples}
+
+    def _chosen(self, num_clients: int, seed: int) -> list[str]:
+        writers = sorted(self._writers())
+        if num_clients > len(writers):
+            raise DataError(f"clients.total: {num_clients} clients, but {self.root} has "
+                            f"{len(writers)} writers with {self.min_samples}+ samples")
+        if num_clients == len(writers):
+            return writers
+        pick = np.random.default_rng([seed, 0x1EAF]).choice(len(writers), num_clients,
+                                                            replace=False)
+        return [writers[i] for i in sorted(pick)]
+
+    def check(self, n: int) -> None:
+        self._files("train")
+        self._files("test")
+
+    def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
+        counts = self._writers()
+        chosen = self._chosen(num_clients, seed)
+        return DatasetInfo(sum(counts[u] for u in chosen), (1, 28, 28), 62)
+
+    def _read(self, split: str, chosen: dict[str, int]) -> tuple[list, list, list]:
+        xs: list[np.ndarray] = []
+        ys: list[np.ndarray] = []
+        cs: list[np.ndarray] = []
+        for path in self._files(split):
+            data: dict[str, Any] = read_leaf(path)["user_data"]
+            for user in sorted(set(data) & set(chosen)):
+                x = np.asarray(data[user]["x"], dtype=np.float32).reshape(-1, 1, 28, 28)
+                xs.append(np.rint(np.clip(x, 0, 1) * 255).astype(np.uint8))
+                ys.append(np.asarray(data[user]["y"], dtype=np.int64))
+                cs.append(np.full(len(x), chosen[user], dtype=np.int64))
+        return xs, ys, cs
+
+    def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
+        chosen = {u: i for i, u in enumerate(self._chosen(num_clients, seed))}
+        xs, ys, cs = self._read("train", chosen)
+        xt, yt, _ = self._read("test", chosen)
+        if not xt:
+            raise DataError(f"root: the test files of {self.root} hold none of the chosen "
+                            "writers")
+        return DatasetSplit(np.concatenate(xs), np.concatenate(ys), np.concatenate(xt),
+                            np.concatenate(yt), (1, 28, 28), 62, np.concatenate(cs))

@@ -1,0 +1,116 @@
+"""Small files in the published on-disk formats, written byte for byte as their documents say
+(tests only): IDX (LeCun's MNIST page), CIFAR's python batches (Krizhevsky's page: a pickled
+dict with ``data`` (N, 3072) uint8, row-major RGB planes, and ``labels``), LEAF's JSON."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+
+IDX_CODES = {np.dtype(np.uint8): 0x08, np.dtype(np.int8): 0x09, np.dtype(np.int16): 0x0B,
+             np.dtype(np.int32): 0x0C, np.dtype(np.float32): 0x0D, np.dtype(np.float64): 0x0E}
+
+
+def write_idx(path: Path, array: np.ndarray, gz: bool = False) -> Path:
+    """``array`` as an IDX file: 0x0000, the type code, the number of dimensions, each
+    dimension as a big-endian int32, then the data big-endian."""
+    head = struct.pack(">HBB", 0, IDX_CODES[array.dtype], array.ndim)
+    head += struct.pack(f">{array.ndim}i", *array.shape)
+    body = array.astype(array.dtype.newbyteorder(">")).tobytes()
+    if gz:
+        path = path.with_name(path.name + ".gz")
+        path.write_bytes(gzip.compress(head + body))
+    else:
+        path.write_bytes(head + body)
+    return path
+
+
+def images(n: int, seed: int, shape: tuple[int, ...] = (28, 28), classes: int = 10
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` uint8 noise images in which class c lights its own band of pixels (learnable by
+    a linear model), and their labels."""
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % classes
+    width = int(np.prod(shape))
+    flat = rng.integers(0, 60, (n, width))
+    band = width // classes
+    for c in range(classes):
+        flat[y == c, c * band : (c + 1) * band] += 180
+    return flat.reshape(n, *shape).astype(np.uint8), y
+
+
+def write_mnist(root: Path, n_train: int = 60, n_test: int = 20, prefix: str = "",
+                classes: int = 10, gz: bool = True) -> dict[str, np.ndarray]:
+    """The four MNIST files (``prefix`` for EMNIST's ``emnist-SPLIT-``)."""
+    root.mkdir(parents=True, exist_ok=True)
+    x, y = images(n_train, 0, classes=classes)
+    xt, yt = images(n_test, 1, classes=classes)
+    names = (["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+              "t10k-labels-idx1-ubyte"] if not prefix else
+             [f"{prefix}train-images-idx3-ubyte", f"{prefix}train-labels-idx1-ubyte",
+              f"{prefix}test-images-idx3-ubyte", f"{prefix}test-labels-idx1-ubyte"])
+    for name, arr in zip(names, (x, y.astype(np.uint8), xt, yt.astype(np.uint8))):
+        write_idx(root / name, arr, gz=gz)
+    return {"x": x, "y": y, "x_test": xt, "y_test": yt}
+
+
+def write_cifar10(root: Path, per_batch: int = 12, n_test: int = 20) -> dict[str, np.ndarray]:
+    """``cifar-10-batches-py/``: five training batches and ``test_batch``, pickled as the
+    published files are (protocol 2, byte-string keys)."""
+    d = root / "cifar-10-batches-py"
+    d.mkdir(parents=True, exist_ok=True)
+    xs, ys = [], []
+    for i in range(1, 6):
+        x, y = images(per_batch, i, (3, 32, 32))
+        xs.append(x)
+        ys.append(y)
+        batch = {b"batch_label": b"training batch %d of 5" % i, b"labels": y.tolist(),
+                 b"data": x.reshape(per_batch, 3072), b"filenames": [b"x.png"] * per_batch}
+        (d / f"data_batch_{i}").write_bytes(pickle.dumps(batch, protocol=2))
+    xt, yt = images(n_test, 9, (3, 32, 32))
+    (d / "test_batch").write_bytes(pickle.dumps(
+        {b"labels": yt.tolist(), b"data": xt.reshape(n_test, 3072)}, protocol=2))
+    return {"x": np.concatenate(xs), "y": np.concatenate(ys), "x_test": xt, "y_test": yt}
+
+
+def write_cifar100(root: Path, n: int = 40, n_test: int = 20) -> dict[str, np.ndarray]:
+    """``cifar-100-python/train`` and ``test`` with fine (100) and coarse (20) labels."""
+    d = root / "cifar-100-python"
+    d.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name, count, seed in (("train", n, 3), ("test", n_test, 4)):
+        x, _ = images(count, seed, (3, 32, 32))
+        fine = np.arange(count) % 100
+        (d / name).write_bytes(pickle.dumps({b"data": x.reshape(count, 3072),
+                                             b"fine_labels": fine.tolist(),
+                                             b"coarse_labels": (fine // 5).tolist()}, protocol=2))
+        out[name] = fine
+    return out
+
+
+def write_leaf(root: Path, writers: int = 6, per_writer: int = 12, files: int = 2
+               ) -> dict[str, dict]:
+    """LEAF FEMNIST's layout: ``train/*.json`` and ``test/*.json``, writers spread over
+    ``files`` files, each writer's samples split 75/25 between train and test as LEAF's
+    ``--tf 0.75`` does; pixels as floats in [0, 1]."""
+    users = [f"f{i:04d}_{i % 10:02d}" for i in range(writers)]
+    data: dict[str, dict] = {"train": {}, "test": {}}
+    for i, u in enumerate(users):
+        x, y = images(per_writer, 100 + i, (784,), classes=62)
+        y = (y + i) % 62
+        cut = per_writer * 3 // 4
+        data["train"][u] = {"x": (x[:cut] / 255.0).tolist(), "y": y[:cut].tolist()}
+        data["test"][u] = {"x": (x[cut:] / 255.0).tolist(), "y": y[cut:].tolist()}
+    for split in ("train", "test"):
+        (root / split).mkdir(parents=True, exist_ok=True)
+        for k in range(files):
+            mine = users[k::files]
+            doc = {"users": mine, "num_samples": [len(data[split][u]["y"]) for u in mine],
+                   "user_data": {u: data[split][u] for u in mine}}
+            (root / split / f"all_data_{k}_niid_0_keep_0_{split}_9.json").write_text(json.dumps(doc))
+    return data

@@ -1,0 +1,198 @@
+"""The field's data sets from their published formats: files the tests write byte for byte
+(tests/formats.py) round-trip through the dataset plugins, run from a scenario, and a wrong
+layout is named in one line before anything runs."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import textwrap
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from simulator import registry
+from simulator.config import ScenarioError, load
+from simulator.data import build
+from simulator.data.datasets import DataError
+from simulator.engine import make_engine
+from simulator.runtime.backend import InlineBackend
+from tests import formats
+
+
+def dataset(name: str, **keys):
+    return registry.get("datasets", name)(**keys)
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_mnist_idx_files_round_trip(tmp_path, gz):
+    written = formats.write_mnist(tmp_path, gz=gz)
+    ds = dataset("mnist", root=str(tmp_path))
+    split = ds.load(4, 0, 0.2)
+    assert split.x_train.dtype == np.uint8 and split.x_train.shape == (60, 1, 28, 28)
+    np.testing.assert_array_equal(split.x_train[:, 0], written["x"])
+    np.testing.assert_array_equal(split.y_train, written["y"])
+    np.testing.assert_array_equal(split.x_test[:, 0], written["x_test"])
+    assert (split.input_shape, split.num_classes) == ((1, 28, 28), 10)
+    info = ds.describe(4, 0, 0.2)
+    assert (info.train_samples, info.input_shape, info.num_classes) == (60, (1, 28, 28), 10)
+
+
+def test_idx_header_bytes_are_read_as_published(tmp_path):
+    path = formats.write_idx(tmp_path / "a", np.arange(6, dtype=np.int32).reshape(2, 3))
+    assert path.read_bytes()[:4] == b"\x00\x00\x0c\x02"  # int32, 2 dimensions
+    from simulator.data.formats import read_idx
+
+    np.testing.assert_array_equal(read_idx(path), np.arange(6).reshape(2, 3))
+    path.write_bytes(b"\x00\x00\x08\x03" + (5).to_bytes(4, "big"))  # cut inside its header
+    with pytest.raises(DataError, match="ends inside its IDX header"):
+        read_idx(path)
+    path.write_bytes(b"PK\x03\x04 not idx")
+    with pytest.raises(DataError, match="is not an IDX file"):
+        read_idx(path)
+
+
+def test_emnist_is_transposed_back_and_letters_start_at_zero(tmp_path):
+    written = formats.write_mnist(tmp_path, prefix="emnist-letters-", classes=26)
+    y_file = formats.images(60, 0, classes=26)[1] + 1  # letters are labelled 1..26
+    formats.write_idx(tmp_path / "emnist-letters-train-labels-idx1-ubyte",
+                      y_file.astype(np.uint8), gz=True)
+    split = dataset("emnist", root=str(tmp_path), split="letters").load(4, 0, 0.2)
+    np.testing.assert_array_equal(split.x_train[:, 0], written["x"].transpose(0, 2, 1))
+    np.testing.assert_array_equal(split.y_train, y_file - 1)
+    assert split.num_classes == 26
+
+
+def test_cifar10_batches_round_trip_and_cifar100_labels(tmp_path):
+    written = formats.write_cifar10(tmp_path)
+    split = dataset("cifar10", root=str(tmp_path)).load(4, 0, 0.2)
+    assert split.x_train.dtype == np.uint8 and split.x_train.shape == (60, 3, 32, 32)
+    np.testing.assert_array_equal(split.x_train, written["x"])
+    np.testing.assert_array_equal(split.y_test, written["y_test"])
+    # the batch's row layout: 1024 red, then green, then blue values, row-major
+    raw = pickle.loads((tmp_path / "cifar-10-batches-py" / "data_batch_1").read_bytes(),
+                       encoding="bytes")
+    np.testing.assert_array_equal(split.x_train[0, 1].reshape(-1), raw[b"data"][0, 1024:2048])
+    fine = formats.write_cifar100(tmp_path)
+    s_fine = dataset("cifar100", root=str(tmp_path)).load(4, 0, 0.2)
+    s_coarse = dataset("cifar100", root=str(tmp_path), labels="coarse").load(4, 0, 0.2)
+    np.testing.assert_array_equal(s_fine.y_train, fine["train"])
+    np.testing.assert_array_equal(s_coarse.y_train, fine["train"] // 5)
+    assert (s_fine.num_classes, s_coarse.num_classes) == (100, 20)
+
+
+class _Boom:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_a_pickle_that_runs_code_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    formats.write_cifar10(tmp_path)
+    bad = {b"data": np.zeros((1, 3072), np.uint8), b"labels": [_Boom()]}
+    (tmp_path / "cifar-10-batches-py" / "test_batch").write_bytes(pickle.dumps(bad, protocol=2))
+    with pytest.raises(DataError, match=r"test_batch is not a CIFAR python batch \(posix.system "
+                                        r"is not allowed in a data batch\)"):
+        dataset("cifar10", root=str(tmp_path)).load(4, 0, 0.2)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_femnist_keeps_writers_and_leaf_split(tmp_path):
+    written = formats.write_leaf(tmp_path, writers=6, per_writer=12)
+    ds = dataset("femnist", root=str(tmp_path))
+    split = ds.load(6, 0, 0.2)
+    assert split.x_train.dtype == np.uint8 and split.input_shape == (1, 28, 28)
+    assert len(split.y_train) == 6 * 9 and len(split.y_test) == 6 * 3  # LEAF's 75/25
+    users = sorted(written["train"])
+    for k, u in enumerate(users):
+        mine = split.clients_train == k
+        np.testing.assert_array_equal(split.y_train[mine], written["train"][u]["y"])
+        np.testing.assert_array_equal(
+            split.x_train[mine].reshape(-1, 784),
+            np.rint(np.asarray(written["train"][u]["x"]) * 255).astype(np.uint8))
+    assert ds.describe(6, 0, 0.2).train_samples == 54
+    # fewer clients than writers: a seeded subset, their train and test samples both
+    four = ds.load(4, 7, 0.2)
+    assert len(np.unique(four.clients_train)) == 4 and len(four.y_train) == 36
+    assert len(four.y_test) == 12 and ds.describe(4, 7, 0.2).train_samples == 36
+    np.testing.assert_array_equal(four.y_train, ds.load(4, 7, 0.2).y_train)
+    data = build({"name": "femnist", "root": str(tmp_path)}, {"name": "natural"}, 4, 7, 0.2)
+    assert data.client_sizes().tolist() == [9, 9, 9, 9]
+    with pytest.raises(DataError, match="clients.total: 7 clients, but .* has 6 writers"):
+        ds.load(7, 0, 0.2)
+
+
+def _scenario(tmp_path, dataset_block: str, model: str = "{name: cnn, channels: [4], hidden: 16}",
+              extra: str = "") -> str:
+    p = tmp_path / "s.yaml"
+    p.write_text(textwrap.dedent(f"""\
+        rounds: 3
+        data: {{dataset: {dataset_block}, partitioner: {{name: iid}}}}
+        model: {model}
+        clients: {{total: 4}}
+        local: {{steps: 3, batch_size: 8, lr: 0.1}}
+        runtime: {{backend: inline}}
+    """) + extra)
+    return str(p)
+
+
+def test_the_data_sets_run_from_scenarios_with_relative_roots(tmp_path):
+    formats.write_mnist(tmp_path / "mnist", n_train=80)
+    formats.write_cifar10(tmp_path / "cifar")
+    formats.write_leaf(tmp_path / "leaf")
+    for block, model in [("{name: mnist, root: mnist}", None),
+                         ("{name: cifar10, root: cifar}", None),
+                         ("{name: femnist, root: leaf}", None)]:
+        sc = load(_scenario(tmp_path, block)).points[0].scenario
+        res = make_engine(sc, InlineBackend()).run()
+        assert all(np.isfinite(r["client_loss"]) for r in res.metrics)
+        assert 0.0 <= res.final("test_accuracy") <= 1.0
+    # the fixture is learnable (each class lights its own band of pixels): the uint8 images
+    # reach the model scaled to [0, 1] and a linear model learns them
+    sc = load(_scenario(tmp_path, "{name: mnist, root: mnist}", "{name: logreg}")
+              ).points[0].scenario.model_copy(update={"rounds": 10})
+    assert make_engine(sc, InlineBackend()).run().final("test_accuracy") == 1.0
+
+
+def test_a_missing_file_is_named_with_the_layout_before_anything_runs(tmp_path):
+    formats.write_mnist(tmp_path / "mnist")
+    (tmp_path / "mnist" / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(ScenarioError) as e:
+        load(_scenario(tmp_path, "{name: mnist, root: mnist}"))
+    assert e.value.lines == [(
+        f"{tmp_path / 's.yaml'}:2: data.dataset.root: t10k-labels-idx1-ubyte (or "
+        f"t10k-labels-idx1-ubyte.gz) not found in {tmp_path / 'mnist'}; expected "
+        "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and "
+        "t10k-labels-idx1-ubyte (optionally .gz), as published")]
+    with pytest.raises(ScenarioError, match=r"data.dataset.root: no such folder: .*nowhere"):
+        load(_scenario(tmp_path, "{name: cifar10, root: nowhere}"))
+    (tmp_path / "leaf" / "train").mkdir(parents=True)
+    with pytest.raises(ScenarioError, match=r"data.dataset.root: no train/\*.json in .*leaf; "
+                                            r"expected LEAF's layout"):
+        load(_scenario(tmp_path, "{name: femnist, root: leaf}"))
+
+
+def test_uint8_images_stay_uint8_in_the_partition_table(tmp_path):
+    formats.write_mnist(tmp_path, n_train=40)
+    data = build({"name": "mnist", "root": str(tmp_path)}, {"name": "iid"}, 4, 0, 0.2)
+    assert data.table.schema.field("x").type == pa.list_(pa.uint8(), 784)
+    assert data.table.nbytes < 40 * 784 * 2  # a quarter of float32's bytes, plus labels
+
+
+@pytest.mark.parametrize("kind", ["list", "fixed_size_list"])
+def test_parquet_list_columns_keep_an_image_shape(tmp_path, kind):
+    x, y = formats.images(40, 0, (16,))
+    col = pa.array([row.tolist() for row in x], type=pa.list_(pa.float32()) if kind == "list"
+                   else pa.list_(pa.float32(), 16))
+    pq.write_table(pa.table({"pixels": col, "label": y}), tmp_path / "d.parquet")
+    ds = dataset("parquet", path=str(tmp_path / "d.parquet"), shape=[1, 4, 4])
+    split = ds.load(4, 0, 0.25)
+    assert split.input_shape == (1, 4, 4) and split.x_train.shape == (30, 1, 4, 4)
+    assert ds.describe(4, 0, 0.25).input_shape == (1, 4, 4)
+    flat = dataset("parquet", path=str(tmp_path / "d.parquet")).load(4, 0, 0.25)
+    np.testing.assert_array_equal(flat.x_train.reshape(-1, 1, 4, 4), split.x_train)
+    with pytest.raises(DataError, match=r"shape: \[3, 4, 4\] holds 48 values, the samples of "
+                                        r".* have 16"):
+        dataset("parquet", path=str(tmp_path / "d.parquet"), shape=[3, 4, 4]).describe(4, 0, 0.25)
