@@ -19,7 +19,6 @@ from strategies.protocols import Model
 class LogisticRegression(Model):
     """Multinomial logistic regression: one linear layer on the flattened input."""
 
-
     def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
@@ -30,7 +29,6 @@ class LogisticRegression(Model):
 
 class MLP(Model):
     """Fully connected network with ReLU hidden layers of the given widths."""
-
 
     def __init__(
         self,
@@ -54,7 +52,6 @@ class MLP(Model):
 class CNN(Model):
     """Two 3x3 convolution blocks (ReLU, 2x2 max-pool when the map is large enough), then a
     hidden fully connected layer. Needs image input ``(C, H, W)``."""
-
 
     def __init__(
         self,

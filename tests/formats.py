@@ -114,3 +114,14 @@ def write_leaf(root: Path, writers: int = 6, per_writer: int = 12, files: int = 
                    "user_data": {u: data[split][u] for u in mine}}
             (root / split / f"all_data_{k}_niid_0_keep_0_{split}_9.json").write_text(json.dumps(doc))
     return data
+
+
+# The writer of each file-backed data set, for tests that need one on disk.
+WRITERS = {
+    "mnist": lambda root: write_mnist(root),
+    "fashion-mnist": lambda root: write_mnist(root),
+    "emnist": lambda root: write_mnist(root, prefix="emnist-balanced-", classes=47),
+    "cifar10": lambda root: write_cifar10(root),
+    "cifar100": lambda root: write_cifar100(root),
+    "femnist": lambda root: write_leaf(root),
+}

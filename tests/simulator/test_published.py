@@ -120,7 +120,8 @@ def test_femnist_keeps_writers_and_leaf_split(tmp_path):
     np.testing.assert_array_equal(four.y_train, ds.load(4, 7, 0.2).y_train)
     data = build({"name": "femnist", "root": str(tmp_path)}, {"name": "natural"}, 4, 7, 0.2)
     assert data.client_sizes().tolist() == [9, 9, 9, 9]
-    with pytest.raises(DataError, match="clients.total: 7 clients, but .* has 6 writers"):
+    with pytest.raises(DataError, match=r"min_samples: 6 writers of .* have 1\+ training "
+                                        r"samples, fewer than the 7 clients \(clients.total\)"):
         ds.load(7, 0, 0.2)
 
 

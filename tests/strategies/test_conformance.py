@@ -22,14 +22,7 @@ PARAMS: dict[tuple[str, str], dict] = {
 }
 
 # Data sets read from files: the checks run on small files in their real formats.
-FILES = {
-    "mnist": lambda root: formats.write_mnist(root),
-    "fashion-mnist": lambda root: formats.write_mnist(root),
-    "emnist": lambda root: formats.write_mnist(root, prefix="emnist-balanced-", classes=47),
-    "cifar10": lambda root: formats.write_cifar10(root),
-    "cifar100": lambda root: formats.write_cifar100(root),
-    "femnist": lambda root: formats.write_leaf(root),
-}
+FILES = formats.WRITERS
 
 # Checks that do not apply to a built-in, and why (stated in its docstring too).
 SKIP: dict[tuple[str, str], dict[str, str]] = {
