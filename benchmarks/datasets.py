@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from simulator.data import build  # noqa: E402
-from tests import formats  # noqa: E402
+from simulator.data import build
+from tests import formats
 
 
 def measure(name: str, root: Path, clients: int, partitioner: str) -> tuple[float, int, int]:
