@@ -49,9 +49,32 @@ class MNIST(Dataset):
     LAYOUT = ("train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and "
               "t10k-labels-idx1-ubyte (optionally .gz), as published")
     PREFIX: ClassVar[dict[str, str]] = {"train": "train", "test": "t10k"}
+    # the published files and their MD5s (as torchvision lists them); ``download: true``
+    # fetches them from ``mirror`` (a base URL), by default torchvision's mirror of them
+    MIRROR = "https://ossci-datasets.s3.amazonaws.com/mnist/"
+    FILES: ClassVar[dict[str, str]] = {
+        "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+        "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+        "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+        "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+    }
 
-    def __init__(self, root: str) -> None:
-        self.root = root
+    def __init__(self, root: str, download: bool = False, mirror: str | None = None) -> None:
+        self.root, self.download, self.mirror = root, download, mirror
+
+    def _pending(self) -> bool:
+        """``download: true`` and the files are not fetched yet."""
+        return self.download and bool(self.FILES) and not all(
+            Path(self.root, name).is_file() for name in self.FILES)
+
+    def _fetch(self) -> None:
+        """``download: true``: the published files into ``root``, once (checked by MD5)."""
+        if self.download and self.FILES:
+            from simulator.data.download import fetch
+
+            base = (self.mirror or self.MIRROR).rstrip("/") + "/"
+            for name, checksum in self.FILES.items():
+                fetch(base + name, Path(self.root) / name, checksum)
 
     def _files(self, split: str) -> tuple[Path, Path]:
         root, p = _root(self.root), self.PREFIX[split]
@@ -59,6 +82,8 @@ class MNIST(Dataset):
                 find(root, [f"{p}-labels-idx1-ubyte", f"{p}-labels.idx1-ubyte"], self.LAYOUT))
 
     def check(self, n: int) -> None:
+        if self._pending():
+            return  # fetched when the run loads it
         for split in ("train", "test"):
             images, labels = self._files(split)
             _, dims = idx_header(images)
@@ -73,7 +98,9 @@ class MNIST(Dataset):
     def _images(self, x: np.ndarray) -> np.ndarray:
         return x
 
-    def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
+    def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo | None:
+        if self._pending():
+            return None  # not fetched yet: checked when the run loads it
         self.check(num_clients)
         images, labels = self._files("train")
         _, dims = idx_header(images)
@@ -81,6 +108,7 @@ class MNIST(Dataset):
                            int(self._labels(read_idx(labels)).max()) + 1)
 
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
+        self._fetch()
         self.check(num_clients)
         out: list[np.ndarray] = []
         for split in ("train", "test"):
@@ -93,7 +121,12 @@ class MNIST(Dataset):
 
 class FashionMNIST(MNIST):
     """Fashion-MNIST (Xiao, Rasul, Vollgraf, 2017): 70,000 28x28 images of 10 kinds of
-    clothing, in MNIST's four IDX files and names."""
+    clothing, in MNIST's four IDX files and names (fetched by hand: docs/datasets.md)."""
+
+    FILES: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
 
 
 class EMNIST(MNIST):
@@ -101,6 +134,8 @@ class EMNIST(MNIST):
     files ``emnist-SPLIT-train-images-idx3-ubyte`` etc. of the published ``gzip`` folder.
     EMNIST stores each image transposed; it is transposed back here. ``letters`` labels
     1..26 become 0..25."""
+
+    FILES: ClassVar[dict[str, str]] = {}  # one 560 MB archive of every split: by hand
 
     def __init__(self, root: str,
                  split: Literal["byclass", "bymerge", "balanced", "letters", "digits",
@@ -175,9 +210,24 @@ class CIFAR10(Dataset):
     TRAIN: tuple[str, ...] = tuple(f"data_batch_{i}" for i in range(1, 6))
     TEST: tuple[str, ...] = ("test_batch",)
     LABELS = "labels"
+    # the published archive and its MD5; ``download: true`` fetches it from ``mirror`` (a
+    # base URL), by default the CIFAR page's, and unpacks it into ``root``
+    MIRROR = "https://www.cs.toronto.edu/~kriz/"
+    ARCHIVE = ("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a")
 
-    def __init__(self, root: str) -> None:
-        self.root = root
+    def __init__(self, root: str, download: bool = False, mirror: str | None = None) -> None:
+        self.root, self.download, self.mirror = root, download, mirror
+
+    def _fetch(self) -> None:
+        """``download: true``: the archive into ``root`` (checked by MD5), unpacked, once."""
+        if not self.download or (Path(self.root) / self.FOLDER).is_dir():
+            return
+        from simulator.data.download import fetch, unpack
+
+        name, checksum = self.ARCHIVE
+        archive = fetch((self.mirror or self.MIRROR).rstrip("/") + "/" + name,
+                        Path(self.root) / name, checksum)
+        unpack(archive, Path(self.root))
 
     def _dir(self) -> Path:
         root = _root(self.root)
@@ -189,6 +239,8 @@ class CIFAR10(Dataset):
         return [find(d, [name], layout) for name in names]
 
     def check(self, n: int) -> None:
+        if self.download and not (Path(self.root) / self.FOLDER).is_dir():
+            return  # fetched when the run loads it
         self._paths(self.TRAIN + self.TEST)
 
     def _read(self, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -203,7 +255,9 @@ class CIFAR10(Dataset):
             ys.append(np.asarray(batch[self.LABELS], dtype=np.int64))
         return np.concatenate(xs), np.concatenate(ys)
 
-    def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
+    def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo | None:
+        if self.download and not (Path(self.root) / self.FOLDER).is_dir():
+            return None  # not fetched yet: checked when the run loads it
         self.check(num_clients)
         _, y = self._read(self.TRAIN)
         return DatasetInfo(len(y), (3, 32, 32), self.classes(y))
@@ -212,6 +266,7 @@ class CIFAR10(Dataset):
         return 10
 
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
+        self._fetch()
         self.check(num_clients)
         x, y = self._read(self.TRAIN)
         x_te, y_te = self._read(self.TEST)
@@ -225,9 +280,11 @@ class CIFAR100(CIFAR10):
     FOLDER = "cifar-100-python"
     TRAIN = ("train",)
     TEST = ("test",)
+    ARCHIVE = ("cifar-100-python.tar.gz", "eb9058c3a382ffc7106e4002c42a8d85")
 
-    def __init__(self, root: str, labels: Literal["fine", "coarse"] = "fine") -> None:
-        super().__init__(root)
+    def __init__(self, root: str, labels: Literal["fine", "coarse"] = "fine",
+                 download: bool = False, mirror: str | None = None) -> None:
+        super().__init__(root, download, mirror)
         self.labels = labels
         self.LABELS = f"{labels}_labels"
 

@@ -213,3 +213,93 @@ def test_the_mnist5k_benchmark_scenario_runs_and_learns():
     point = next(p for p in loaded.points if p.label == "mean attack=alie seed=0")
     res = make_engine(point.scenario, InlineBackend()).run()
     assert res.final("test_accuracy") > 0.7
+
+
+@pytest.fixture()
+def file_server(tmp_path):
+    """A loopback HTTP server of the folder ``served`` that counts its requests."""
+    import functools
+    import http.server
+    import threading
+
+    served = tmp_path / "served"
+    served.mkdir()
+    hits: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            return super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Handler, directory=str(served)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield served, f"http://127.0.0.1:{server.server_address[1]}/", hits
+    server.shutdown()
+    server.server_close()
+
+
+def test_download_fetches_once_checks_md5_and_refuses_a_wrong_file(tmp_path, file_server,
+                                                                    monkeypatch):
+    from simulator.data.download import md5
+    from simulator.data.published import MNIST
+
+    served, url, hits = file_server
+    written = formats.write_mnist(served, gz=True)
+    sums = {p.name: md5(p) for p in served.iterdir()}
+    monkeypatch.setattr(MNIST, "FILES", sums)  # the fixture's files stand for the published
+    root = tmp_path / "fetched"
+    ds = dataset("mnist", root=str(root), download=True, mirror=url)
+    assert ds.describe(4, 0, 0.2) is None and not root.exists()  # validation fetches nothing
+    split = ds.load(4, 0, 0.2)
+    np.testing.assert_array_equal(split.x_train[:, 0], written["x"])
+    assert sorted(hits) == sorted(f"/{n}" for n in sums) and not list(root.glob("*.part"))
+    ds.load(4, 0, 0.2)
+    assert len(hits) == 4  # never fetched again
+    # a file that is not the published one: named, and nothing kept
+    (root / "t10k-labels-idx1-ubyte.gz").unlink()
+    (served / "t10k-labels-idx1-ubyte.gz").write_bytes(b"\x1f\x8b not the file")
+    with pytest.raises(DataError, match=r"download: .*t10k-labels-idx1-ubyte.gz has MD5 [0-9a-f]{32}, "
+                                        r"the published file [0-9a-f]{32}; nothing was kept"):
+        ds.load(4, 0, 0.2)
+    assert not (root / "t10k-labels-idx1-ubyte.gz").exists()
+    with pytest.raises(DataError, match=r"download: could not fetch http://127.0.0.1:1/"):
+        dataset("mnist", root=str(tmp_path / "none"), download=True,
+                mirror="http://127.0.0.1:1/").load(4, 0, 0.2)
+
+
+def test_download_unpacks_the_cifar_archive(tmp_path, file_server, monkeypatch):
+    import tarfile
+
+    from simulator.data.download import md5
+    from simulator.data.published import CIFAR10
+
+    served, url, hits = file_server
+    written = formats.write_cifar10(tmp_path / "src")
+    with tarfile.open(served / "cifar-10-python.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "src" / "cifar-10-batches-py", arcname="cifar-10-batches-py")
+    monkeypatch.setattr(CIFAR10, "ARCHIVE",
+                        ("cifar-10-python.tar.gz", md5(served / "cifar-10-python.tar.gz")))
+    split = dataset("cifar10", root=str(tmp_path / "c"), download=True, mirror=url).load(4, 0, 0.2)
+    np.testing.assert_array_equal(split.x_train, written["x"])
+    dataset("cifar10", root=str(tmp_path / "c"), download=True, mirror=url).load(4, 0, 0.2)
+    assert hits == ["/cifar-10-python.tar.gz"]
+
+
+def test_an_archive_member_outside_root_is_refused(tmp_path):
+    import io
+    import tarfile
+
+    from simulator.data.download import unpack
+
+    evil = tmp_path / "evil.tar.gz"
+    with tarfile.open(evil, "w:gz") as tar:
+        info = tarfile.TarInfo("../escaped.txt")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"bad"))
+    with pytest.raises(DataError, match="evil.tar.gz holds a member that would land outside"):
+        unpack(evil, tmp_path / "root")
+    assert not (tmp_path / "escaped.txt").exists()
