@@ -116,6 +116,58 @@ def write_leaf(root: Path, writers: int = 6, per_writer: int = 12, files: int = 
     return data
 
 
+def png(image: np.ndarray) -> bytes:
+    """A uint8 (H, W) or (H, W, 3) image as PNG bytes (HF's Image feature stores these)."""
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(image).save(out, format="PNG")
+    return out.getvalue()
+
+
+def hf_table(n: int, seed: int, rgb: bool = False) -> tuple[object, np.ndarray, np.ndarray]:
+    """An Arrow table as HF writes an image data set: ``image`` struct<bytes, path>,
+    ``label`` int64, ``writer`` string; and the pixels (C, H, W) and labels."""
+    import pyarrow as pa
+
+    x, y = images(n, seed, (8, 8, 3) if rgb else (8, 8), classes=4)
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    col = pa.array([{"bytes": png(im), "path": None} for im in x], type=image_type)
+    table = pa.table({"image": col, "label": pa.array(y, pa.int64()),
+                      "writer": pa.array([f"w{i % 3}" for i in range(n)])})
+    chw = x.transpose(0, 3, 1, 2) if rgb else x[:, None]
+    return table, chw, y
+
+
+def write_hf_save_to_disk(root: Path, n_train: int = 24, n_test: int = 8, rgb: bool = False
+                          ) -> dict[str, np.ndarray]:
+    """``DatasetDict.save_to_disk``'s layout: ``dataset_dict.json`` ({"splits": [...]}) and a
+    folder per split with ``state.json`` (``_data_files``), ``dataset_info.json`` and the
+    rows as an Arrow IPC stream ``data-00000-of-00001.arrow``."""
+    import pyarrow as pa
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
+    out = {}
+    for split, n, seed in (("train", n_train, 0), ("test", n_test, 1)):
+        d = root / split
+        d.mkdir()
+        table, x, y = hf_table(n, seed, rgb)
+        with pa.OSFile(str(d / "data-00000-of-00001.arrow"), "wb") as sink, \
+                pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        (d / "state.json").write_text(json.dumps({
+            "_data_files": [{"filename": "data-00000-of-00001.arrow"}],
+            "_fingerprint": "f" * 16, "_format_columns": None, "_format_kwargs": {},
+            "_format_type": None, "_output_all_columns": False, "_split": split}))
+        (d / "dataset_info.json").write_text(json.dumps({"features": {
+            "image": {"_type": "Image"}, "label": {"_type": "ClassLabel"}}}))
+        out[f"x_{split}"], out[f"y_{split}"] = x, y
+    return out
+
+
 # The writer of each file-backed data set, for tests that need one on disk.
 WRITERS = {
     "mnist": lambda root: write_mnist(root),
@@ -124,4 +176,6 @@ WRITERS = {
     "cifar10": lambda root: write_cifar10(root),
     "cifar100": lambda root: write_cifar100(root),
     "femnist": lambda root: write_leaf(root),
+    "huggingface": lambda root: write_hf_save_to_disk(root),
 }
+FOLDER_KEY = {"huggingface": "path"}  # the key naming the folder (``root`` for the others)

@@ -38,7 +38,7 @@ def test_list_kinds(capsys):
         "dirichlet  (alpha=0.5, min_size=1)", "iid", "natural", "pathological  (k=2)",
         "shards  (k=2)", "sizes  (alpha=1.0, min_size=1)"]
     assert main(["list", "datasets"]) == 0
-    assert "mnist  (root)" in capsys.readouterr().out.splitlines()
+    assert "mnist  (root, download=False, mirror=None)" in capsys.readouterr().out.splitlines()
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "aggregators: bulyan, caf, cc, cwtm, dnc, geomed, krum, mda, meamed, mean, median, monna, multikrum, smea" in out

@@ -303,3 +303,48 @@ def test_an_archive_member_outside_root_is_refused(tmp_path):
     with pytest.raises(DataError, match="evil.tar.gz holds a member that would land outside"):
         unpack(evil, tmp_path / "root")
     assert not (tmp_path / "escaped.txt").exists()
+
+
+def test_huggingface_save_to_disk_folder_decodes_images_and_keeps_splits(tmp_path):
+    written = formats.write_hf_save_to_disk(tmp_path / "hf", rgb=True)
+    ds = dataset("huggingface", path=str(tmp_path / "hf"))
+    split = ds.load(3, 0, 0.2)
+    assert split.x_train.dtype == np.uint8 and split.input_shape == (3, 8, 8)
+    np.testing.assert_array_equal(split.x_train, written["x_train"])  # PNG is lossless
+    np.testing.assert_array_equal(split.y_test, written["y_test"])
+    info = ds.describe(3, 0, 0.2)
+    assert (info.train_samples, info.input_shape, info.num_classes) == (24, (3, 8, 8), 4)
+    natural = dataset("huggingface", path=str(tmp_path / "hf"), client="writer").load(3, 0, 0.2)
+    assert natural.clients_train.tolist() == [i % 3 for i in range(24)]
+    with pytest.raises(DataError, match="label: column 'digit' not in the data; columns: "
+                                        "image, label, writer"):
+        dataset("huggingface", path=str(tmp_path / "hf"), label="digit").load(3, 0, 0.2)
+
+
+def test_huggingface_parquet_folder_and_hub_cache(tmp_path, monkeypatch):
+    table, x, _ = formats.hf_table(30, 0)
+    test, xt, _ = formats.hf_table(10, 1)
+    snap = tmp_path / "hub" / "datasets--someone--digits8" / "snapshots" / "abc123" / "data"
+    snap.mkdir(parents=True)
+    pq.write_table(table, snap / "train-00000-of-00001.parquet")
+    pq.write_table(test, snap / "test-00000-of-00001.parquet")
+    (tmp_path / "hub" / "datasets--someone--digits8" / "refs").mkdir()
+    (tmp_path / "hub" / "datasets--someone--digits8" / "refs" / "main").write_text("abc123")
+    from_folder = dataset("huggingface", path=str(snap)).load(4, 0, 0.2)
+    np.testing.assert_array_equal(from_folder.x_train, x)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    from_hub = dataset("huggingface", hub="someone/digits8").load(4, 0, 0.2)
+    np.testing.assert_array_equal(from_hub.x_test, xt)
+    with pytest.raises(DataError, match="hub: someone/other is not in the local hub cache"):
+        dataset("huggingface", hub="someone/other").load(4, 0, 0.2)
+    # a scenario over the hub cache runs, images scaled on the worker
+    p = tmp_path / "s.yaml"
+    p.write_text(textwrap.dedent("""\
+        rounds: 3
+        data: {dataset: {name: huggingface, hub: someone/digits8}}
+        model: {name: cnn, channels: [4], hidden: 8}
+        clients: {total: 3}
+        local: {steps: 2, batch_size: 4}
+    """))
+    res = make_engine(load(p).points[0].scenario, InlineBackend()).run()
+    assert np.isfinite(res.final("test_loss"))

@@ -54,7 +54,7 @@ def test_shipped_scenarios_are_valid(path: Path, tmp_path):
         overrides = [f"data.dataset.root={tmp_path}"]
     elif name in formats.WRITERS:
         formats.WRITERS[name](tmp_path)
-        overrides = [f"data.dataset.root={tmp_path}"]
+        overrides = [f"data.dataset.{formats.FOLDER_KEY.get(name, 'root')}={tmp_path}"]
     loaded = load(path, overrides)
     assert loaded.points
 

@@ -44,7 +44,7 @@ def test_builtin_passes_the_shipped_checks(kind, name, tmp_path):
         params = {"path": str(tmp_path / "ring.txt")}
     if kind == "datasets" and name in FILES:
         FILES[name](tmp_path / "data")
-        params = {"root": str(tmp_path / "data")}
+        params = {formats.FOLDER_KEY.get(name, "root"): str(tmp_path / "data")}
     if (kind, name) == ("datasets", "parquet"):
         import pyarrow as pa
         import pyarrow.parquet as pq
