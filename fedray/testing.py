@@ -394,7 +394,8 @@ def _dataset_checks(make: Callable[[], Any]) -> list[Check]:
         split = make().load(4, 0, 0.2)
         n = len(split.y_train)
         assert split.x_train.shape == (n, *split.input_shape)
-        assert split.x_train.dtype in (np.float32, np.uint8), f"features {split.x_train.dtype}"
+        assert split.x_train.dtype in (np.float32, np.uint8, np.int32), \
+            f"samples of {split.x_train.dtype}: float32 values, uint8 images or int32 tokens"
         assert split.y_train.dtype == np.int64 and split.y_test.dtype == np.int64
         assert len(split.x_test) == len(split.y_test) > 0
         assert 0 <= split.y_train.min() and split.y_train.max() < split.num_classes
@@ -402,6 +403,7 @@ def _dataset_checks(make: Callable[[], Any]) -> list[Check]:
         if info is not None:
             assert (info.train_samples, tuple(info.input_shape), info.num_classes) == \
                 (n, tuple(split.input_shape), split.num_classes), f"describe() says {info}"
+            assert info.tokens == (split.x_train.dtype == np.int32), "describe()'s tokens"
         again = make().load(4, 0, 0.2)
         np.testing.assert_array_equal(again.y_train, split.y_train)
 
@@ -421,11 +423,15 @@ def _partitioner_checks(make: Callable[[], Any]) -> list[Check]:
     return [("partition_contract", partition_contract)]
 
 
-def _model_checks(make_with: Callable[..., Any]) -> list[Check]:
+def _model_checks(make_with: Callable[..., Any], cls: Any) -> list[Check]:
     def forward_contract() -> None:
         torch.manual_seed(0)
-        m = make_with(input_shape=(1, 8, 8), num_classes=10)
-        out = m(torch.zeros((3, 1, 8, 8)))
+        if cls.TOKENS:  # token ids: sequences of 12 over 10 symbols
+            m = make_with(input_shape=(12,), num_classes=10)
+            out = m(torch.randint(0, 10, (3, 12), generator=torch.Generator().manual_seed(0)))
+        else:
+            m = make_with(input_shape=(1, 8, 8), num_classes=10)
+            out = m(torch.zeros((3, 1, 8, 8)))
         assert tuple(out.shape) == (3, 10), f"output {tuple(out.shape)}"
         assert all(torch.isfinite(p).all() for p in m.parameters())
         pickle.loads(pickle.dumps(m))
@@ -466,7 +472,7 @@ def plugin_checks(kind: str, cls: Any, params: dict[str, Any] | None = None,
         "privacy": lambda: _privacy_checks(plain),
         "datasets": lambda: _dataset_checks(plain),
         "partitioners": lambda: _partitioner_checks(plain),
-        "models": lambda: _model_checks(make),
+        "models": lambda: _model_checks(make, cls),
     }
     checks = [("subclasses_the_contract", subclasses_the_contract), *by_kind[kind]()]
     return [(name, fn) for name, fn in checks if name not in (skip or {})]

@@ -90,3 +90,26 @@ def build_model(spec: dict, input_shape: tuple[int, ...], num_classes: int, seed
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return cls(tuple(input_shape), num_classes, **params)
+
+
+class CharLSTM(Model):
+    """LEAF's Shakespeare model (Caldas et al. 2018): an embedding of ``embedding``
+    dimensions per character, a ``layers``-layer LSTM of ``hidden`` units, and a linear
+    next-character head on the last position. Takes token ids ``(b, sequence)``."""
+
+    TOKENS = True
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int,
+                 embedding: Annotated[int, Ge(1)] = 8, hidden: Annotated[int, Ge(1)] = 256,
+                 layers: Annotated[int, Ge(1)] = 2) -> None:
+        super().__init__()
+        if len(input_shape) != 1:
+            raise ValueError(f"model: char_lstm needs token sequences (length,); the dataset "
+                             f"gives shape {tuple(input_shape)}")
+        self.embed = nn.Embedding(num_classes, embedding)
+        self.lstm = nn.LSTM(embedding, hidden, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(self.embed(x))
+        return self.head(out[:, -1])

@@ -367,7 +367,9 @@ class DatasetSplit:
     """A loaded dataset: train and test arrays, one sample's shape, the classes, and the
     natural client of each training sample where the data has one."""
 
-    x_train: np.ndarray  # float32, or uint8 images (0..255, scaled to [0, 1] on the worker)
+    # float32 features, uint8 images (0..255, scaled to [0, 1] on the worker), or int32
+    # token ids (text: they reach the model as int64)
+    x_train: np.ndarray
     y_train: np.ndarray  # int64, (N,)
     x_test: np.ndarray
     y_test: np.ndarray
@@ -384,6 +386,7 @@ class DatasetInfo:
     train_samples: int
     input_shape: tuple[int, ...]
     num_classes: int
+    tokens: bool = False  # integer token ids (text), not pixel or feature values
 
 
 class Dataset(Plugin, ABC):
@@ -414,10 +417,13 @@ class Partitioner(Plugin, ABC):
 class Model(nn.Module, Plugin):
     """A torch module whose constructor takes ``input_shape`` (one sample's shape) and
     ``num_classes`` (supplied by the engine from the dataset), then its own scenario keys;
-    ``forward`` maps a float32 batch ``(b, *input_shape)`` to ``(b, num_classes)`` scores.
-    Its parameters travel as one flat float32 vector (``parameters()`` order)."""
+    ``forward`` maps a batch ``(b, *input_shape)`` to ``(b, num_classes)`` scores: float32
+    values, or int64 token ids for a model with ``TOKENS = True`` (validation refuses a model
+    whose input kind is not the data's). Its parameters travel as one flat float32 vector
+    (``parameters()`` order)."""
 
     traits = Traits(context=("input_shape", "num_classes"))
+    TOKENS: ClassVar[bool] = False  # takes integer token ids (an embedding), not values
 
 
 CONTRACTS: dict[str, type] = {

@@ -140,7 +140,7 @@ def vectorized_sgd(model: nn.Module, start: torch.Tensor, clients: Sequence[Clie
             slots.append((s * k + j) * width + np.arange(len(idx)))
             on.append(s * k + j)
     slots_t = torch.from_numpy(np.concatenate(slots))
-    xs = torch.zeros((steps * k * width, *feat))
+    xs = torch.zeros((steps * k * width, *feat), dtype=clients[0].x.dtype)
     ys = torch.zeros(steps * k * width, dtype=torch.long)
     ms = torch.zeros(steps * k * width)
     xs[slots_t] = torch.cat(xs_parts)

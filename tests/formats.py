@@ -168,6 +168,31 @@ def write_hf_save_to_disk(root: Path, n_train: int = 24, n_test: int = 8, rgb: b
     return out
 
 
+
+LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
+
+
+def write_shakespeare(root: Path, roles: int = 4, per_role: int = 12) -> dict[str, dict]:
+    """LEAF Shakespeare's layout: ``train/*.json`` and ``test/*.json``, each role's ``x``
+    the 80 characters before its ``y``, one character (LEAF's ``-sl 80``)."""
+    rng = np.random.default_rng(5)
+    data: dict[str, dict] = {"train": {}, "test": {}}
+    for r in range(roles):
+        text = "".join(rng.choice(list(LETTERS), 80 + per_role))
+        xs = [text[i : i + 80] for i in range(per_role)]
+        ys = [text[i + 80] for i in range(per_role)]
+        cut = per_role * 3 // 4
+        role = f"THE_PLAY_ROLE{r}"
+        data["train"][role] = {"x": xs[:cut], "y": ys[:cut]}
+        data["test"][role] = {"x": xs[cut:], "y": ys[cut:]}
+    for split in ("train", "test"):
+        (root / split).mkdir(parents=True, exist_ok=True)
+        users = sorted(data[split])
+        doc = {"users": users, "num_samples": [len(data[split][u]["y"]) for u in users],
+               "user_data": data[split]}
+        (root / split / f"all_data_niid_0_keep_0_{split}_9.json").write_text(json.dumps(doc))
+    return data
+
 # The writer of each file-backed data set, for tests that need one on disk.
 WRITERS = {
     "mnist": lambda root: write_mnist(root),
@@ -177,5 +202,6 @@ WRITERS = {
     "cifar100": lambda root: write_cifar100(root),
     "femnist": lambda root: write_leaf(root),
     "huggingface": lambda root: write_hf_save_to_disk(root),
+    "shakespeare": lambda root: write_shakespeare(root),
 }
 FOLDER_KEY = {"huggingface": "path"}  # the key naming the folder (``root`` for the others)

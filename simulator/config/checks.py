@@ -175,7 +175,15 @@ def _check_model(sc: Scenario, info: Any, problems: list[Problem]) -> None:
     def forward(device: str) -> tuple[Any, Any]:
         with torch.device(device):
             model = build_model(sc.model, info.input_shape, info.num_classes, 0)
-            return model, model(torch.zeros((2, *info.input_shape)))
+            dtype = torch.int64 if info.tokens else torch.float32
+            return model, model(torch.zeros((2, *info.input_shape), dtype=dtype))
+
+    if registry.get("models", name).TOKENS != info.tokens:
+        problems.append(Problem(("model",), f"{name} takes " + (
+            "token ids; the data gives values (images or features)" if not info.tokens else
+            "values; the data gives token ids (text): use a model with an embedding, such as "
+            "char_lstm")))
+        return
 
     try:
         try:

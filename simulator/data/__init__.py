@@ -46,7 +46,7 @@ def partition_table(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray]) -> tu
     width = int(np.prod(x.shape[1:]))
     # uint8 images stay uint8 (a quarter of the memory and of the object store's bytes);
     # the worker scales them to [0, 1] (runtime.common.model_input)
-    dtype = np.uint8 if x.dtype == np.uint8 else np.float32
+    dtype = x.dtype if x.dtype in (np.uint8, np.int32) else np.float32  # images, tokens
     flat = np.ascontiguousarray(x[order].reshape(len(order), width), dtype=dtype)
     xs = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), width)
     client = np.repeat(np.arange(len(parts), dtype=np.int32), sizes)

@@ -295,20 +295,26 @@ class CIFAR100(CIFAR10):
 # ---------------------------------------------------------------------------- LEAF
 
 
-class FEMNIST(Dataset):
-    """LEAF's FEMNIST (Caldas et al., "LEAF: A Benchmark for Federated Settings", 2018):
-    EMNIST's 62 classes of handwritten digits and letters partitioned by writer, from the
-    JSON files of LEAF's ``data/train`` and ``data/test`` folders (``root/train/*.json``,
-    ``root/test/*.json``: ``users``, ``num_samples``, ``user_data``). Each writer is a
-    natural client (use the ``natural`` partitioner); with fewer clients than writers a
-    seeded subset of writers is taken, their train and test samples both. LEAF's own
-    train/test split is kept (``test_fraction`` is not used). Pixels (LEAF stores floats in
-    [0, 1]) are kept as uint8."""
+class _Leaf(Dataset):
+    """A LEAF data set (Caldas et al., "LEAF: A Benchmark for Federated Settings", 2018):
+    the JSON files of LEAF's ``data/train`` and ``data/test`` folders (``root/train/*.json``,
+    ``root/test/*.json``: ``users``, ``num_samples``, ``user_data``). Each user is a natural
+    client (use the ``natural`` partitioner); with fewer clients than users a seeded subset
+    of users is taken, their train and test samples both. LEAF's own train/test split is
+    kept (``test_fraction`` is not used). ``min_samples`` drops users with fewer training
+    samples."""
 
     traits = Traits(path_params=("root",))
+    SHAPE: tuple[int, ...] = ()
+    CLASSES = 0
+    TOKENS = False
 
     def __init__(self, root: str, min_samples: Annotated[int, Ge(1)] = 1) -> None:
         self.root, self.min_samples = root, min_samples
+
+    def _samples(self, x: list, y: list) -> tuple[np.ndarray, np.ndarray]:
+        """One user's samples as the table stores them."""
+        raise NotImplementedError
 
     def _files(self, split: str) -> list[Path]:
         d = _root(self.root) / split
@@ -318,8 +324,8 @@ class FEMNIST(Dataset):
                             "train/*.json and test/*.json (users, num_samples, user_data)")
         return files
 
-    def _writers(self) -> dict[str, int]:
-        """Every writer with at least ``min_samples`` training samples -> its sample count."""
+    def _users(self) -> dict[str, int]:
+        """Every user with at least ``min_samples`` training samples -> its sample count."""
         counts: dict[str, int] = {}
         for path in self._files("train"):
             for user, k in zip(*leaf_index(path)):
@@ -327,25 +333,26 @@ class FEMNIST(Dataset):
         return {u: k for u, k in counts.items() if k >= self.min_samples}
 
     def _chosen(self, num_clients: int, seed: int) -> list[str]:
-        writers = sorted(self._writers())
-        if num_clients > len(writers):
-            raise DataError(f"min_samples: {len(writers)} writers of {self.root} have "
+        users = sorted(self._users())
+        if num_clients > len(users):
+            raise DataError(f"min_samples: {len(users)} users of {self.root} have "
                             f"{self.min_samples}+ training samples, fewer than the "
                             f"{num_clients} clients (clients.total)")
-        if num_clients == len(writers):
-            return writers
-        pick = np.random.default_rng([seed, 0x1EAF]).choice(len(writers), num_clients,
+        if num_clients == len(users):
+            return users
+        pick = np.random.default_rng([seed, 0x1EAF]).choice(len(users), num_clients,
                                                             replace=False)
-        return [writers[i] for i in sorted(pick)]
+        return [users[i] for i in sorted(pick)]
 
     def check(self, n: int) -> None:
         self._files("train")
         self._files("test")
 
     def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
-        counts = self._writers()
+        counts = self._users()
         chosen = self._chosen(num_clients, seed)
-        return DatasetInfo(sum(counts[u] for u in chosen), (1, 28, 28), 62)
+        return DatasetInfo(sum(counts[u] for u in chosen), self.SHAPE, self.CLASSES,
+                           self.TOKENS)
 
     def _read(self, split: str, chosen: dict[str, int]) -> tuple[list, list, list]:
         xs: list[np.ndarray] = []
@@ -354,10 +361,10 @@ class FEMNIST(Dataset):
         for path in self._files(split):
             data: dict[str, Any] = read_leaf(path)["user_data"]
             for user in sorted(set(data) & set(chosen)):
-                x = np.asarray(data[user]["x"], dtype=np.float32).reshape(-1, 1, 28, 28)
-                xs.append(np.rint(np.clip(x, 0, 1) * 255).astype(np.uint8))
-                ys.append(np.asarray(data[user]["y"], dtype=np.int64))
-                cs.append(np.full(len(x), chosen[user], dtype=np.int64))
+                x, y = self._samples(data[user]["x"], data[user]["y"])
+                xs.append(x)
+                ys.append(y)
+                cs.append(np.full(len(y), chosen[user], dtype=np.int64))
         return xs, ys, cs
 
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
@@ -366,6 +373,48 @@ class FEMNIST(Dataset):
         xt, yt, _ = self._read("test", chosen)
         if not xt:
             raise DataError(f"root: the test files of {self.root} hold none of the chosen "
-                            "writers")
+                            "users")
         return DatasetSplit(np.concatenate(xs), np.concatenate(ys), np.concatenate(xt),
-                            np.concatenate(yt), (1, 28, 28), 62, np.concatenate(cs))
+                            np.concatenate(yt), self.SHAPE, self.CLASSES, np.concatenate(cs))
+
+
+class FEMNIST(_Leaf):
+    """LEAF's FEMNIST: EMNIST's 62 classes of handwritten digits and letters, one client per
+    writer. Pixels (LEAF stores floats in [0, 1]) are kept as uint8, shape (1, 28, 28)."""
+
+    SHAPE = (1, 28, 28)
+    CLASSES = 62
+
+    def _samples(self, x: list, y: list) -> tuple[np.ndarray, np.ndarray]:
+        pixels = np.asarray(x, dtype=np.float32).reshape(-1, *self.SHAPE)
+        return (np.rint(np.clip(pixels, 0, 1) * 255).astype(np.uint8),
+                np.asarray(y, dtype=np.int64))
+
+
+# LEAF's character set for Shakespeare (its language_utils.ALL_LETTERS): 80 characters
+LEAF_LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
+
+
+def leaf_tokens(text: str) -> list[int]:
+    """Character ids as LEAF numbers them; a character outside its set gets the last id,
+    where LEAF's ``ALL_LETTERS.find`` (-1) lands it."""
+    return [LEAF_LETTERS.find(c) % len(LEAF_LETTERS) for c in text]
+
+
+class Shakespeare(_Leaf):
+    """LEAF's Shakespeare: next-character prediction, one client per speaking role of the
+    plays. Each sample is the 80 characters before the target character, as token ids
+    (int32 in the table, int64 to the model) over LEAF's 80-character set; the target is
+    the next character's id. Needs a model that takes tokens (``char_lstm``)."""
+
+    SHAPE = (80,)
+    CLASSES = len(LEAF_LETTERS)
+    TOKENS = True
+
+    def _samples(self, x: list, y: list) -> tuple[np.ndarray, np.ndarray]:
+        if any(len(seq) != self.SHAPE[0] for seq in x):
+            raise DataError(f"root: a Shakespeare sample is not {self.SHAPE[0]} characters "
+                            "long (LEAF's sequence length)")
+        tokens = np.asarray([leaf_tokens(seq) for seq in x], dtype=np.int32).reshape(
+            len(x), *self.SHAPE)
+        return tokens, np.asarray([leaf_tokens(c)[0] for c in y], dtype=np.int64)

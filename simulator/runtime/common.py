@@ -17,7 +17,9 @@ def single_thread() -> None:
 
 def model_input(x: np.ndarray) -> torch.Tensor:
     """A batch of samples as the model takes it: a writable float32 tensor; uint8 images
-    (stored compactly in the partition table) scaled to [0, 1]."""
+    (stored compactly in the partition table) scaled to [0, 1]; int32 token ids as int64."""
+    if x.dtype == np.int32:
+        return torch.from_numpy(np.asarray(x, dtype=np.int64))
     if x.dtype == np.uint8:
         return torch.from_numpy(np.asarray(x, dtype=np.float32) / np.float32(255.0))
     return torch.from_numpy(np.array(x, dtype=np.float32))  # a copy: ray views are read-only

@@ -120,7 +120,7 @@ def test_femnist_keeps_writers_and_leaf_split(tmp_path):
     np.testing.assert_array_equal(four.y_train, ds.load(4, 7, 0.2).y_train)
     data = build({"name": "femnist", "root": str(tmp_path)}, {"name": "natural"}, 4, 7, 0.2)
     assert data.client_sizes().tolist() == [9, 9, 9, 9]
-    with pytest.raises(DataError, match=r"min_samples: 6 writers of .* have 1\+ training "
+    with pytest.raises(DataError, match=r"min_samples: 6 users of .* have 1\+ training "
                                         r"samples, fewer than the 7 clients \(clients.total\)"):
         ds.load(7, 0, 0.2)
 
@@ -348,3 +348,41 @@ def test_huggingface_parquet_folder_and_hub_cache(tmp_path, monkeypatch):
     """))
     res = make_engine(load(p).points[0].scenario, InlineBackend()).run()
     assert np.isfinite(res.final("test_loss"))
+
+
+def test_shakespeare_tokens_roles_and_a_char_lstm(tmp_path):
+    written = formats.write_shakespeare(tmp_path, roles=4, per_role=12)
+    ds = dataset("shakespeare", root=str(tmp_path))
+    split = ds.load(4, 0, 0.2)
+    assert split.x_train.dtype == np.int32 and split.x_train.shape == (36, 80)
+    assert split.num_classes == 80 and split.input_shape == (80,)
+    role = sorted(written["train"])[1]
+    first = written["train"][role]
+    mine = split.clients_train == 1
+    assert "".join(formats.LETTERS[i] for i in split.x_train[mine][0]) == first["x"][0]
+    assert formats.LETTERS[split.y_train[mine][0]] == first["y"][0]
+    info = ds.describe(4, 0, 0.2)
+    assert (info.train_samples, info.tokens) == (36, True)
+    data = build({"name": "shakespeare", "root": str(tmp_path)}, {"name": "natural"}, 4, 0, 0.2)
+    assert data.table.schema.field("x").type == pa.list_(pa.int32(), 80)
+    p = tmp_path / "s.yaml"
+    p.write_text(textwrap.dedent(f"""\
+        rounds: 2
+        data: {{dataset: {{name: shakespeare, root: {tmp_path}}}, partitioner: {{name: natural}}}}
+        model: {{name: char_lstm, hidden: 16, layers: 1}}
+        clients: {{total: 4}}
+        local: {{steps: 2, batch_size: 4, lr: 0.5}}
+    """))
+    res = make_engine(load(p).points[0].scenario, InlineBackend()).run()
+    assert np.isfinite(res.final("test_loss")) and np.isfinite(res.final("client_loss"))
+    # a values model on tokens, and a token model on images, are refused before anything runs
+    p.write_text(p.read_text().replace("{name: char_lstm, hidden: 16, layers: 1}", "{name: mlp}"))
+    with pytest.raises(ScenarioError, match="model: mlp takes values; the data gives token ids"):
+        load(p)
+    formats.write_mnist(tmp_path / "m")
+    p.write_text(p.read_text().replace(f"{{name: shakespeare, root: {tmp_path}}}",
+                                       f"{{name: mnist, root: {tmp_path / 'm'}}}").replace(
+        "{name: natural}", "{name: iid}").replace("{name: mlp}", "{name: char_lstm}"))
+    with pytest.raises(ScenarioError, match="model: char_lstm takes token ids; the data gives "
+                                            "values"):
+        load(p)

@@ -48,9 +48,12 @@ def test_shipped_scenarios_are_valid(path: Path, tmp_path):
 
     name = yaml.safe_load(path.read_text())["data"]["dataset"]["name"]
     overrides = []
+    total = yaml.safe_load(path.read_text())["clients"]["total"]
     if name == "femnist":  # as many writers as the scenario's clients
-        total = yaml.safe_load(path.read_text())["clients"]["total"]
         formats.write_leaf(tmp_path, writers=total, per_writer=32, files=3)
+        overrides = [f"data.dataset.root={tmp_path}"]
+    elif name == "shakespeare":  # as many roles as the scenario's clients
+        formats.write_shakespeare(tmp_path, roles=total, per_role=60)
         overrides = [f"data.dataset.root={tmp_path}"]
     elif name in formats.WRITERS:
         formats.WRITERS[name](tmp_path)
