@@ -386,3 +386,17 @@ def test_shakespeare_tokens_roles_and_a_char_lstm(tmp_path):
     with pytest.raises(ScenarioError, match="model: char_lstm takes token ids; the data gives "
                                             "values"):
         load(p)
+
+
+def test_fashion_mnist_downloads_like_mnist(tmp_path, file_server, monkeypatch):
+    from simulator.data.download import md5
+    from simulator.data.published import FashionMNIST
+
+    served, url, hits = file_server
+    written = formats.write_mnist(served, gz=True)
+    assert set(FashionMNIST.FILES) == {p.name for p in served.iterdir()}  # the published names
+    monkeypatch.setattr(FashionMNIST, "FILES", {p.name: md5(p) for p in served.iterdir()})
+    split = dataset("fashion-mnist", root=str(tmp_path / "f"), download=True,
+                    mirror=url).load(4, 0, 0.2)
+    np.testing.assert_array_equal(split.y_train, written["y"])
+    assert len(hits) == 4
