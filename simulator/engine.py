@@ -120,7 +120,7 @@ class Engine:
     def _spawn(self) -> None:
         b, sc, data = self.backend, self.sc, self.data
         self._spawn_workers()
-        eval_ref = b.put((data.x_test, data.y_test, data.x_train_eval, data.y_train_eval))
+        eval_ref = b.put(data.eval_data())
         self.server = b.spawn(Server, sc, data.input_shape, data.num_classes, eval_ref,
                               role="server")
         self.adversary = b.spawn(Adversary, sc, role="adversary") if sc.attack else None
@@ -368,7 +368,7 @@ class DecentralizedEngine(Engine):
         b, sc, data = self.backend, self.sc, self.data
         self.honest = [i for i in range(sc.clients.total) if i not in self.byzantine]
         self._spawn_workers()
-        eval_ref = b.put((data.x_test, data.y_test, data.x_train_eval, data.y_train_eval))
+        eval_ref = b.put(data.eval_data())
         self.mixer = b.spawn(Mixer, sc, self.honest,
                              sorted(self.byzantine), data.input_shape, data.num_classes, eval_ref,
                              role="server")

@@ -376,6 +376,7 @@ class DatasetSplit:
     input_shape: tuple[int, ...]
     num_classes: int
     clients_train: np.ndarray | None = None
+    clients_test: np.ndarray | None = None  # natural client of each test sample, if any
 
 
 @dataclass(frozen=True)
@@ -412,6 +413,13 @@ class Partitioner(Plugin, ABC):
                  clients: np.ndarray | None = None) -> list[np.ndarray]:
         """One array of training-sample indices per client (every client at least one);
         ``clients``: the dataset's natural client of each sample, if any."""
+
+    def test_clients(self, clients_train: np.ndarray, clients_test: np.ndarray
+                     ) -> np.ndarray | None:
+        """The client (0..num_clients-1, or -1) of each test sample, when this partition
+        keeps the data set's own clients and the data set gives its test samples' clients;
+        None otherwise (the default): the test set is then evaluated pooled only."""
+        return None
 
 
 class Model(nn.Module, Plugin):

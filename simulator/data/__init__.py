@@ -29,6 +29,11 @@ class FederatedData:
     y_test: np.ndarray
     x_train_eval: np.ndarray  # a fixed seeded subsample of the training data for train loss
     y_train_eval: np.ndarray
+    c_test: np.ndarray | None = None  # each test sample's client (-1: none), natural partitions
+
+    def eval_data(self) -> tuple:
+        """What the evaluating actor receives: test and train-loss samples, test clients."""
+        return self.x_test, self.y_test, self.x_train_eval, self.y_train_eval, self.c_test
 
     @property
     def num_clients(self) -> int:
@@ -73,9 +78,10 @@ def build(dataset: dict, partitioner: dict, num_clients: int, seed: int, test_fr
     )
     part_params = {k: v for k, v in partitioner.items() if k != "name"}
     rng = np.random.default_rng([seed, 0xA7])
-    parts = registry.get("partitioners", partitioner["name"])(**part_params)(
-        split.y_train, num_clients, rng, split.clients_train
-    )
+    part = registry.get("partitioners", partitioner["name"])(**part_params)
+    parts = part(split.y_train, num_clients, rng, split.clients_train)
+    c_test = (part.test_clients(split.clients_train, split.clients_test)
+              if split.clients_train is not None and split.clients_test is not None else None)
     empty = [k for k, p in enumerate(parts) if len(p) == 0]
     if empty:
         raise DataError(
@@ -94,4 +100,5 @@ def build(dataset: dict, partitioner: dict, num_clients: int, seed: int, test_fr
         y_test=split.y_test,
         x_train_eval=split.x_train[pick],
         y_train_eval=split.y_train[pick],
+        c_test=c_test,
     )

@@ -98,7 +98,7 @@ class Synthetic(Dataset):
         u = rng.normal(0, self.alpha, num_clients)
         big_b = rng.normal(0, self.beta, num_clients)
         sd = np.power(np.arange(1, d + 1, dtype=np.float64), -1.2) ** 0.5
-        xs_tr, ys_tr, cs_tr, xs_te, ys_te = [], [], [], [], []
+        xs_tr, ys_tr, cs_tr, xs_te, ys_te, cs_te = [], [], [], [], [], []
         for k in range(num_clients):
             v = rng.normal(big_b[k], 1, d)
             w = rng.normal(u[k], 1, (d, c))
@@ -111,6 +111,7 @@ class Synthetic(Dataset):
             cs_tr.append(np.full(len(tr), k))
             xs_te.append(x[te])
             ys_te.append(y[te])
+            cs_te.append(np.full(len(te), k))
         return DatasetSplit(
             x_train=np.concatenate(xs_tr).astype(np.float32),
             y_train=np.concatenate(ys_tr).astype(np.int64),
@@ -119,6 +120,7 @@ class Synthetic(Dataset):
             input_shape=(d,),
             num_classes=c,
             clients_train=np.concatenate(cs_tr).astype(np.int64),
+            clients_test=np.concatenate(cs_te).astype(np.int64),
         )
 
 

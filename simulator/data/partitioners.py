@@ -75,7 +75,14 @@ class Shards(Partitioner):
 
 
 class Natural(Partitioner):
-    """The dataset's own clients (Synthetic's clients, a Parquet file's client column)."""
+    """The dataset's own clients (Synthetic's clients, a Parquet file's client column, LEAF's
+    users); their own test samples too, where the data set keeps them per client."""
+
+    def test_clients(self, clients_train: np.ndarray, clients_test: np.ndarray
+                     ) -> np.ndarray | None:
+        ids = np.unique(clients_train)  # client k is the k-th natural id, as __call__ makes it
+        pos = np.clip(np.searchsorted(ids, clients_test), 0, len(ids) - 1)
+        return np.where(ids[pos] == clients_test, pos, -1).astype(np.int64)
 
     def __call__(self, y: np.ndarray, num_clients: int, rng: np.random.Generator,
                  clients: np.ndarray | None = None) -> list[np.ndarray]:

@@ -374,12 +374,13 @@ class _Leaf(Dataset):
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
         chosen = {u: i for i, u in enumerate(self._chosen(num_clients, seed))}
         xs, ys, cs = self._read("train", chosen)
-        xt, yt, _ = self._read("test", chosen)
+        xt, yt, ct = self._read("test", chosen)
         if not xt:
             raise DataError(f"root: the test files of {self.root} hold none of the chosen "
                             "users")
         return DatasetSplit(np.concatenate(xs), np.concatenate(ys), np.concatenate(xt),
-                            np.concatenate(yt), self.SHAPE, self.CLASSES, np.concatenate(cs))
+                            np.concatenate(yt), self.SHAPE, self.CLASSES, np.concatenate(cs),
+                            np.concatenate(ct))
 
 
 class FEMNIST(_Leaf):

@@ -21,13 +21,14 @@ from simulator.config import Scenario
 from simulator.errors import TooFewRows, guarded
 from simulator.models import build_model
 from simulator.registry import instantiate
-from simulator.runtime.common import evaluate_model, single_thread, stack_updates
+from simulator.runtime.common import client_accuracy, evaluate_model, single_thread, stack_updates
 from simulator.runtime.pipeline import Pipeline
 from simulator.seeding import torch_generator
 from strategies.gossip import consensus_distance, sparse_rows
 from strategies.protocols import GossipStep
 
-EvalData = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+# test samples and labels, train-loss samples and labels, each test sample's client or None
+EvalData = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]
 
 
 class Adversary:
@@ -75,7 +76,7 @@ class Server:
                    if scenario.privacy is not None and scenario.privacy_level() == "client"
                    else None)
         self.seed = seed
-        self.x_test, self.y_test, self.x_tr, self.y_tr = eval_data
+        self.x_test, self.y_test, self.x_tr, self.y_tr, self.c_test = eval_data
 
     @property
     def dim(self) -> int:
@@ -132,9 +133,10 @@ class Server:
 
     def evaluate(self) -> dict[str, float]:
         vector_to_parameters(self.x.clone(), self.model.parameters())
-        acc, loss = evaluate_model(self.model, self.x_test, self.y_test)
-        _, train_loss = evaluate_model(self.model, self.x_tr, self.y_tr)
-        return {"test_accuracy": acc, "test_loss": loss, "train_loss": train_loss}
+        acc, loss, hits = evaluate_model(self.model, self.x_test, self.y_test)
+        _, train_loss, _ = evaluate_model(self.model, self.x_tr, self.y_tr)
+        per_client = client_accuracy(hits, self.c_test) if self.c_test is not None else {}
+        return {"test_accuracy": acc, "test_loss": loss, "train_loss": train_loss, **per_client}
 
     def checkpoint(self) -> dict[str, Any]:
         """Everything the server's future depends on: global model, optimizer state and the
@@ -177,7 +179,7 @@ class Mixer:
             aggregator=instantiate("aggregators", scenario.aggregator)))
         self.model = build_model(scenario.model, input_shape, num_classes, self.seed)
         self.x0 = parameters_to_vector(self.model.parameters()).detach().clone()
-        self.x_test, self.y_test, self.x_tr, self.y_tr = eval_data
+        self.x_test, self.y_test, self.x_tr, self.y_tr, _ = eval_data
         self._steps_cache: dict[int, GossipStep] = {}
 
     def params(self) -> np.ndarray:
@@ -213,7 +215,7 @@ class Mixer:
 
     def _eval_vector(self, x: torch.Tensor, with_train: bool = True) -> tuple[float, float, float]:
         vector_to_parameters(x.clone(), self.model.parameters())
-        acc, loss = evaluate_model(self.model, self.x_test, self.y_test)
+        acc, loss, _ = evaluate_model(self.model, self.x_test, self.y_test)
         train_loss = evaluate_model(self.model, self.x_tr, self.y_tr)[1] if with_train else float("nan")
         return acc, loss, train_loss
 

@@ -25,10 +25,12 @@ def model_input(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.array(x, dtype=np.float32))  # a copy: ray views are read-only
 
 
-def evaluate_model(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) of ``model`` on ``(x, y)``."""
+def evaluate_model(model: nn.Module, x: np.ndarray, y: np.ndarray
+                   ) -> tuple[float, float, np.ndarray]:
+    """(accuracy, mean cross-entropy, per-sample correctness) of ``model`` on ``(x, y)``."""
+    hits = np.zeros(len(y), dtype=bool)
     if len(y) == 0:
-        return float("nan"), float("nan")
+        return float("nan"), float("nan"), hits
     correct, loss = 0, 0.0
     model.eval()
     with torch.no_grad():
@@ -37,8 +39,24 @@ def evaluate_model(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[floa
             yb = torch.from_numpy(np.array(y[lo : lo + EVAL_BATCH]))
             out = model(xb)
             loss += float(nn.functional.cross_entropy(out, yb, reduction="sum"))
-            correct += int((out.argmax(1) == yb).sum())
-    return correct / len(y), loss / len(y)
+            right = (out.argmax(1) == yb).numpy()
+            hits[lo : lo + EVAL_BATCH] = right
+            correct += int(right.sum())
+    return correct / len(y), loss / len(y), hits
+
+
+def client_accuracy(hits: np.ndarray, clients: np.ndarray) -> dict[str, float]:
+    """Accuracy over each client's own test samples (clients -1 left out): their mean over
+    clients (each client counts once, whatever its size) and its 10th percentile (how the
+    worst-served clients fare: fairness, as LEAF reports it)."""
+    mine = clients >= 0
+    counts = np.bincount(clients[mine])
+    has = counts > 0
+    if not has.any():
+        return {}
+    acc = np.bincount(clients[mine], weights=hits[mine].astype(np.float64))[has] / counts[has]
+    return {"client_test_accuracy_mean": float(acc.mean()),
+            "client_test_accuracy_p10": float(np.percentile(acc, 10))}
 
 
 def stack_updates(

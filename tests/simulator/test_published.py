@@ -400,3 +400,34 @@ def test_fashion_mnist_downloads_like_mnist(tmp_path, file_server, monkeypatch):
                     mirror=url).load(4, 0, 0.2)
     np.testing.assert_array_equal(split.y_train, written["y"])
     assert len(hits) == 4
+
+
+def test_per_client_test_accuracy_on_natural_partitions(tmp_path):
+    from simulator.data.partitioners import IID, Natural
+    from simulator.runtime.common import client_accuracy
+
+    hits = np.array([1, 1, 0, 1, 0, 0, 1, 1, 1, 1], dtype=bool)
+    clients = np.array([0, 0, 0, 1, 1, -1, 2, 2, 2, 2])
+    out = client_accuracy(hits, clients)  # clients: 2/3, 1/2, 4/4; -1 left out
+    assert out["client_test_accuracy_mean"] == pytest.approx((2 / 3 + 1 / 2 + 1) / 3)
+    assert out["client_test_accuracy_p10"] == pytest.approx(np.percentile([2 / 3, 1 / 2, 1], 10))
+    # natural ids 5, 9, 12 are clients 0, 1, 2; a test id no training client has gets -1
+    np.testing.assert_array_equal(
+        Natural().test_clients(np.array([9, 5, 12, 5]), np.array([12, 5, 7, 9])), [2, 0, -1, 1])
+    assert IID().test_clients(np.array([0, 1]), np.array([1, 0])) is None
+
+    formats.write_leaf(tmp_path, writers=6, per_writer=16)
+    for partitioner, expected in (("natural", True), ("iid", False)):
+        p = tmp_path / "s.yaml"
+        p.write_text(textwrap.dedent(f"""\
+            rounds: 2
+            data: {{dataset: {{name: femnist, root: {tmp_path}}}, partitioner: {{name: {partitioner}}}}}
+            model: {{name: logreg}}
+            clients: {{total: 6}}
+            local: {{steps: 2, batch_size: 4}}
+        """))
+        res = make_engine(load(p).points[0].scenario, InlineBackend()).run()
+        last = res.metrics[-1]
+        assert ("client_test_accuracy_mean" in last) == expected
+        if expected:
+            assert 0 <= last["client_test_accuracy_p10"] <= last["client_test_accuracy_mean"] <= 1
