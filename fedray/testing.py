@@ -427,7 +427,7 @@ def _model_checks(make_with: Callable[..., Any], cls: Any) -> list[Check]:
     def forward_contract() -> None:
         torch.manual_seed(0)
         if cls.TOKENS:  # token ids: sequences of 12 over 10 symbols
-            m = make_with(input_shape=(12,), num_classes=10)
+            m = make_with(input_shape=(12,), num_classes=10, vocabulary=10)
             out = m(torch.randint(0, 10, (3, 12), generator=torch.Generator().manual_seed(0)))
         else:
             m = make_with(input_shape=(1, 8, 8), num_classes=10)

@@ -102,7 +102,7 @@ class Engine:
         table_ref = b.put(data.table)
         self.workers = [
             b.spawn(ClientWorker, table_ref, data.offsets, data.input_shape, data.num_classes,
-                    sc, role="worker")
+                    sc, data.vocabulary, role="worker")
             for _ in range(self.n_workers)
         ]
         self._handles = list(self.workers)
@@ -122,7 +122,7 @@ class Engine:
         self._spawn_workers()
         eval_ref = b.put(data.eval_data())
         self.server = b.spawn(Server, sc, data.input_shape, data.num_classes, eval_ref,
-                              role="server")
+                              data.vocabulary, role="server")
         self.adversary = b.spawn(Adversary, sc, role="adversary") if sc.attack else None
         traits = registry.get("attacks", sc.attack["name"]).traits if sc.attack else None
         self.omniscient = traits is not None and traits.omniscient
@@ -371,7 +371,7 @@ class DecentralizedEngine(Engine):
         eval_ref = b.put(data.eval_data())
         self.mixer = b.spawn(Mixer, sc, self.honest,
                              sorted(self.byzantine), data.input_shape, data.num_classes, eval_ref,
-                             role="server")
+                             data.vocabulary, role="server")
         self._handles = [*self.workers, self.mixer]
         self._x0 = b.call(self.mixer, "params")
         self._state: list[Any] | None = None  # result refs holding the peers' current models

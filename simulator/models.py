@@ -13,7 +13,7 @@ import torch
 from annotated_types import Ge, Len
 from torch import nn
 
-from strategies.protocols import Model
+from strategies.protocols import Model, Traits
 
 
 class LogisticRegression(Model):
@@ -80,33 +80,38 @@ class CNN(Model):
         return self.net(x)
 
 
-def build_model(spec: dict, input_shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
+def build_model(spec: dict, input_shape: tuple[int, ...], num_classes: int, seed: int,
+                vocabulary: int | None = None) -> nn.Module:
     """Instantiate the model plugin ``spec = {"name": ..., **params}`` with weights drawn from
     ``seed`` (the process's global torch RNG is left as it was)."""
     from simulator import registry
 
-    cls = registry.get("models", spec["name"])
-    params = {k: v for k, v in spec.items() if k != "name"}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return cls(tuple(input_shape), num_classes, **params)
+        model: nn.Module = registry.instantiate("models", spec, input_shape=tuple(input_shape),
+                                                num_classes=num_classes, vocabulary=vocabulary)
+        return model
 
 
 class CharLSTM(Model):
     """LEAF's Shakespeare model (Caldas et al. 2018): an embedding of ``embedding``
-    dimensions per character, a ``layers``-layer LSTM of ``hidden`` units, and a linear
-    next-character head on the last position. Takes token ids ``(b, sequence)``."""
+    dimensions per token id (the data's ``vocabulary``), a ``layers``-layer LSTM of
+    ``hidden`` units, and a linear head on the last position: the next character, or the
+    class of a text. Takes token ids ``(b, sequence)``."""
 
     TOKENS = True
+    traits = Traits(context=("input_shape", "num_classes", "vocabulary"))
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int,
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, vocabulary: int | None,
                  embedding: Annotated[int, Ge(1)] = 8, hidden: Annotated[int, Ge(1)] = 256,
                  layers: Annotated[int, Ge(1)] = 2) -> None:
         super().__init__()
         if len(input_shape) != 1:
             raise ValueError(f"model: char_lstm needs token sequences (length,); the dataset "
                              f"gives shape {tuple(input_shape)}")
-        self.embed = nn.Embedding(num_classes, embedding)
+        if vocabulary is None:
+            raise ValueError("model: char_lstm needs token data (a vocabulary of token ids)")
+        self.embed = nn.Embedding(vocabulary, embedding)
         self.lstm = nn.LSTM(embedding, hidden, num_layers=layers, batch_first=True)
         self.head = nn.Linear(hidden, num_classes)
 

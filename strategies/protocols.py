@@ -377,6 +377,7 @@ class DatasetSplit:
     num_classes: int
     clients_train: np.ndarray | None = None
     clients_test: np.ndarray | None = None  # natural client of each test sample, if any
+    vocabulary: int | None = None  # token data: ids are 0..vocabulary-1
 
 
 @dataclass(frozen=True)
@@ -388,6 +389,7 @@ class DatasetInfo:
     input_shape: tuple[int, ...]
     num_classes: int
     tokens: bool = False  # integer token ids (text), not pixel or feature values
+    vocabulary: int | None = None  # token data: ids are 0..vocabulary-1
 
 
 class Dataset(Plugin, ABC):
@@ -427,8 +429,9 @@ class Model(nn.Module, Plugin):
     ``num_classes`` (supplied by the engine from the dataset), then its own scenario keys;
     ``forward`` maps a batch ``(b, *input_shape)`` to ``(b, num_classes)`` scores: float32
     values, or int64 token ids for a model with ``TOKENS = True`` (validation refuses a model
-    whose input kind is not the data's). Its parameters travel as one flat float32 vector
-    (``parameters()`` order)."""
+    whose input kind is not the data's; a token model lists ``vocabulary`` in its
+    ``traits.context`` to receive the data's number of token ids). Its parameters travel as
+    one flat float32 vector (``parameters()`` order)."""
 
     traits = Traits(context=("input_shape", "num_classes"))
     TOKENS: ClassVar[bool] = False  # takes integer token ids (an embedding), not values

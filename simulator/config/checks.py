@@ -174,7 +174,7 @@ def _check_model(sc: Scenario, info: Any, problems: list[Problem]) -> None:
 
     def forward(device: str) -> tuple[Any, Any]:
         with torch.device(device):
-            model = build_model(sc.model, info.input_shape, info.num_classes, 0)
+            model = build_model(sc.model, info.input_shape, info.num_classes, 0, info.vocabulary)
             dtype = torch.int64 if info.tokens else torch.float32
             return model, model(torch.zeros((2, *info.input_shape), dtype=dtype))
 

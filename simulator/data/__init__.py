@@ -30,6 +30,7 @@ class FederatedData:
     x_train_eval: np.ndarray  # a fixed seeded subsample of the training data for train loss
     y_train_eval: np.ndarray
     c_test: np.ndarray | None = None  # each test sample's client (-1: none), natural partitions
+    vocabulary: int | None = None  # token data: the number of token ids
 
     def eval_data(self) -> tuple:
         """What the evaluating actor receives: test and train-loss samples, test clients."""
@@ -101,4 +102,5 @@ def build(dataset: dict, partitioner: dict, num_clients: int, seed: int, test_fr
         x_train_eval=split.x_train[pick],
         y_train_eval=split.y_train[pick],
         c_test=c_test,
+        vocabulary=split.vocabulary,
     )

@@ -6,9 +6,11 @@ data set in the hub's local cache (``hub: owner/name``, the snapshot the ``main`
 at; nothing is fetched).
 
 Columns are mapped by name: an image column (HF's ``Image`` feature, a struct of encoded
-``bytes``, decoded with Pillow; or a list column of pixel values) or numeric feature
-columns, an integer label column, an optional client column for the ``natural``
-partitioner.
+``bytes``, decoded with Pillow; or a list column of pixel values), a text column, or numeric
+feature columns; an integer label column; an optional client column for the ``natural``
+partitioner. Text becomes token ids, one per UTF-8 byte (id = byte + 1, 0 pads on the left
+to ``length``; longer texts keep their first ``length`` bytes): 257 ids, no tokenizer to
+download, and a model that takes tokens (``char_lstm``) classifies it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from annotated_types import Ge
 
 from simulator.data.datasets import DataError, feature_matrix
 from strategies.protocols import Dataset, DatasetInfo, DatasetSplit, Traits
+
+TEXT_VOCABULARY = 257  # a UTF-8 byte + 1, and 0 for padding
 
 
 def hub_cache() -> Path:
@@ -58,9 +62,10 @@ def _read_arrow(path: Path) -> Any:
 class HuggingFace(Dataset):
     """A HuggingFace data set from local files (see the module docstring): ``path`` (a
     folder) or ``hub`` (``owner/name`` in the local hub cache); ``image`` (an image or
-    list column) or ``features`` (numeric columns); ``label``; ``client`` (optional);
-    the ``train_split`` and ``test_split`` names (without a test split, ``test_fraction``
-    is held out); ``shape`` for a list column's samples."""
+    list column), ``text`` (a text column, ``length`` byte tokens) or ``features``
+    (numeric columns); ``label``; ``client`` (optional); the ``train_split`` and
+    ``test_split`` names (without a test split, ``test_fraction`` is held out); ``shape``
+    for a list column's samples."""
 
     traits = Traits(path_params=("path",))
 
@@ -75,8 +80,11 @@ class HuggingFace(Dataset):
         train_split: str = "train",
         test_split: str = "test",
         shape: list[Annotated[int, Ge(1)]] | None = None,
+        text: str | None = None,
+        length: Annotated[int, Ge(1)] = 128,
     ) -> None:
         self.path, self.hub, self.image, self.features = path, hub, image, features
+        self.text, self.length = text, length
         self.label, self.client, self.shape = label, client, shape
         self.train_split, self.test_split = train_split, test_split
 
@@ -125,14 +133,19 @@ class HuggingFace(Dataset):
     def _columns(self, table: Any, where: str) -> None:
         names = table.column_names
         wanted = [self.label, *([self.client] if self.client else []),
-                  *(self.features or ([self.image] if self.image else []))]
+                  *(self.features or ([self.text] if self.text else
+                                      [self.image] if self.image else []))]
         for col in wanted:
             if col not in names:
                 raise DataError(f"{where}: column {col!r} not in the data; columns: "
                                 f"{', '.join(names)}")
 
     def _x(self, table: Any) -> np.ndarray:
-        """The samples: decoded images (uint8, (C, H, W)), or a feature matrix."""
+        """The samples: decoded images (uint8, (C, H, W)), byte tokens, or a feature matrix."""
+        if self.text:
+            return np.stack([byte_tokens(t or "", self.length)
+                             for t in table.column(self.text).to_pylist()]) \
+                if table.num_rows else np.zeros((0, self.length), np.int32)
         if self.features:
             cols = [feature_matrix(table.column(c).combine_chunks(), c, "the data")
                     for c in self.features]
@@ -180,7 +193,8 @@ class HuggingFace(Dataset):
         if test is not None:
             top = max(top, int(test.column(self.label).to_numpy().max()))
         n = len(y) if test is not None else len(y) - round(len(y) * test_fraction)
-        return DatasetInfo(n, shape, top + 1)
+        return DatasetInfo(n, shape, top + 1, bool(self.text),
+                           TEXT_VOCABULARY if self.text else None)
 
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
         self.check(num_clients)
@@ -195,7 +209,16 @@ class HuggingFace(Dataset):
             x_te, y_te = x[te], y[te]
             x, y, c = x[tr], y[tr], None if c is None else c[tr]
         classes = int(max(y.max(), y_te.max() if len(y_te) else 0)) + 1
-        return DatasetSplit(x, y, x_te, y_te, tuple(x.shape[1:]), classes, c)
+        return DatasetSplit(x, y, x_te, y_te, tuple(x.shape[1:]), classes, c,
+                            vocabulary=TEXT_VOCABULARY if self.text else None)
+
+
+def byte_tokens(text: str, length: int) -> np.ndarray:
+    """A text's first ``length`` UTF-8 bytes as ids 1..256, left-padded with 0 (int32)."""
+    ids = np.frombuffer(text.encode("utf-8")[:length], dtype=np.uint8).astype(np.int32) + 1
+    out = np.zeros(length, dtype=np.int32)
+    out[length - len(ids):] = ids
+    return out
 
 
 def _decode(data: bytes) -> np.ndarray:

@@ -312,6 +312,7 @@ class _Leaf(Dataset):
     SHAPE: tuple[int, ...] = ()
     CLASSES = 0
     TOKENS = False
+    VOCABULARY: int | None = None
 
     def __init__(self, root: str, min_samples: Annotated[int, Ge(1)] = 1) -> None:
         self.root, self.min_samples = root, min_samples
@@ -356,7 +357,7 @@ class _Leaf(Dataset):
         counts = self._users()
         chosen = self._chosen(num_clients, seed)
         return DatasetInfo(sum(counts[u] for u in chosen), self.SHAPE, self.CLASSES,
-                           self.TOKENS)
+                           self.TOKENS, self.VOCABULARY)
 
     def _read(self, split: str, chosen: dict[str, int]) -> tuple[list, list, list]:
         xs: list[np.ndarray] = []
@@ -380,7 +381,7 @@ class _Leaf(Dataset):
                             "users")
         return DatasetSplit(np.concatenate(xs), np.concatenate(ys), np.concatenate(xt),
                             np.concatenate(yt), self.SHAPE, self.CLASSES, np.concatenate(cs),
-                            np.concatenate(ct))
+                            np.concatenate(ct), self.VOCABULARY)
 
 
 class FEMNIST(_Leaf):
@@ -415,6 +416,7 @@ class Shakespeare(_Leaf):
     SHAPE = (80,)
     CLASSES = len(LEAF_LETTERS)
     TOKENS = True
+    VOCABULARY = len(LEAF_LETTERS)
 
     def _samples(self, x: list, y: list) -> tuple[np.ndarray, np.ndarray]:
         if any(len(seq) != self.SHAPE[0] for seq in x):

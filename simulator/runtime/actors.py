@@ -63,10 +63,10 @@ class Server:
     meta-aggregator), the server optimizer, and evaluation on the held-out data."""
 
     def __init__(self, scenario: Scenario, input_shape: tuple[int, ...], num_classes: int,
-                 eval_data: EvalData) -> None:
+                 eval_data: EvalData, vocabulary: int | None = None) -> None:
         single_thread()
         seed = scenario.seeds[0]
-        self.model = build_model(scenario.model, input_shape, num_classes, seed)
+        self.model = build_model(scenario.model, input_shape, num_classes, seed, vocabulary)
         self.x = parameters_to_vector(self.model.parameters()).detach().clone()
         self.pipeline = Pipeline.from_scenario(scenario)
         self.optimizer = instantiate("optimizers", scenario.server.optimizer)
@@ -162,7 +162,8 @@ class Mixer:
     models. Honest peers' models travel as result dicts (``clients``, ``updates`` rows)."""
 
     def __init__(self, scenario: Scenario, honest: list[int], byzantine: list[int],
-                 input_shape: tuple[int, ...], num_classes: int, eval_data: EvalData) -> None:
+                 input_shape: tuple[int, ...], num_classes: int, eval_data: EvalData,
+                 vocabulary: int | None = None) -> None:
         single_thread()
         assert scenario.topology is not None
         self.seed = scenario.seeds[0]
@@ -177,7 +178,8 @@ class Mixer:
         self.defense = guarded("dsgd.defense", name, instantiate(
             "gossip_defenses", {"name": name}, clip_tau=scenario.dsgd.clip_tau,
             aggregator=instantiate("aggregators", scenario.aggregator)))
-        self.model = build_model(scenario.model, input_shape, num_classes, self.seed)
+        self.model = build_model(scenario.model, input_shape, num_classes, self.seed,
+                                 vocabulary)
         self.x0 = parameters_to_vector(self.model.parameters()).detach().clone()
         self.x_test, self.y_test, self.x_tr, self.y_tr, _ = eval_data
         self._steps_cache: dict[int, GossipStep] = {}

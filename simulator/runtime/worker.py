@@ -80,14 +80,14 @@ class ClientWorker:
     """
 
     def __init__(self, table: pa.Table, offsets: np.ndarray, input_shape: tuple[int, ...],
-                 num_classes: int, scenario: Scenario) -> None:
+                 num_classes: int, scenario: Scenario, vocabulary: int | None = None) -> None:
         single_thread()
         self.x, self.y = client_arrays(table, tuple(input_shape))
         self._table = table  # keeps the zero-copy buffers alive
         self.offsets = np.asarray(offsets)
         self.seed = scenario.seeds[0]
         self.num_classes = num_classes
-        self.model = build_model(scenario.model, input_shape, num_classes, self.seed)
+        self.model = build_model(scenario.model, input_shape, num_classes, self.seed, vocabulary)
         spec = scenario.trainer()
         privacy = instantiate("privacy", scenario.privacy) if scenario.privacy else None
         self.trainer: Trainer = instantiate("trainers", spec, model=self.model,

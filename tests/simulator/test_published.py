@@ -431,3 +431,35 @@ def test_per_client_test_accuracy_on_natural_partitions(tmp_path):
         assert ("client_test_accuracy_mean" in last) == expected
         if expected:
             assert 0 <= last["client_test_accuracy_p10"] <= last["client_test_accuracy_mean"] <= 1
+
+
+def test_huggingface_text_becomes_byte_tokens_for_a_token_model(tmp_path):
+    from simulator.data.hf import byte_tokens
+
+    np.testing.assert_array_equal(byte_tokens("hé", 5), [0, 0, ord("h") + 1, 0xC3 + 1, 0xA9 + 1])
+    np.testing.assert_array_equal(byte_tokens("abcdef", 3), [ord("a") + 1, ord("b") + 1,
+                                                             ord("c") + 1])
+    rng = np.random.default_rng(0)
+    words = ["good", "great", "fine", "bad", "awful", "poor"]
+    rows = [f"the film was {words[i % 6]}" + " x" * int(rng.integers(0, 4)) for i in range(48)]
+    labels = [int(i % 6 >= 3) for i in range(48)]  # the word tells the class
+    for split, lo, hi in (("train", 0, 36), ("test", 36, 48)):
+        pq.write_table(pa.table({"sentence": rows[lo:hi], "label": labels[lo:hi]}),
+                       tmp_path / f"{split}-00000-of-00001.parquet")
+    ds = dataset("huggingface", path=str(tmp_path), text="sentence", image=None, length=32)
+    split = ds.load(3, 0, 0.2)
+    assert split.x_train.dtype == np.int32 and split.x_train.shape == (36, 32)
+    assert (split.vocabulary, split.num_classes) == (257, 2)
+    info = ds.describe(3, 0, 0.2)
+    assert (info.tokens, info.vocabulary, info.input_shape) == (True, 257, (32,))
+    p = tmp_path / "s.yaml"
+    p.write_text(textwrap.dedent(f"""\
+        rounds: 3
+        data: {{dataset: {{name: huggingface, path: {tmp_path}, text: sentence, image: null,
+                          length: 32}}}}
+        model: {{name: char_lstm, embedding: 8, hidden: 16, layers: 1}}
+        clients: {{total: 3}}
+        local: {{steps: 4, batch_size: 8, lr: 0.5}}
+    """))
+    res = make_engine(load(p).points[0].scenario, InlineBackend()).run()
+    assert np.isfinite(res.final("test_loss")) and 0 <= res.final("test_accuracy") <= 1
