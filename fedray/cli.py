@@ -16,9 +16,9 @@ from pathlib import Path
 import simulator
 from simulator import registry
 from simulator.config import ScenarioError, load
-from simulator.data.datasets import DataError
 from simulator.errors import (
     ClientStateLost,
+    DataError,
     FedrayError,
     Terminated,
     UsageError,

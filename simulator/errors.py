@@ -46,6 +46,11 @@ def guarded(where: str, name: str, fn: Any) -> Any:
     return call
 
 
+class DataError(ValueError):
+    """A dataset or partition that cannot be built from the scenario as written (a user's
+    mistake: exit 2, like an invalid scenario)."""
+
+
 class TooFewRows(FedrayError):
     """A round left fewer rows than a rule of the aggregation pipeline accepts (dropouts,
     stragglers): the round is skipped, not the run."""

@@ -4,9 +4,12 @@ backend or another number of workers draws exactly the same numbers."""
 from __future__ import annotations
 
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported by the draws that need it, not by numpy's
+    import torch
 
 
 def _key(part: int | str) -> int:
@@ -24,4 +27,6 @@ def numpy_rng(seed: int, *parts: int | str) -> np.random.Generator:
 
 
 def torch_generator(seed: int, *parts: int | str) -> torch.Generator:
+    import torch
+
     return torch.Generator().manual_seed(derive_seed(seed, *parts))

@@ -14,7 +14,7 @@ from typing import Any
 from simulator import registry
 from simulator.config.errors import Problem, param_loc, strip_param
 from simulator.config.schema import Scenario
-from simulator.errors import brief_text
+from simulator.errors import DataError, brief_text
 from simulator.registry import instantiate
 from simulator.sampling import byzantine_clients
 
@@ -133,8 +133,6 @@ def _check_data_and_model(sc: Scenario, problems: list[Problem]) -> None:
     """What the data and the model say before anything runs: enough training samples for
     the clients, labels and features a model can learn from, a model that takes the data's
     samples and gives one score per class, and that fits in this machine's memory."""
-    from simulator.data import DataError
-
     c = sc.clients
     try:
         info = _describe(json.dumps(sc.data.dataset, sort_keys=True), c.total, sc.seeds[0],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from annotated_types import Ge, Gt, Lt
 from pydantic import AllowInfNan, BaseModel, ConfigDict
@@ -18,7 +18,9 @@ from pydantic import AllowInfNan, BaseModel, ConfigDict
 from simulator import registry
 from simulator.errors import brief_text
 from simulator.registry import FINITE, PluginSpec
-from strategies.protocols import ClientRule
+
+if TYPE_CHECKING:  # the contracts import torch: not for loading a scenario file
+    from strategies.protocols import ClientRule
 
 
 class Strict(BaseModel):

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import numpy as np
 from annotated_types import Ge, Gt
 
+from simulator.errors import DataError
 from strategies.protocols import Dataset, DatasetInfo, DatasetSplit, Traits
 
 
@@ -46,10 +47,6 @@ def pa_is_float(values: object) -> bool:
     import pyarrow.types as pt
 
     return bool(pt.is_floating(values.type))  # type: ignore[attr-defined]
-
-
-class DataError(ValueError):
-    """A dataset or partition that cannot be built from the scenario as written."""
 
 
 def _n_train(n: int, test_fraction: float) -> int:

@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from simulator.data.datasets import DataError
+from simulator.errors import DataError
 
 TIMEOUT = 60.0  # seconds without a byte from the server
 

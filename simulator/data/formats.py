@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, ClassVar
 
 import numpy as np
 
-from simulator.data.datasets import DataError
+from simulator.errors import DataError
 
 # IDX type codes (LeCun's format description): the element type of the data
 IDX_TYPES: dict[int, np.dtype] = {0x08: np.dtype(">u1"), 0x09: np.dtype(">i1"), 0x0B: np.dtype(">i2"),

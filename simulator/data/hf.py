@@ -25,7 +25,8 @@ from typing import Annotated, Any
 import numpy as np
 from annotated_types import Ge
 
-from simulator.data.datasets import DataError, feature_matrix
+from simulator.data.datasets import feature_matrix
+from simulator.errors import DataError
 from strategies.protocols import Dataset, DatasetInfo, DatasetSplit, Traits
 
 TEXT_VOCABULARY = 257  # a UTF-8 byte + 1, and 0 for padding

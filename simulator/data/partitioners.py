@@ -10,7 +10,7 @@ from typing import Annotated
 import numpy as np
 from annotated_types import Ge, Gt
 
-from simulator.data.datasets import DataError
+from simulator.errors import DataError
 from strategies.protocols import Partitioner
 
 

@@ -16,7 +16,6 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 from annotated_types import Ge
 
-from simulator.data.datasets import DataError
 from simulator.data.formats import (
     find,
     idx_header,
@@ -25,6 +24,7 @@ from simulator.data.formats import (
     read_idx,
     read_leaf,
 )
+from simulator.errors import DataError
 from strategies.protocols import Dataset, DatasetInfo, DatasetSplit, Traits
 
 

@@ -16,8 +16,8 @@ import pytest
 from simulator import registry
 from simulator.config import ScenarioError, load
 from simulator.data import build
-from simulator.data.datasets import DataError
 from simulator.engine import make_engine
+from simulator.errors import DataError
 from simulator.runtime.backend import InlineBackend
 from tests import formats
 
