@@ -337,8 +337,9 @@ class _Leaf(Dataset):
                 counts[user] = counts.get(user, 0) + k
         return {u: k for u, k in counts.items() if k >= self.min_samples}
 
-    def _chosen(self, num_clients: int, seed: int) -> list[str]:
-        users = sorted(self._users())
+    def _chosen(self, counts: dict[str, int], num_clients: int, seed: int) -> list[str]:
+        """The users that are the run's clients, of ``counts`` (``_users()``)."""
+        users = sorted(counts)
         if num_clients > len(users):
             raise DataError(f"min_samples: {len(users)} users of {self.root} have "
                             f"{self.min_samples}+ training samples, fewer than the "
@@ -355,7 +356,7 @@ class _Leaf(Dataset):
 
     def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
         counts = self._users()
-        chosen = self._chosen(num_clients, seed)
+        chosen = self._chosen(counts, num_clients, seed)
         return DatasetInfo(sum(counts[u] for u in chosen), self.SHAPE, self.CLASSES,
                            self.TOKENS, self.VOCABULARY)
 
@@ -373,7 +374,7 @@ class _Leaf(Dataset):
         return xs, ys, cs
 
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
-        chosen = {u: i for i, u in enumerate(self._chosen(num_clients, seed))}
+        chosen = {u: i for i, u in enumerate(self._chosen(self._users(), num_clients, seed))}
         xs, ys, cs = self._read("train", chosen)
         xt, yt, ct = self._read("test", chosen)
         if not xt:
