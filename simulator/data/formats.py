@@ -13,8 +13,9 @@ import io
 import json
 import pickle
 import re
+import zlib
 from pathlib import Path
-from typing import Any, BinaryIO, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -25,14 +26,18 @@ IDX_TYPES: dict[int, np.dtype] = {0x08: np.dtype(">u1"), 0x09: np.dtype(">i1"), 
              0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
 
 
-def _open(path: Path) -> BinaryIO:
-    """A file, gunzipped when it is gzip (by its magic bytes, whatever its name)."""
-    f = path.open("rb")
-    if f.read(2) == b"\x1f\x8b":
-        f.close()
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    f.seek(0)
-    return f
+def _read(path: Path, size: int = -1) -> bytes:
+    """The first ``size`` bytes (-1: all) of a file, gunzipped when it is gzip (by its magic
+    bytes, whatever its name); a file that cannot be read, or a truncated or corrupt gzip,
+    is a DataError naming it."""
+    try:
+        with path.open("rb") as f:
+            gz = f.read(2) == b"\x1f\x8b"
+        with gzip.open(path, "rb") if gz else path.open("rb") as f:
+            return f.read(size)
+    except (EOFError, OSError, zlib.error) as e:
+        raise DataError(f"root: {path} cannot be read ({e}): a truncated or corrupt file? "
+                        "fetch it again") from None
 
 
 def find(root: Path, names: list[str], layout: str) -> Path:
@@ -48,24 +53,27 @@ def find(root: Path, names: list[str], layout: str) -> Path:
 
 def idx_header(path: Path) -> tuple[np.dtype, tuple[int, ...]]:
     """(element type, dimensions) of an IDX file, reading its header only."""
-    with _open(path) as f:
-        head = f.read(4)
-        if len(head) < 4 or head[:2] != b"\x00\x00" or head[2] not in IDX_TYPES:
-            raise DataError(f"root: {path} is not an IDX file (magic 0x0000, a type code, "
-                            "the number of dimensions)")
-        ndim = head[3]
-        dims = f.read(4 * ndim)
-        if len(dims) < 4 * ndim:
-            raise DataError(f"root: {path} ends inside its IDX header")
-        return IDX_TYPES[head[2]], tuple(int(d) for d in np.frombuffer(dims, ">i4"))
+    return _idx_header(path, _read(path, 4 + 4 * 255))  # at most 255 dimensions
+
+
+def _idx_header(path: Path, raw: bytes) -> tuple[np.dtype, tuple[int, ...]]:
+    """(element type, dimensions) from the first bytes of an IDX file."""
+    head = raw[:4]
+    if len(head) < 4 or head[:2] != b"\x00\x00" or head[2] not in IDX_TYPES:
+        raise DataError(f"root: {path} is not an IDX file (magic 0x0000, a type code, "
+                        "the number of dimensions)")
+    ndim = head[3]
+    dims = raw[4 : 4 + 4 * ndim]
+    if len(dims) < 4 * ndim:
+        raise DataError(f"root: {path} ends inside its IDX header")
+    return IDX_TYPES[head[2]], tuple(int(d) for d in np.frombuffer(dims, ">i4"))
 
 
 def read_idx(path: Path) -> np.ndarray:
     """An IDX file (gzipped or not) as a NumPy array in native byte order."""
-    dtype, dims = idx_header(path)
-    with _open(path) as f:
-        f.seek(4 + 4 * len(dims))
-        data = f.read()
+    raw = _read(path)  # one read, gunzipped once
+    dtype, dims = _idx_header(path, raw)
+    data = raw[4 + 4 * len(dims) :]
     count = int(np.prod(dims)) if dims else 0
     if len(data) != count * dtype.itemsize:
         raise DataError(f"root: {path} holds {len(data)} bytes of data, its header says "
@@ -94,9 +102,9 @@ class _ArraysOnly(pickle.Unpickler):
 def read_cifar_batch(path: Path) -> dict[str, Any]:
     """One CIFAR python batch (``data``: (N, 3072) uint8; ``labels``, or ``fine_labels`` and
     ``coarse_labels`` for CIFAR-100), with its keys as text."""
+    content = _read(path)
     try:
-        with _open(path) as f:
-            raw = _ArraysOnly(io.BytesIO(f.read()), encoding="bytes").load()
+        raw = _ArraysOnly(io.BytesIO(content), encoding="bytes").load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
         raise DataError(f"root: {path} is not a CIFAR python batch ({e})") from None
     if not isinstance(raw, dict):

@@ -52,6 +52,12 @@ def test_idx_header_bytes_are_read_as_published(tmp_path):
     path.write_bytes(b"PK\x03\x04 not idx")
     with pytest.raises(DataError, match="is not an IDX file"):
         read_idx(path)
+    gz = formats.write_idx(tmp_path / "b", np.arange(600, dtype=np.int32), gz=True)
+    gz.write_bytes(gz.read_bytes()[:30])  # a download cut short
+    with pytest.raises(DataError, match=r"b.gz cannot be read \(Compressed file ended before "
+                                        r"the end-of-stream marker was reached\): a truncated "
+                                        r"or corrupt file\? fetch it again"):
+        read_idx(gz)
 
 
 def test_emnist_is_transposed_back_and_letters_start_at_zero(tmp_path):
