@@ -122,8 +122,12 @@ class HuggingFace(Dataset):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        files = self._files(split)
-        tables = [pq.read_table(f) if f.suffix == ".parquet" else _read_arrow(f) for f in files]
+        tables = []
+        for f in self._files(split):
+            try:
+                tables.append(pq.read_table(f) if f.suffix == ".parquet" else _read_arrow(f))
+            except (pa.ArrowInvalid, OSError) as e:
+                raise DataError(f"path: {f} is not a readable {f.suffix[1:]} file ({e})") from None
         return pa.concat_tables(tables) if tables else None
 
     def check(self, n: int) -> None:
@@ -157,7 +161,8 @@ class HuggingFace(Dataset):
         import pyarrow.types as pt
 
         if pt.is_struct(col.type):  # HF Image: {bytes, path}
-            return np.stack([_decode(v) for v in col.field("bytes").to_pylist()])
+            return np.stack([_decode(v, self.image, i)
+                             for i, v in enumerate(col.field("bytes").to_pylist())])
         return feature_matrix(col, self.image, "the data")
 
     def _split(self, table: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -222,10 +227,15 @@ def byte_tokens(text: str, length: int) -> np.ndarray:
     return out
 
 
-def _decode(data: bytes) -> np.ndarray:
-    """An encoded image (PNG, JPEG, ...) as uint8 (C, H, W)."""
-    from PIL import Image
+def _decode(data: bytes | None, column: str, row: int) -> np.ndarray:
+    """An encoded image (PNG, JPEG, ...) as uint8 (C, H, W); DataError naming the row of a
+    missing or undecodable one."""
+    from PIL import Image, UnidentifiedImageError
 
-    with Image.open(io.BytesIO(data)) as img:
-        arr = np.asarray(img, dtype=np.uint8)
+    try:
+        with Image.open(io.BytesIO(data or b"")) as img:
+            arr = np.asarray(img, dtype=np.uint8)
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise DataError(f"image: row {row} of column {column!r} is not an image Pillow can "
+                        f"decode ({e.__class__.__name__})") from None
     return arr[None] if arr.ndim == 2 else np.ascontiguousarray(arr.transpose(2, 0, 1))

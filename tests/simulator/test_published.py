@@ -325,6 +325,21 @@ def test_huggingface_save_to_disk_folder_decodes_images_and_keeps_splits(tmp_pat
     with pytest.raises(DataError, match="label: column 'digit' not in the data; columns: "
                                         "image, label, writer"):
         dataset("huggingface", path=str(tmp_path / "hf"), label="digit").load(3, 0, 0.2)
+    # a row that is no image, and a file that is no Arrow stream: named, one line each
+    import pyarrow as pa
+
+    bad = pa.table({"image": pa.array([{"bytes": b"not a png", "path": None}],
+                                      type=pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+                    "label": [0]})
+    (tmp_path / "bad").mkdir()
+    pq.write_table(bad, tmp_path / "bad" / "train-0.parquet")
+    with pytest.raises(DataError, match="image: row 0 of column 'image' is not an image Pillow "
+                                        "can decode"):
+        dataset("huggingface", path=str(tmp_path / "bad")).load(1, 0, 0.2)
+    (tmp_path / "bad" / "train-0.parquet").unlink()
+    (tmp_path / "bad" / "train-0.arrow").write_bytes(b"garbage")
+    with pytest.raises(DataError, match=r"path: .*train-0.arrow is not a readable arrow file"):
+        dataset("huggingface", path=str(tmp_path / "bad")).load(1, 0, 0.2)
 
 
 def test_huggingface_parquet_folder_and_hub_cache(tmp_path, monkeypatch):
