@@ -89,6 +89,7 @@ class Engine:
         self._handles: list[Any] = []
         self._trained: set[int] = set()  # clients that have trained (and may hold state)
         # a gradient rule keeps per-client state in the worker that owns the client
+        # (or, under server.buffers: local, each client's own model buffers)
         self.stateful_clients = scenario.client_rule().traits.gradient_rule
         self.owner: dict[int, int] = {}  # clients moved off a lost worker -> their new worker
         self.live: list[int] = list(range(self.n_workers))  # indices of the live workers
@@ -129,8 +130,11 @@ class Engine:
         self.poison = sc.attack if traits is not None and traits.data_poisoning else None
         self._handles = [*self.workers, self.server] + ([self.adversary] if self.adversary else [])
         self.dim = len(self.backend.get(self.backend.call(self.server, "params")))
+        self.d_buffers = len(self.backend.get(self.backend.call(self.server, "buffers")))
+        if self.d_buffers and self.sc.server.buffers == "local":
+            self.stateful_clients = True
 
-    def _train(self, round_: int, clients: list[int], params_ref: Any,
+    def _train(self, round_: int, clients: list[int], params_ref: Any, buffers_ref: Any,
                poison: dict | None = None) -> list[Any]:
         """One train call per worker that owns some of ``clients`` (client k -> worker k % W)."""
         per: dict[int, list[int]] = {}
@@ -138,7 +142,7 @@ class Engine:
             per.setdefault(self.worker_of(c), []).append(c)
         calls = [self.backend.call(self.workers[w], "train", round_, ids, params_ref, poison,
                                    [c for c in ids if c in self._trained]
-                                   if self.stateful_clients else [])
+                                   if self.stateful_clients else [], buffers_ref)
                  for w, ids in sorted(per.items())]
         self._trained.update(clients)
         return calls
@@ -152,15 +156,17 @@ class Engine:
                                      self.local_steps, sc.clients.dropout, sc.clients.stragglers)
         honest = [c for c in sampled if c not in self.byzantine and c not in dropped | late]
         params_ref = b.call(self.server, "params")  # stored once, read by every worker
-        honest_refs = self._train(round_, honest, params_ref)
+        buffers_ref = b.call(self.server, "buffers") if self.d_buffers else None
+        honest_refs = self._train(round_, honest, params_ref, buffers_ref)
         byz_ref = None
         if byz:
             if self.omniscient:
                 seen_order, seen_refs = honest, honest_refs
             else:
-                seen_order, seen_refs = byz, self._train(round_, byz, params_ref, self.poison)
+                seen_order, seen_refs = byz, self._train(round_, byz, params_ref, buffers_ref,
+                                                         self.poison)
             byz_ref = b.call(self.adversary, "attack_rows", round_, len(byz), seen_order,
-                             self.dim, *seen_refs)
+                             self.dim, self.d_buffers, *seen_refs)
         step_ref = b.call(self.server, "step", round_, honest, byz_ref, *honest_refs)
         evaluate = (round_ + 1) % sc.evaluation.every == 0 or round_ + 1 == sc.rounds
         eval_ref = b.call(self.server, "evaluate") if evaluate else None

@@ -38,6 +38,7 @@ KINDS: tuple[str, ...] = (
     "trainers",
     "partitioners",
     "privacy",
+    "tasks",
 )
 
 # Non-finite numbers are refused wherever a float is expected (a plugin or a field opts in

@@ -21,6 +21,7 @@ privacy            :class:`Privacy`           a DP mechanism and its accounting
 datasets           :class:`Dataset`           arrays of samples and labels
 partitioners       :class:`Partitioner`       sample indices per client
 models             :class:`Model`             a torch module from ``input_shape``, classes
+tasks              :class:`Task`              the loss and the metrics of what is learnt
 =================  =========================  ==============================================
 
 The rules every kind shares:
@@ -102,6 +103,10 @@ class Traits:
     clips and noises the mean).
     ``context``: constructor arguments the engine supplies (not scenario keys).
     ``path_params``: keys holding file paths, resolved relative to the scenario file.
+    ``by_label``: a partitioner that splits by class label (refused for value targets).
+    ``buffers``: a trainer that runs a model with buffers (BatchNorm) in train mode, one
+    client at a time, so its statistics update as torch defines (the worker loads each
+    client's starting buffers and reads them back); others are refused such models.
     """
 
     random: bool = False
@@ -113,6 +118,8 @@ class Traits:
     privacy_level: Literal["none", "sample", "client"] = "none"
     context: tuple[str, ...] = ()
     path_params: tuple[str, ...] = ()
+    buffers: bool = False
+    by_label: bool = False
 
 
 class Plugin:
@@ -318,8 +325,8 @@ class Trainer(Plugin, ABC):
     """Computes the clients' messages of a round on a ClientWorker, which hosts the data,
     the model and the per-client state and knows no algorithm. The worker builds it with
     its ``model`` (one instance, reused for every client) and the scenario's ``local``
-    block; ``traits.context`` lists what else it needs (the client ``rule``, the
-    ``privacy`` plugin). ``train`` must not depend on which other clients are in
+    block; ``traits.context`` lists what else it needs (the scenario's ``task``, whose
+    ``losses`` it minimises, the client ``rule``, the ``privacy`` plugin). ``train`` must not depend on which other clients are in
     ``clients`` beyond rounding (results are compared across worker counts)."""
 
     traits = Traits(context=("model", "local"))
@@ -390,6 +397,7 @@ class DatasetInfo:
     num_classes: int
     tokens: bool = False  # integer token ids (text), not pixel or feature values
     vocabulary: int | None = None  # token data: ids are 0..vocabulary-1
+    targets: Literal["classes", "values"] = "classes"  # int64 class ids or float32 values
 
 
 class Dataset(Plugin, ABC):
@@ -437,6 +445,40 @@ class Model(nn.Module, Plugin):
     TOKENS: ClassVar[bool] = False  # takes integer token ids (an embedding), not values
 
 
+# ---------------------------------------------------------------------------- tasks
+
+
+class Task(Plugin, ABC):
+    """What the model learns: the training target of a batch, its per-sample loss and the
+    evaluation metrics that fit it (the scenario's ``task``; trainers list ``task`` in their
+    ``traits.context``). ``TARGETS``: the labels it needs, ``classes`` (int64 ids) or
+    ``values`` (float32). Metric names (without their ``test_``/``train_`` prefix) are the
+    ones the dashboards read: ``loss`` always, ``accuracy`` where it means something."""
+
+    TARGETS: ClassVar[Literal["classes", "values"]] = "classes"
+
+    def target(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The batch's target from its inputs and labels (default: the labels)."""
+        return y
+
+    @abstractmethod
+    def losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The loss of each sample, ``(b,)``, from the model's output on the batch."""
+
+    def hits(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:
+        """Each sample's accuracy in [0, 1], ``(b,)``; None where accuracy means nothing."""
+        return None
+
+    def output_shape(self, batch: int, input_shape: tuple[int, ...], num_classes: int
+                     ) -> tuple[int, ...]:
+        """The model output this task needs for a batch (default ``(batch, num_classes)``)."""
+        return (batch, num_classes)
+
+    def metrics(self, loss: float, accuracy: float | None) -> dict[str, float]:
+        """The evaluation's metrics from the mean loss and accuracy (None without hits)."""
+        return {"loss": loss} if accuracy is None else {"accuracy": accuracy, "loss": loss}
+
+
 CONTRACTS: dict[str, type] = {
     "aggregators": Aggregator,
     "preaggregators": PreAggregator,
@@ -451,4 +493,5 @@ CONTRACTS: dict[str, type] = {
     "datasets": Dataset,
     "partitioners": Partitioner,
     "models": Model,
+    "tasks": Task,
 }

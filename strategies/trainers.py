@@ -28,7 +28,18 @@ from annotated_types import Ge
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from strategies.protocols import ClientData, ClientRule, LocalSettings, Privacy, Trainer, Traits
+from strategies.protocols import (
+    ClientData,
+    ClientRule,
+    LocalSettings,
+    Privacy,
+    Task,
+    Trainer,
+    Traits,
+)
+from strategies.tasks import Classification
+
+CLASSIFICATION = Classification()  # the functional twins' default task
 
 __all__ = ["DPSGD", "SGD", "GradientRule", "VectorizedSGD", "dp_sgd", "local_sgd",
            "minibatches", "vectorized_sgd"]
@@ -51,7 +62,7 @@ def minibatches(n: int, local: LocalSettings, generator: torch.Generator) -> lis
     return out
 
 
-def _flat_loss(model: nn.Module) -> tuple[Callable[[torch.Tensor], dict[str, torch.Tensor]],
+def _flat_loss(model: nn.Module, task: Task = CLASSIFICATION) -> tuple[Callable[[torch.Tensor], dict[str, torch.Tensor]],
                                           Callable[..., torch.Tensor]]:
     """(unflatten, masked mean loss of flat params on a batch) for torch.func over ``model``."""
     from torch.func import functional_call
@@ -66,7 +77,7 @@ def _flat_loss(model: nn.Module) -> tuple[Callable[[torch.Tensor], dict[str, tor
     def masked_loss(vec: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor,
                     mb: torch.Tensor) -> torch.Tensor:
         out = functional_call(model, unflatten(vec), (xb,))
-        per = nn.functional.cross_entropy(out, yb, reduction="none")
+        per = task.losses(out, task.target(xb, yb))
         return (per * mb).sum() / mb.sum().clamp_min(1.0)
 
     return unflatten, masked_loss
@@ -77,9 +88,11 @@ def _flat_loss(model: nn.Module) -> tuple[Callable[[torch.Tensor], dict[str, tor
 
 def local_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
               batches: Sequence[torch.Tensor], lr: float, momentum: float = 0.0,
-              weight_decay: float = 0.0) -> tuple[torch.Tensor, float]:
+              weight_decay: float = 0.0, task: Task = CLASSIFICATION
+              ) -> tuple[torch.Tensor, float]:
     """Minibatch SGD of ``model`` from the flat parameters ``start`` over ``batches`` of
-    ``(x, y)`` (torch.optim.SGD: momentum and weight decay as it defines them). Returns
+    ``(x, y)`` on the mean of ``task``'s losses (torch.optim.SGD: momentum and weight decay
+    as it defines them). Returns
     (update = local - start, mean loss over the batches). ``model``'s parameters are
     overwritten."""
     params = list(model.parameters())
@@ -89,7 +102,8 @@ def local_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.T
     total = 0.0
     for idx in batches:
         opt.zero_grad(set_to_none=True)
-        loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
+        xb = x[idx]
+        loss = task.losses(model(xb), task.target(xb, y[idx])).mean()
         loss.backward()
         opt.step()
         total += float(loss.detach())
@@ -101,8 +115,10 @@ def local_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.T
 class SGD(Trainer):
     """Local SGD, one client after another (:func:`local_sgd`)."""
 
-    def __init__(self, model: nn.Module, local: LocalSettings) -> None:
-        self.model, self.local = model, local
+    traits = Traits(context=("model", "local", "task"), buffers=True)
+
+    def __init__(self, model: nn.Module, local: LocalSettings, task: Task) -> None:
+        self.model, self.local, self.task = model, local, task
 
     def train(self, round_: int, clients: Sequence[ClientData], start: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,7 +128,7 @@ class SGD(Trainer):
         for i, c in enumerate(clients):
             batches = minibatches(len(c.y), lc, c.generator)
             updates[i], losses[i] = local_sgd(self.model, start, c.x, c.y, batches, lc.lr,
-                                              lc.momentum, lc.weight_decay)
+                                              lc.momentum, lc.weight_decay, self.task)
         return updates, losses
 
 
@@ -120,7 +136,8 @@ class SGD(Trainer):
 
 
 def vectorized_sgd(model: nn.Module, start: torch.Tensor, clients: Sequence[ClientData],
-                   local: LocalSettings) -> tuple[torch.Tensor, torch.Tensor]:
+                   local: LocalSettings, task: Task = CLASSIFICATION
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`local_sgd` of several clients at once, the same batches and the same SGD rule
     (momentum, weight decay): clients with fewer or smaller batches are padded and masked,
     so each client's result equals the loop's up to rounding. Returns (updates (k, d), mean
@@ -141,17 +158,17 @@ def vectorized_sgd(model: nn.Module, start: torch.Tensor, clients: Sequence[Clie
             on.append(s * k + j)
     slots_t = torch.from_numpy(np.concatenate(slots))
     xs = torch.zeros((steps * k * width, *feat), dtype=clients[0].x.dtype)
-    ys = torch.zeros(steps * k * width, dtype=torch.long)
+    ys = torch.zeros((steps * k * width, *clients[0].y.shape[1:]), dtype=clients[0].y.dtype)
     ms = torch.zeros(steps * k * width)
     xs[slots_t] = torch.cat(xs_parts)
     ys[slots_t] = torch.cat(ys_parts)
     ms[slots_t] = 1.0
-    xs, ys, ms = (xs.view(steps, k, width, *feat), ys.view(steps, k, width),
+    xs, ys, ms = (xs.view(steps, k, width, *feat), ys.view(steps, k, width, *ys.shape[1:]),
                   ms.view(steps, k, width))
     active = torch.zeros(steps * k, dtype=torch.bool)
     active[torch.tensor(on)] = True
     active = active.view(steps, k)
-    _, masked_loss = _flat_loss(model)
+    _, masked_loss = _flat_loss(model, task)
     step_fn = vmap(grad_and_value(masked_loss))
     w = start.expand(k, d).clone()
     buf = torch.zeros_like(w)
@@ -176,9 +193,11 @@ class VectorizedSGD(Trainer):
     padding; the chunk bounds the stacked batches' memory). The same numbers as ``sgd`` up
     to float rounding (not bit for bit across worker counts)."""
 
-    def __init__(self, model: nn.Module, local: LocalSettings,
+    traits = Traits(context=("model", "local", "task"))
+
+    def __init__(self, model: nn.Module, local: LocalSettings, task: Task,
                  chunk: Annotated[int, Ge(1)] = 32) -> None:
-        self.model, self.local, self.chunk = model, local, chunk
+        self.model, self.local, self.task, self.chunk = model, local, task, chunk
 
     def train(self, round_: int, clients: Sequence[ClientData], start: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,7 +206,8 @@ class VectorizedSGD(Trainer):
         order = np.argsort([len(c.y) for c in clients], kind="stable")
         for lo in range(0, len(order), self.chunk):
             pos = torch.from_numpy(order[lo : lo + self.chunk])
-            u, ls = vectorized_sgd(self.model, start, [clients[i] for i in pos], self.local)
+            u, ls = vectorized_sgd(self.model, start, [clients[i] for i in pos], self.local,
+                                   self.task)
             updates[pos], losses[pos] = u, ls
         return updates, losses
 
@@ -197,7 +217,7 @@ class VectorizedSGD(Trainer):
 
 def dp_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
            generator: torch.Generator, local: LocalSettings, clip: float,
-           noise_multiplier: float) -> tuple[torch.Tensor, float]:
+           noise_multiplier: float, task: Task = CLASSIFICATION) -> tuple[torch.Tensor, float]:
     """DP-SGD (Abadi et al., CCS 2016) from ``start``: each step takes a Poisson sample of
     rate q = batch_size / n, clips every per-sample gradient (torch.func: vmap of grad) to
     ``clip``, adds N(0, (noise_multiplier clip)^2) to their sum and divides by the expected
@@ -209,11 +229,12 @@ def dp_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.Tens
     n = len(y)
     q = min(1.0, local.batch_size / max(n, 1))
     steps = local.steps or (local.epochs or 1) * math.ceil(max(n, 1) / local.batch_size)
-    unflatten, _ = _flat_loss(model)
+    unflatten, _ = _flat_loss(model, task)
 
     def loss_one(vec: torch.Tensor, xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
-        out = functional_call(model, unflatten(vec), (xi.unsqueeze(0),))
-        return nn.functional.cross_entropy(out, yi.unsqueeze(0))
+        xb = xi.unsqueeze(0)
+        out = functional_call(model, unflatten(vec), (xb,))
+        return task.losses(out, task.target(xb, yi.unsqueeze(0))).mean()
 
     per_sample = vmap(grad(loss_one), in_dims=(None, 0, 0))
     w = start.clone()
@@ -228,8 +249,8 @@ def dp_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.Tens
             norms = torch.linalg.vector_norm(grads, dim=1, keepdim=True)
             total = (grads * torch.clamp(clip / norms.clamp_min(1e-30), max=1.0)).sum(0)
             with torch.no_grad():
-                losses.append(float(nn.functional.cross_entropy(
-                    functional_call(model, unflatten(w), (x[idx],)), y[idx])))
+                out = functional_call(model, unflatten(w), (x[idx],))
+                losses.append(float(task.losses(out, task.target(x[idx], y[idx])).mean()))
         noise = torch.randn(w.shape, generator=generator) * (noise_multiplier * clip)
         step = (total + noise) / (q * n) + local.weight_decay * w
         buf = local.momentum * buf + step if local.momentum else step
@@ -241,10 +262,11 @@ class DPSGD(Trainer):
     """:func:`dp_sgd` for each client, with the clip and noise multiplier of the scenario's
     sample-level privacy plugin (which also accounts for it)."""
 
-    traits = Traits(context=("model", "local", "privacy"))
+    traits = Traits(context=("model", "local", "task", "privacy"))
 
-    def __init__(self, model: nn.Module, local: LocalSettings, privacy: Privacy) -> None:
-        self.model, self.local = model, local
+    def __init__(self, model: nn.Module, local: LocalSettings, task: Task,
+                 privacy: Privacy) -> None:
+        self.model, self.local, self.task = model, local, task
         self.clip, self.noise_multiplier = privacy.clip, privacy.noise_multiplier
 
     def train(self, round_: int, clients: Sequence[ClientData], start: torch.Tensor
@@ -253,7 +275,8 @@ class DPSGD(Trainer):
         losses = torch.empty(len(clients), dtype=torch.float64)
         for i, c in enumerate(clients):
             updates[i], losses[i] = dp_sgd(self.model, start, c.x, c.y, c.generator,
-                                           self.local, self.clip, self.noise_multiplier)
+                                           self.local, self.clip, self.noise_multiplier,
+                                           self.task)
         return updates, losses
 
 
@@ -261,13 +284,14 @@ class DPSGD(Trainer):
 
 
 def minibatch_gradient(model: nn.Module, params: torch.Tensor, xb: torch.Tensor,
-                       yb: torch.Tensor, weight_decay: float) -> tuple[torch.Tensor, float]:
+                       yb: torch.Tensor, weight_decay: float, task: Task = CLASSIFICATION
+                       ) -> tuple[torch.Tensor, float]:
     """(gradient of the minibatch loss + weight decay, loss) at the flat ``params``."""
     ps = list(model.parameters())
     vector_to_parameters(params.clone(), ps)
     for p in ps:
         p.grad = None
-    loss = nn.functional.cross_entropy(model(xb), yb)
+    loss = task.losses(model(xb), task.target(xb, yb)).mean()
     loss.backward()
     grad = torch.cat([p.grad.reshape(-1) for p in ps if p.grad is not None])
     if weight_decay:
@@ -280,10 +304,11 @@ class GradientRule(Trainer):
     ``batch_size`` of the round's permutation, every gradient the rule asks for taken on it;
     the client's state advances."""
 
-    traits = Traits(context=("model", "local", "rule"))
+    traits = Traits(context=("model", "local", "task", "rule"), buffers=True)
 
-    def __init__(self, model: nn.Module, local: LocalSettings, rule: ClientRule) -> None:
-        self.model, self.local, self.rule = model, local, rule
+    def __init__(self, model: nn.Module, local: LocalSettings, task: Task,
+                 rule: ClientRule) -> None:
+        self.model, self.local, self.task, self.rule = model, local, task, rule
 
     def train(self, round_: int, clients: Sequence[ClientData], start: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -296,7 +321,7 @@ class GradientRule(Trainer):
             xb, yb = c.x[idx], c.y[idx]
 
             def grad(p: torch.Tensor, xb: Any = xb, yb: Any = yb) -> tuple[torch.Tensor, float]:
-                return minibatch_gradient(self.model, p, xb, yb, lc.weight_decay)
+                return minibatch_gradient(self.model, p, xb, yb, lc.weight_decay, self.task)
 
             message, state, losses[i] = self.rule.client_message(round_, start, grad, c.state,
                                                                  lc.lr)

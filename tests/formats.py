@@ -172,15 +172,34 @@ def write_hf_save_to_disk(root: Path, n_train: int = 24, n_test: int = 8, rgb: b
 LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 
 
-def write_shakespeare(root: Path, roles: int = 4, per_role: int = 12) -> dict[str, dict]:
+# Sonnet 18 (public domain): text with the structure of English, for models to learn from
+SONNET = (
+    "Shall I compare thee to a summer's day? Thou art more lovely and more temperate: "
+    "Rough winds do shake the darling buds of May, And summer's lease hath all too short a "
+    "date: Sometime too hot the eye of heaven shines, And often is his gold complexion "
+    "dimm'd; And every fair from fair sometime declines, By chance or nature's changing "
+    "course untrimm'd; But thy eternal summer shall not fade, Nor lose possession of that "
+    "fair thou ow'st; Nor shall Death brag thou wander'st in his shade, When in eternal "
+    "lines to time thou grow'st: So long as men can breathe or eyes can see, So long lives "
+    "this, and this gives life to thee. ")
+
+
+def write_shakespeare(root: Path, roles: int = 4, per_role: int = 12,
+                      text: str | None = None) -> dict[str, dict]:
     """LEAF Shakespeare's layout: ``train/*.json`` and ``test/*.json``, each role's ``x``
-    the 80 characters before its ``y``, one character (LEAF's ``-sl 80``)."""
+    the 80 characters before its ``y``, one character (LEAF's ``-sl 80``). The characters
+    are random, or (``text``) windows of ``text`` repeated, each role from its own offset."""
     rng = np.random.default_rng(5)
     data: dict[str, dict] = {"train": {}, "test": {}}
     for r in range(roles):
-        text = "".join(rng.choice(list(LETTERS), 80 + per_role))
-        xs = [text[i : i + 80] for i in range(per_role)]
-        ys = [text[i + 80] for i in range(per_role)]
+        if text is None:
+            text_r = "".join(rng.choice(list(LETTERS), 80 + per_role))
+        else:
+            start = int(rng.integers(len(text)))
+            reps = (start + 80 + per_role) // len(text) + 1
+            text_r = (text * reps)[start : start + 80 + per_role]
+        xs = [text_r[i : i + 80] for i in range(per_role)]
+        ys = [text_r[i + 80] for i in range(per_role)]
         cut = per_role * 3 // 4
         role = f"THE_PLAY_ROLE{r}"
         data["train"][role] = {"x": xs[:cut], "y": ys[:cut]}

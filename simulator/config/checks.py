@@ -72,9 +72,18 @@ def _check_clients_rule(sc: Scenario, problems: list[Problem]) -> None:
                 problems.append(Problem(("local", key), f"{sc.local.optimizer['name']} takes one "
                                         f"minibatch gradient per round; remove local.{key}, "
                                         f"got {value}"))
-    # the trainer must take what the scenario hands it: the privacy plugin, the client rule
+    _check_trainer(sc, level, rule, problems)
+
+
+def _check_trainer(sc: Scenario, level: str, rule: Any, problems: list[Problem]) -> None:
+    """The trainer must take what the scenario hands it: the task, the privacy plugin, the
+    client rule."""
     trainer = sc.trainer()
     context = registry.get("trainers", trainer["name"]).traits.context
+    if sc.task["name"] != "classification" and "task" not in context:
+        problems.append(Problem(("local", "trainer"), f"{trainer['name']!r} does not take "
+                                f"'task' and trains classifiers only; task {sc.task['name']} "
+                                "needs a trainer that takes it (sgd)"))
     for needed, present in (("privacy", level == "sample"), ("rule", rule.traits.gradient_rule)):
         what = "sample-level privacy (dp_sgd)" if needed == "privacy" else "a gradient client rule"
         if present != (needed in context):
@@ -145,7 +154,20 @@ def _check_data_and_model(sc: Scenario, problems: list[Problem]) -> None:
     if info.train_samples < c.total:
         problems.append(Problem(("clients", "total"), f"more clients ({c.total}) than training "
                                 f"samples ({info.train_samples}); each client needs one at least"))
-    if info.num_classes < 2:
+    task = registry.get("tasks", sc.task["name"])
+    if task.TARGETS != info.targets:
+        problems.append(Problem(("task", "name"), f"{sc.task['name']} learns " + (
+            "class labels; the data's targets are real values: use task regression"
+            if task.TARGETS == "classes" else
+            "real values; the data's targets are class labels: use task classification")))
+        return
+    if info.targets == "values":
+        partitioner = sc.data.partitioner["name"]
+        if registry.get("partitioners", partitioner).traits.by_label:
+            problems.append(Problem(("data", "partitioner"), f"{partitioner} splits by class "
+                                    "label; the data's targets are real values: use iid, "
+                                    "shards, sizes or natural"))
+    elif info.num_classes < 2:
         problems.append(Problem(("data", "dataset"), f"the labels name {info.num_classes} class; "
                                 "a classifier needs 2 at least"))
         return
@@ -193,11 +215,18 @@ def _check_model(sc: Scenario, info: Any, problems: list[Problem]) -> None:
         problems.append(Problem(("model",), f"{name} does not take the data's samples of shape "
                                 f"{tuple(info.input_shape)}: {brief_text(first, 200)}"))
         return
-    if tuple(out.shape) != (2, info.num_classes):
+    want = instantiate("tasks", sc.task).output_shape(2, tuple(info.input_shape),
+                                                      info.num_classes)
+    if tuple(out.shape) != tuple(want):
         problems.append(Problem(("model",), f"{name} gives outputs of shape {tuple(out.shape)} "
-                                f"for a batch of 2; expected (2, {info.num_classes}): one score "
-                                "per class"))
+                                f"for a batch of 2; task {sc.task['name']} needs {tuple(want)}"
+                                + ("" if len(want) == 2 else
+                                   " (a score per position: char_lstm's positions: all)")))
         return
+    from simulator.runtime.common import model_buffers
+
+    if model_buffers(model):
+        _check_buffers(sc, problems)
     d = sum(p.numel() for p in model.parameters())
     workers = sc.runtime.workers or os.cpu_count() or 1
     # per worker: parameters, gradients, an optimizer buffer and the update; the server: the
@@ -214,6 +243,25 @@ def _check_model(sc: Scenario, info: Any, problems: list[Problem]) -> None:
                                 f"{sc.clients.sampled} updates a round"
                                 + (f", state for {sc.clients.total} clients" if stateful else "")
                                 + f"), more than the {have / 2**30:.1f} GiB available here"))
+
+
+def _check_buffers(sc: Scenario, problems: list[Problem]) -> None:
+    """A model with buffers (BatchNorm statistics) where they cannot be handled: refused."""
+    name, fix = sc.model["name"], "; use norm: group (GroupNorm has no statistics)"
+    if sc.topology is not None:
+        problems.append(Problem(("model",), f"{name} has buffers (BatchNorm running "
+                                f"statistics) and D-SGD gossips parameters only{fix}"))
+    elif sc.privacy_level() == "client":
+        problems.append(Problem(("privacy", "name"), f"{sc.privacy and sc.privacy['name']} "
+                                f"clips and noises parameters only; {name}'s BatchNorm "
+                                f"statistics would leave the clients unprotected{fix}"))
+    trainer = sc.trainer()["name"]
+    if not registry.get("trainers", trainer).traits.buffers:
+        where = ("runtime", "vectorize") if trainer == "vectorized_sgd" and \
+            sc.local.trainer is None else ("local", "trainer")
+        problems.append(Problem(where, f"trainer {trainer!r} cannot update {name}'s buffers "
+                                f"(BatchNorm statistics; per-sample or vmapped steps){fix}, or "
+                                "the sgd trainer"))
 
 
 def _check_dsgd(sc: Scenario, problems: list[Problem]) -> None:

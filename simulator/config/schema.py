@@ -98,7 +98,16 @@ class Local(Strict):
 
 
 class ServerSettings(Strict):
+    """``optimizer``: the server optimizer (a plugin of ``fedray.optimizers``). ``buffers``:
+    what happens to model state that is not a parameter (BatchNorm's running statistics):
+    ``mean`` (the participants' statistics averaged, as FedAvg does), ``median``
+    (coordinate-wise median: Byzantine clients send poisoned statistics too), ``local``
+    (each client keeps its own, SiloBN; the server's evaluation model takes the
+    participants' median or mean) or ``auto``: ``median`` with Byzantine clients, else
+    ``mean``. docs/models.md says what each does under attack."""
+
     optimizer: PluginSpec = {"name": "sgd"}
+    buffers: Literal["auto", "mean", "median", "local"] = "auto"
 
 
 class DSGD(Strict):
@@ -146,6 +155,9 @@ class Scenario(Strict):
     seeds: list[Annotated[int, Ge(0), Lt(2**32)]] = [0]
     data: Data
     model: PluginSpec
+    # what the model learns: a plugin of fedray.tasks (classification | next_token |
+    # regression), its loss and metrics
+    task: PluginSpec = {"name": "classification"}
     clients: Clients
     local: Local = Local()
     aggregator: PluginSpec = {"name": "mean"}
@@ -173,6 +185,14 @@ class Scenario(Strict):
         if rule is None:
             rule = registry.instantiate("client_optimizers", self.local.optimizer)
         return rule
+
+    def buffer_rule(self) -> str:
+        """How the server combines the clients' buffers: ``mean`` or ``median``
+        (``server.buffers``; ``auto`` and ``local``: median with Byzantine clients)."""
+        chosen = self.server.buffers
+        if chosen in ("mean", "median"):
+            return chosen
+        return "median" if self.clients.byzantine > 0 else "mean"
 
     def privacy_level(self) -> str:
         """Where the scenario's DP acts: ``none``, ``sample`` or ``client``."""

@@ -64,6 +64,7 @@ PLUGIN_FIELDS: list[tuple[Loc, str]] = [
     (("data", "dataset"), "datasets"),
     (("data", "partitioner"), "partitioners"),
     (("model",), "models"),
+    (("task",), "tasks"),
     (("aggregator",), "aggregators"),
     (("meta",), "meta"),
     (("attack",), "attacks"),
@@ -80,6 +81,7 @@ _PLUGIN_DEFAULTS: dict[Loc, PluginSpec] = {
     ("data", "partitioner"): {"name": "iid"},
     ("aggregator",): {"name": "mean"},
     ("local", "optimizer"): {"name": "sgd"},
+    ("task",): {"name": "classification"},
 }
 
 

@@ -56,7 +56,9 @@ def partition_table(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray]) -> tu
     flat = np.ascontiguousarray(x[order].reshape(len(order), width), dtype=dtype)
     xs = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), width)
     client = np.repeat(np.arange(len(parts), dtype=np.int32), sizes)
-    table = pa.table({"client": client, "x": xs, "y": y[order].astype(np.int64)})
+    # class ids as int64, real-valued targets (regression) as float32
+    ydtype = np.float32 if np.issubdtype(y.dtype, np.floating) else np.int64
+    table = pa.table({"client": client, "x": xs, "y": y[order].astype(ydtype)})
     return table, offsets
 
 

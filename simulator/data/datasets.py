@@ -121,6 +121,45 @@ class Synthetic(Dataset):
         )
 
 
+class LinearRegression(Dataset):
+    """Heterogeneous linear regression, in the manner of FedProx's Synthetic(alpha, beta)
+    (Li et al., MLSys 2020) with real-valued targets: a shared w ~ N(0, I/d); client k has
+    w_k = w + N(0, heterogeneity^2 I/d) and inputs x ~ N(m_k, I), m_k ~ N(0, shift^2);
+    y = x . w_k + N(0, noise^2), float32. ``samples`` per client; each client is a natural
+    client and ``test_fraction`` of its samples are pooled into the test set. The task is
+    ``regression`` (one output)."""
+
+    def __init__(self, dimension: Annotated[int, Ge(1)] = 20,
+                 samples: Annotated[int, Ge(2)] = 100,
+                 heterogeneity: Annotated[float, Ge(0)] = 0.5,
+                 shift: Annotated[float, Ge(0)] = 0.5,
+                 noise: Annotated[float, Ge(0)] = 0.1) -> None:
+        self.dimension, self.samples = dimension, samples
+        self.heterogeneity, self.shift, self.noise = heterogeneity, shift, noise
+
+    def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
+        return DatasetInfo(num_clients * _n_train(self.samples, test_fraction),
+                           (self.dimension,), 1, targets="values")
+
+    def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
+        rng = np.random.default_rng([seed, 0x2E])
+        d, n = self.dimension, self.samples
+        w = rng.normal(0, 1 / np.sqrt(d), d)
+        xs, ys, cs, test = [], [], [], []
+        for k in range(num_clients):
+            wk = w + rng.normal(0, self.heterogeneity / np.sqrt(d), d)
+            x = rng.normal(rng.normal(0, self.shift, d), 1, (n, d))
+            xs.append(x)
+            ys.append(x @ wk + rng.normal(0, self.noise, n))
+            cs.append(np.full(n, k))
+            test.append(np.isin(np.arange(n), _holdout(n, test_fraction, rng)[1]))
+        x, y, c, te = (np.concatenate(a) for a in (xs, ys, cs, test))
+        return DatasetSplit(x[~te].astype(np.float32), y[~te].astype(np.float32),
+                            x[te].astype(np.float32), y[te].astype(np.float32), (d,), 1,
+                            clients_train=c[~te].astype(np.int64),
+                            clients_test=c[te].astype(np.int64))
+
+
 class GaussianMixture(Dataset):
     """A mixture of ``classes`` isotropic Gaussians in ``dimension`` dimensions: class means
     drawn N(0, separation^2 I), unit-variance noise around them."""

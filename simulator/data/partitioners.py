@@ -11,7 +11,7 @@ import numpy as np
 from annotated_types import Ge, Gt
 
 from simulator.errors import DataError
-from strategies.protocols import Partitioner
+from strategies.protocols import Partitioner, Traits
 
 
 class IID(Partitioner):
@@ -26,6 +26,8 @@ class Dirichlet(Partitioner):
     """Label skew by a Dirichlet prior (Hsu, Qi, Brown 2019): for each class, the share of
     its samples given to each client is drawn from Dir(alpha). Small alpha -> few classes per
     client. Redrawn (up to 100 times) until every client holds at least ``min_size`` samples."""
+
+    traits = Traits(by_label=True)
 
     def __init__(self, alpha: Annotated[float, Gt(0)] = 0.5, min_size: Annotated[int, Ge(1)] = 1) -> None:
         self.alpha, self.min_size = alpha, min_size
@@ -106,6 +108,8 @@ class Pathological(Partitioner):
     client draws ``k`` distinct classes at random, each class's samples are split evenly
     (shuffled) between the clients that hold it. A class no client draws is left out; a
     draw that leaves a client without samples is redrawn (up to 100 times)."""
+
+    traits = Traits(by_label=True)
 
     def __init__(self, k: Annotated[int, Ge(1)] = 2) -> None:
         self.k = k

@@ -21,7 +21,16 @@ from simulator.config import Scenario
 from simulator.errors import TooFewRows, guarded
 from simulator.models import build_model
 from simulator.registry import instantiate
-from simulator.runtime.common import client_accuracy, evaluate_model, single_thread, stack_updates
+from simulator.runtime.common import (
+    buffers_to_vector,
+    client_accuracy,
+    combine_buffers,
+    evaluate_model,
+    float_buffer_mask,
+    single_thread,
+    stack_updates,
+    vector_to_buffers,
+)
 from simulator.runtime.pipeline import Pipeline
 from simulator.seeding import torch_generator
 from strategies.gossip import consensus_distance, sparse_rows
@@ -44,18 +53,35 @@ class Adversary:
         pipeline = Pipeline.from_scenario(scenario)
         self.attack = instantiate("attacks", scenario.attack,
                                   aggregate=lambda x: pipeline.simulate(x, self._round))
+        # Byzantine clients poison the model's buffers (BatchNorm statistics) with the same
+        # attack, against the server's buffer rule
+        rule = scenario.buffer_rule()
+        self.buffer_attack = instantiate("attacks", scenario.attack,
+                                         aggregate=lambda x: combine_buffers(x, rule))
         self.name = scenario.attack["name"]
 
-    def attack_rows(self, round_: int, f: int, order: list[int], d: int, *results: dict) -> np.ndarray:
-        """``f`` Byzantine rows. ``results`` hold the honest updates of the round (omniscient
-        attack) or the Byzantine clients' own honest updates, stacked in ``order``."""
-        seen = torch.from_numpy(stack_updates(order, results, d))
-        self._round = round_
-        rows = guarded("attack", self.name, self.attack)(
-            seen, f, torch_generator(self.seed, "attack", round_))
-        if tuple(rows.shape) != (f, d):
-            raise ValueError(f"attack: returned shape {tuple(rows.shape)}, expected {(f, d)}")
+    def _rows(self, attack: Any, seen: torch.Tensor, f: int, round_: int, purpose: str
+              ) -> np.ndarray:
+        rows = guarded("attack", self.name, attack)(
+            seen, f, torch_generator(self.seed, purpose, round_))
+        if tuple(rows.shape) != (f, seen.shape[1]):
+            raise ValueError(f"attack: returned shape {tuple(rows.shape)}, expected "
+                             f"{(f, seen.shape[1])}")
         return rows.to(torch.float32).numpy()
+
+    def attack_rows(self, round_: int, f: int, order: list[int], d: int, d_buffers: int,
+                    *results: dict) -> dict[str, np.ndarray | None]:
+        """``f`` Byzantine rows (``rows``) and, for a model with buffers, their ``buffers``
+        rows. ``results`` hold the honest updates of the round (omniscient attack) or the
+        Byzantine clients' own honest updates, stacked in ``order``."""
+        self._round = round_
+        rows = self._rows(self.attack, torch.from_numpy(stack_updates(order, results, d)), f,
+                          round_, "attack")
+        buffers = None
+        if d_buffers:
+            seen = torch.from_numpy(stack_updates(order, results, d_buffers, key="buffers"))
+            buffers = self._rows(self.buffer_attack, seen, f, round_, "attack-buffers")
+        return {"rows": rows, "buffers": buffers}
 
 
 class Server:
@@ -68,6 +94,9 @@ class Server:
         seed = scenario.seeds[0]
         self.model = build_model(scenario.model, input_shape, num_classes, seed, vocabulary)
         self.x = parameters_to_vector(self.model.parameters()).detach().clone()
+        self.b = buffers_to_vector(self.model)  # the global model's buffers (BatchNorm)
+        self.b_stats = float_buffer_mask(self.model)  # statistics, not batch counters
+        self.buffer_rule = scenario.buffer_rule()
         self.pipeline = Pipeline.from_scenario(scenario)
         self.optimizer = instantiate("optimizers", scenario.server.optimizer)
         self.optimizer_name = scenario.server.optimizer["name"]
@@ -76,6 +105,7 @@ class Server:
                    if scenario.privacy is not None and scenario.privacy_level() == "client"
                    else None)
         self.seed = seed
+        self.task = instantiate("tasks", scenario.task)
         self.x_test, self.y_test, self.x_tr, self.y_tr, self.c_test = eval_data
 
     @property
@@ -85,15 +115,37 @@ class Server:
     def params(self) -> np.ndarray:
         return self.x.numpy().copy()
 
+    def buffers(self) -> np.ndarray:
+        """The global model's buffers (empty for a model without any)."""
+        return self.b.numpy().copy()
+
+    def _step_buffers(self, honest_order: list[int], byzantine: np.ndarray | None,
+                      results: tuple[dict, ...]) -> dict[str, float]:
+        """The global buffers from the round's reported ones (honest, then Byzantine rows),
+        by ``server.buffers``' rule; non-finite results leave them as they were."""
+        d_b = int(self.b.numel())
+        honest = torch.from_numpy(stack_updates(honest_order, results, d_b, key="buffers"))
+        rows = honest if byzantine is None else torch.cat([honest, torch.from_numpy(byzantine)])
+        new = combine_buffers(rows, self.buffer_rule)
+        finite = bool(torch.isfinite(new).all())
+        if finite:
+            self.b = new
+        gap = (new - honest.mean(dim=0))[self.b_stats]
+        # how far the statistics are from the honest participants' mean (counters left out)
+        return {"buffer_aggregation_error": float(torch.linalg.vector_norm(gap))
+                if finite else float("inf")}
+
     def step(
-        self, round_: int, honest_order: list[int], byzantine: np.ndarray | None, *results: dict
+        self, round_: int, honest_order: list[int], byzantine: dict | None, *results: dict
     ) -> dict[str, float]:
         """Aggregate the round's updates (honest rows in ``honest_order``, then the Byzantine
-        rows), step the global model, and return the round's server-side metrics."""
+        ``rows`` and ``buffers``), step the global model, and return the round's server-side
+        metrics."""
         t0 = time.perf_counter()
         honest = torch.from_numpy(stack_updates(honest_order, results, self.dim))
-        rows = honest if byzantine is None or len(byzantine) == 0 else torch.cat(
-            [honest, torch.from_numpy(np.asarray(byzantine, dtype=np.float32))]
+        byz = byzantine["rows"] if byzantine is not None and len(byzantine["rows"]) else None
+        rows = honest if byz is None else torch.cat(
+            [honest, torch.from_numpy(np.asarray(byz, dtype=np.float32))]
         )
         losses = stack_updates(honest_order, results, 0, key="losses")
         dp = self.dp
@@ -112,6 +164,9 @@ class Server:
         if dp is not None:
             agg = dp.noise(agg, rows.shape[0], torch_generator(self.seed, "dp-noise", round_))
         honest_mean = honest.mean(dim=0)
+        buffer_metrics = self._step_buffers(
+            honest_order, byzantine["buffers"] if byzantine is not None and byz is not None
+            else None, results) if self.b.numel() else {}
         finite = bool(torch.isfinite(agg).all())
         if finite:
             self.x = guarded("server.optimizer", self.optimizer_name, self.optimizer.step)(
@@ -127,31 +182,40 @@ class Server:
             "nonfinite_aggregate": 0.0 if finite else 1.0,
             "aggregation_skipped": 0.0,
             "client_loss": float(losses.mean()) if len(losses) else float("nan"),
+            **buffer_metrics,
             "server_seconds": time.perf_counter() - t0,
             "train_seconds": float(sum(r["seconds"] for r in results)),
         }
 
-    def evaluate(self) -> dict[str, float]:
+    def _load_model(self) -> None:
+        """The global parameters and buffers into the server's model."""
         vector_to_parameters(self.x.clone(), self.model.parameters())
-        acc, loss, hits = evaluate_model(self.model, self.x_test, self.y_test)
-        _, train_loss, _ = evaluate_model(self.model, self.x_tr, self.y_tr)
-        per_client = client_accuracy(hits, self.c_test) if self.c_test is not None else {}
-        return {"test_accuracy": acc, "test_loss": loss, "train_loss": train_loss, **per_client}
+        vector_to_buffers(self.b, self.model)
+
+    def evaluate(self) -> dict[str, float]:
+        self._load_model()
+        acc, loss, hits = evaluate_model(self.model, self.x_test, self.y_test, self.task)
+        _, train_loss, _ = evaluate_model(self.model, self.x_tr, self.y_tr, self.task)
+        per_client = (client_accuracy(hits, self.c_test)
+                      if self.c_test is not None and hits is not None else {})
+        return {**{f"test_{k}": v for k, v in self.task.metrics(loss, acc).items()},
+                "train_loss": train_loss, **per_client}
 
     def checkpoint(self) -> dict[str, Any]:
         """Everything the server's future depends on: global model, optimizer state and the
         state of stateful aggregation rules (centered clipping's centre, ...)."""
-        return {"x": self.x.clone(), "optimizer": self.optimizer.state_dict(),
-                "pipeline": self.pipeline.state_dict()}
+        return {"x": self.x.clone(), "buffers": self.b.clone(),
+                "optimizer": self.optimizer.state_dict(), "pipeline": self.pipeline.state_dict()}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.x = state["x"].clone()
+        self.b = state.get("buffers", self.b).clone()
         self.optimizer.load_state_dict(state["optimizer"])
         self.pipeline.load_state_dict(state["pipeline"])
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The global model as a torch state_dict (for the final-model artifact)."""
-        vector_to_parameters(self.x.clone(), self.model.parameters())
+        self._load_model()
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
 
@@ -181,6 +245,7 @@ class Mixer:
         self.model = build_model(scenario.model, input_shape, num_classes, self.seed,
                                  vocabulary)
         self.x0 = parameters_to_vector(self.model.parameters()).detach().clone()
+        self.task = instantiate("tasks", scenario.task)
         self.x_test, self.y_test, self.x_tr, self.y_tr, _ = eval_data
         self._steps_cache: dict[int, GossipStep] = {}
 
@@ -217,9 +282,10 @@ class Mixer:
 
     def _eval_vector(self, x: torch.Tensor, with_train: bool = True) -> tuple[float, float, float]:
         vector_to_parameters(x.clone(), self.model.parameters())
-        acc, loss, _ = evaluate_model(self.model, self.x_test, self.y_test)
-        train_loss = evaluate_model(self.model, self.x_tr, self.y_tr)[1] if with_train else float("nan")
-        return acc, loss, train_loss
+        acc, loss, _ = evaluate_model(self.model, self.x_test, self.y_test, self.task)
+        train_loss = (evaluate_model(self.model, self.x_tr, self.y_tr, self.task)[1]
+                      if with_train else float("nan"))
+        return float("nan") if acc is None else acc, loss, train_loss
 
     def evaluate(self, *results: dict) -> dict[str, float]:
         """Mean over honest peers of their own models' test accuracy and loss, the averaged

@@ -6,6 +6,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from strategies.protocols import Task
+
 EVAL_BATCH = 4096
 
 
@@ -13,6 +15,50 @@ def single_thread() -> None:
     """Same arithmetic in every process (driver, actors) whatever the core count: BLAS
     results can differ in the last bits between thread counts."""
     torch.set_num_threads(1)
+
+
+def model_buffers(model: nn.Module) -> list[torch.Tensor]:
+    """The model's persistent buffers (BatchNorm's running statistics and batch counter), in
+    ``state_dict`` order: the model state that is not a parameter."""
+    keep = set(model.state_dict(keep_vars=True))
+    return [b for name, b in model.named_buffers() if name in keep]
+
+
+def buffers_to_vector(model: nn.Module) -> torch.Tensor:
+    """The model's buffers as one float32 vector (empty for a model without any)."""
+    bufs = model_buffers(model)
+    if not bufs:
+        return torch.zeros(0)
+    return torch.cat([b.detach().reshape(-1).to(torch.float32) for b in bufs])
+
+
+def float_buffer_mask(model: nn.Module) -> torch.Tensor:
+    """Which entries of :func:`buffers_to_vector` are statistics (float buffers), not
+    counters (BatchNorm's ``num_batches_tracked``)."""
+    bufs = model_buffers(model)
+    if not bufs:
+        return torch.zeros(0, dtype=torch.bool)
+    return torch.cat([torch.full((b.numel(),), b.dtype.is_floating_point) for b in bufs])
+
+
+def vector_to_buffers(vec: torch.Tensor, model: nn.Module) -> None:
+    """Write ``vec`` (from :func:`buffers_to_vector`) into the model's buffers; integer
+    buffers (BatchNorm's batch counter) are rounded."""
+    lo = 0
+    with torch.no_grad():
+        for b in model_buffers(model):
+            part = vec[lo : lo + b.numel()].view(b.shape)
+            b.copy_(part.round() if not b.dtype.is_floating_point else part)
+            lo += b.numel()
+
+
+def combine_buffers(rows: torch.Tensor, rule: str) -> torch.Tensor:
+    """The clients' buffer rows ``(n, d_b)`` combined: ``mean``, or ``median``
+    (coordinate-wise, non-finite rows ignored where a finite value exists)."""
+    if rule == "median":
+        finite = torch.where(torch.isfinite(rows), rows, torch.nan)
+        return torch.nanmedian(finite, dim=0).values
+    return rows.mean(dim=0)
 
 
 def model_input(x: np.ndarray) -> torch.Tensor:
@@ -25,24 +71,29 @@ def model_input(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.array(x, dtype=np.float32))  # a copy: ray views are read-only
 
 
-def evaluate_model(model: nn.Module, x: np.ndarray, y: np.ndarray
-                   ) -> tuple[float, float, np.ndarray]:
-    """(accuracy, mean cross-entropy, per-sample correctness) of ``model`` on ``(x, y)``."""
-    hits = np.zeros(len(y), dtype=bool)
+def evaluate_model(model: nn.Module, x: np.ndarray, y: np.ndarray, task: Task
+                   ) -> tuple[float | None, float, np.ndarray | None]:
+    """(accuracy, mean loss, each sample's accuracy) of ``model`` on ``(x, y)`` for
+    ``task``; accuracy and hits are None for a task without accuracy (regression)."""
+    hits = np.zeros(len(y), dtype=np.float64)
     if len(y) == 0:
         return float("nan"), float("nan"), hits
-    correct, loss = 0, 0.0
+    loss, scored = 0.0, True
     model.eval()
     with torch.no_grad():
         for lo in range(0, len(y), EVAL_BATCH):
             xb = model_input(x[lo : lo + EVAL_BATCH])
             yb = torch.from_numpy(np.array(y[lo : lo + EVAL_BATCH]))
             out = model(xb)
-            loss += float(nn.functional.cross_entropy(out, yb, reduction="sum"))
-            right = (out.argmax(1) == yb).numpy()
-            hits[lo : lo + EVAL_BATCH] = right
-            correct += int(right.sum())
-    return correct / len(y), loss / len(y), hits
+            target = task.target(xb, yb)
+            loss += float(task.losses(out, target).double().sum())
+            right = task.hits(out, target)
+            scored = right is not None
+            if right is not None:
+                hits[lo : lo + EVAL_BATCH] = right.double().numpy()
+    if not scored:
+        return None, loss / len(y), None
+    return float(hits.mean()), loss / len(y), hits
 
 
 def client_accuracy(hits: np.ndarray, clients: np.ndarray) -> dict[str, float]:

@@ -21,7 +21,12 @@ from simulator.data import client_arrays
 from simulator.errors import ClientStateLost, guarded
 from simulator.models import build_model
 from simulator.registry import PluginSpec, instantiate
-from simulator.runtime.common import model_input, single_thread
+from simulator.runtime.common import (
+    buffers_to_vector,
+    model_input,
+    single_thread,
+    vector_to_buffers,
+)
 from simulator.seeding import torch_generator
 from strategies.protocols import Attack, ClientData, Trainer
 
@@ -91,12 +96,19 @@ class ClientWorker:
         spec = scenario.trainer()
         privacy = instantiate("privacy", scenario.privacy) if scenario.privacy else None
         self.trainer: Trainer = instantiate("trainers", spec, model=self.model,
-                                            local=scenario.local, rule=scenario.client_rule(),
-                                            privacy=privacy)
+                                            local=scenario.local,
+                                            task=instantiate("tasks", scenario.task),
+                                            rule=scenario.client_rule(), privacy=privacy)
         self.train_clients = guarded("local.trainer", spec["name"], self.trainer.train)
         self.state_dtype = {"float32": torch.float32,
                             "float16": torch.float16}[scenario.runtime.state_dtype]
         self.client_state = ClientStateStore(self.state_dtype)  # per-client state
+        self.stateful = scenario.client_rule().traits.gradient_rule
+        # model buffers (BatchNorm statistics): from the server each round, or (server.buffers
+        # local) each client's own after its first round
+        self.buffer_dim = int(buffers_to_vector(self.model).numel())
+        self.local_buffers = scenario.server.buffers == "local" and self.buffer_dim > 0
+        self.client_buffers = ClientStateStore(torch.float32)
         self.peer_x: dict[int, torch.Tensor] = {}  # D-SGD: the models of this worker's peers
 
     def client_data(self, round_: int, client: int, poison: Attack | None = None) -> ClientData:
@@ -120,37 +132,81 @@ class ClientWorker:
         return (np.asarray(updates.detach().to(torch.float32).numpy()),
                 np.asarray(losses.detach().to(torch.float64).numpy()))
 
+    def _run_buffers(self, round_: int, clients: list[ClientData], start: torch.Tensor,
+                     global_buffers: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The trainer on one client at a time, each from its starting buffers (the
+        server's, or its own under ``server.buffers: local``); the buffers each client ends
+        with are its third result, rows following ``clients``."""
+        b0 = torch.from_numpy(np.array(global_buffers, dtype=np.float32))
+        updates = np.empty((len(clients), start.numel()), dtype=np.float32)
+        losses = np.empty(len(clients))
+        rows = np.empty((len(clients), self.buffer_dim), dtype=np.float32)
+        for i, c in enumerate(clients):
+            own = self.client_buffers.get(c.client).get("buffers") if self.local_buffers else None
+            vector_to_buffers(b0 if own is None else own, self.model)
+            u, loss = self._run(round_, [c], start)
+            updates[i], losses[i] = u[0], loss[0]
+            rows[i] = buffers_to_vector(self.model).numpy()
+            if self.local_buffers:
+                self.client_buffers.set(c.client, {"buffers": torch.from_numpy(rows[i])})
+        return updates, losses, rows
+
+    def _holds(self, client: int) -> bool:
+        """Whether this worker holds what ``client`` left here (rule state, own buffers)."""
+        return ((not self.stateful or client in self.client_state)
+                and (not self.local_buffers or client in self.client_buffers))
+
     def train(self, round_: int, clients: list[int], global_params: np.ndarray,
-              poison: PluginSpec | None = None, expect_state: list[int] | None = None
-              ) -> dict[str, Any]:
-        """Train ``clients`` from ``global_params``; rows of ``updates`` follow ``clients``.
-        ``poison``: the spec of a data-poisoning attack these (Byzantine) clients run.
-        ``expect_state``: clients whose state this worker must hold (they took part before);
-        a worker that lost it says so rather than go on with different numbers."""
-        lost = [c for c in expect_state or () if int(c) not in self.client_state]
+              poison: PluginSpec | None = None, expect_state: list[int] | None = None,
+              buffers: np.ndarray | None = None) -> dict[str, Any]:
+        """Train ``clients`` from ``global_params`` (and the model's ``buffers``, when it has
+        any); rows of ``updates`` (and ``buffers``: the statistics each client ends with)
+        follow ``clients``. ``poison``: the spec of a data-poisoning attack these
+        (Byzantine) clients run. ``expect_state``: clients whose state this worker must hold
+        (they took part before); a worker that lost it says so rather than go on with
+        different numbers."""
+        lost = [c for c in expect_state or () if not self._holds(int(c))]
         if lost:
             raise ClientStateLost(
                 f"ClientWorker lost the state of clients {lost[:5]} (the worker was restarted "
-                "after a fault); worker momentum and mu2-SGD keep per-client state: resume the "
-                "run from its last checkpoint (fedray resume RUN_ID)")
+                "after a fault); worker momentum, mu2-SGD and local buffers keep per-client "
+                "state: resume the run from its last checkpoint (fedray resume RUN_ID)")
         t0 = time.perf_counter()
         attack = instantiate("attacks", poison) if poison else None
         start = torch.from_numpy(np.array(global_params, dtype=np.float32))
         data = [self.client_data(round_, int(c), attack) for c in clients]
-        updates, losses = (self._run(round_, data, start) if data else
-                           (np.empty((0, start.numel()), np.float32), np.empty(0)))
-        return {"clients": np.asarray(clients, dtype=np.int64), "updates": updates,
-                "losses": losses, "seconds": time.perf_counter() - t0}
+        out: dict[str, Any] = {"clients": np.asarray(clients, dtype=np.int64)}
+        if self.buffer_dim:
+            assert buffers is not None, "a model with buffers needs the server's buffers"
+            out["updates"], out["losses"], out["buffers"] = self._run_buffers(
+                round_, data, start, buffers)
+        else:
+            out["updates"], out["losses"] = (self._run(round_, data, start) if data else
+                                             (np.empty((0, start.numel()), np.float32),
+                                              np.empty(0)))
+        out["seconds"] = time.perf_counter() - t0
+        return out
+
+    BUFFERS = "model.buffers"  # a client's own buffers in its checkpointed state
 
     def client_states(self) -> dict[int, dict[str, torch.Tensor]]:
-        """The per-client state this worker keeps (gradient rules' momenta), for checkpoints."""
-        return {c: {k: v.clone() for k, v in st.items()} for c, st in self.client_state.items()}
+        """The per-client state this worker keeps (gradient rules' momenta, local buffers),
+        for checkpoints."""
+        out = {c: {k: v.clone() for k, v in st.items()} for c, st in self.client_state.items()}
+        for c, st in self.client_buffers.items():
+            out.setdefault(c, {})[self.BUFFERS] = st["buffers"].clone()
+        return out
 
     def load_client_states(self, states: dict[int, dict[str, torch.Tensor]]) -> None:
         """Restore the states of this worker's clients (a checkpoint's, all clients' mixed)."""
         self.client_state = ClientStateStore(self.state_dtype)
+        self.client_buffers = ClientStateStore(torch.float32)
         for c, st in states.items():
-            self.client_state.set(int(c), st)
+            rule = {k: v for k, v in st.items() if k != self.BUFFERS}
+            if rule:
+                self.client_state.set(int(c), rule)
+            if self.BUFFERS in st:
+                self.client_buffers.set(int(c), {"buffers": st[self.BUFFERS]})
 
     def node(self) -> str | None:
         """The Ray node this worker runs on (None in-process)."""

@@ -48,7 +48,10 @@ def _roundtrip(state):
     [],
     ["local.optimizer={name: sgd}", "server.optimizer={name: mu2sgd, lr: 0.05}"],
     ["server.optimizer={name: fedadam, lr: 0.05}", "aggregator={name: cwtm, f: 2}"],
-], ids=["momentum-cc-server-momentum", "mu2sgd", "fedadam"])
+    ["model={name: cnn, channels: [4], hidden: 8, norm: batch}"],
+    ["model={name: cnn, channels: [4], hidden: 8, norm: batch}", "local.optimizer={name: sgd}",
+     "server.buffers=local"],
+], ids=["momentum-cc-server-momentum", "mu2sgd", "fedadam", "batchnorm", "batchnorm-local"])
 def test_resume_from_a_checkpoint_gives_the_uninterrupted_numbers(tmp_path, over):
     sc = _point(tmp_path, FL, *over)
     saved: dict[int, dict] = {}
