@@ -21,7 +21,7 @@ import numpy as np
 from simulator import data as fdata
 from simulator import registry
 from simulator.config import Scenario
-from simulator.errors import ClientStateLost, WorkerLost
+from simulator.errors import ClientStateLost, DeviceUnavailable, WorkerLost
 from simulator.registry import instantiate
 from simulator.runtime.actors import Adversary, Mixer, Server
 from simulator.runtime.backend import PING_TIMEOUT, PLACE_TIMEOUT, Backend
@@ -97,13 +97,37 @@ class Engine:
                                         if scenario.privacy else None)
         self._mechanism: tuple[int, Any] = (-1, None)  # (rounds, mechanism) last composed
 
+    SERVER_GPU = 0.1  # the share of a GPU the server takes when it aggregates on one
+
+    def actor_options(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Ray resources of (each ClientWorker, the server) from ``runtime``: a worker's
+        ``num_cpus`` and ``num_gpus`` (null: none on cpu, else the cluster's GPUs shared out
+        among the workers, at most one each); the server a tenth of a GPU when it
+        aggregates on one. A cuda device with no GPU to give is refused in one line."""
+        rt = self.sc.runtime
+        have = self.backend.gpus()
+        server_gpu = self.SERVER_GPU if rt.server_device != "cpu" and have > 0 else 0.0
+        if rt.server_device == "cuda" and not server_gpu:
+            raise DeviceUnavailable("runtime.server_device: cuda, but the cluster has no GPU; "
+                                    "use server_device: auto or cpu")
+        gpus = rt.num_gpus
+        if gpus is None:
+            gpus = 0.0 if rt.device == "cpu" else min(1.0, (have - server_gpu) / self.n_workers)
+        if rt.device == "cuda" and gpus <= 0:
+            raise DeviceUnavailable(
+                f"runtime.device: cuda, but workers get no GPU (the cluster has {have:g}; "
+                f"runtime.num_gpus: {rt.num_gpus}); use device: auto or cpu, or give num_gpus")
+        worker = {"num_cpus": rt.num_cpus, **({"num_gpus": gpus} if gpus > 0 else {})}
+        return worker, ({"num_gpus": server_gpu} if server_gpu else {})
+
     def _spawn_workers(self) -> None:
         """The ClientWorker pool; the partition table goes into the object store once."""
         b, sc, data = self.backend, self.sc, self.data
+        self.worker_options, self.server_options = self.actor_options()
         table_ref = b.put(data.table)
         self.workers = [
             b.spawn(ClientWorker, table_ref, data.offsets, data.input_shape, data.num_classes,
-                    sc, data.vocabulary, role="worker")
+                    sc, data.vocabulary, role="worker", options=self.worker_options)
             for _ in range(self.n_workers)
         ]
         self._handles = list(self.workers)
@@ -111,8 +135,9 @@ class Engine:
         if not all(placed):
             raise WorkerLost(
                 f"{placed.count(False)} of {self.n_workers} ClientWorkers did not start within "
-                f"{PLACE_TIMEOUT:.0f} s (each needs 1 free CPU; the cluster has "
-                f"{b.default_workers()}); use fewer workers (--workers, runtime.workers)")
+                f"{PLACE_TIMEOUT:.0f} s (each needs {self.worker_options}; the cluster has "
+                f"{b.default_workers()} CPUs, {b.gpus():g} GPUs); use fewer workers "
+                "(--workers, runtime.workers) or smaller runtime.num_cpus / num_gpus")
 
     def worker_of(self, client: int) -> int:
         """The index of the worker that owns ``client`` (k % W, unless moved off a lost one)."""
@@ -123,7 +148,7 @@ class Engine:
         self._spawn_workers()
         eval_ref = b.put(data.eval_data())
         self.server = b.spawn(Server, sc, data.input_shape, data.num_classes, eval_ref,
-                              data.vocabulary, role="server")
+                              data.vocabulary, role="server", options=self.server_options)
         self.adversary = b.spawn(Adversary, sc, role="adversary") if sc.attack else None
         traits = registry.get("attacks", sc.attack["name"]).traits if sc.attack else None
         self.omniscient = traits is not None and traits.omniscient

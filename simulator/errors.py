@@ -65,6 +65,10 @@ class ClientStateLost(FedrayError):
     with the same numbers; ``fedray resume`` continues it from its last checkpoint."""
 
 
+class DeviceUnavailable(FedrayError):
+    """The scenario asks for a device this process does not have."""
+
+
 class TrackingUnavailable(FedrayError):
     """The tracking store cannot be reached or opened before the run starts."""
 

@@ -122,8 +122,8 @@ class SGD(Trainer):
 
     def train(self, round_: int, clients: Sequence[ClientData], start: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        updates = torch.empty((len(clients), start.numel()))
-        losses = torch.empty(len(clients), dtype=torch.float64)
+        updates = torch.empty((len(clients), start.numel()), device=start.device)
+        losses = torch.empty(len(clients), dtype=torch.float64, device=start.device)
         lc = self.local
         for i, c in enumerate(clients):
             batches = minibatches(len(c.y), lc, c.generator)
@@ -156,23 +156,25 @@ def vectorized_sgd(model: nn.Module, start: torch.Tensor, clients: Sequence[Clie
             ys_parts.append(c.y[idx])
             slots.append((s * k + j) * width + np.arange(len(idx)))
             on.append(s * k + j)
-    slots_t = torch.from_numpy(np.concatenate(slots))
-    xs = torch.zeros((steps * k * width, *feat), dtype=clients[0].x.dtype)
-    ys = torch.zeros((steps * k * width, *clients[0].y.shape[1:]), dtype=clients[0].y.dtype)
-    ms = torch.zeros(steps * k * width)
+    dev = start.device
+    slots_t = torch.from_numpy(np.concatenate(slots)).to(dev)
+    xs = torch.zeros((steps * k * width, *feat), dtype=clients[0].x.dtype, device=dev)
+    ys = torch.zeros((steps * k * width, *clients[0].y.shape[1:]), dtype=clients[0].y.dtype,
+                     device=dev)
+    ms = torch.zeros(steps * k * width, device=dev)
     xs[slots_t] = torch.cat(xs_parts)
     ys[slots_t] = torch.cat(ys_parts)
     ms[slots_t] = 1.0
     xs, ys, ms = (xs.view(steps, k, width, *feat), ys.view(steps, k, width, *ys.shape[1:]),
                   ms.view(steps, k, width))
-    active = torch.zeros(steps * k, dtype=torch.bool)
-    active[torch.tensor(on)] = True
+    active = torch.zeros(steps * k, dtype=torch.bool, device=dev)
+    active[torch.tensor(on, device=dev)] = True
     active = active.view(steps, k)
     _, masked_loss = _flat_loss(model, task)
     step_fn = vmap(grad_and_value(masked_loss))
     w = start.expand(k, d).clone()
     buf = torch.zeros_like(w)
-    loss_sum = torch.zeros(k, dtype=torch.float64)
+    loss_sum = torch.zeros(k, dtype=torch.float64, device=dev)
     model.train()
     for s in range(steps):
         g, loss = step_fn(w, xs[s], ys[s], ms[s])
@@ -184,7 +186,7 @@ def vectorized_sgd(model: nn.Module, start: torch.Tensor, clients: Sequence[Clie
             g = buf
         w = torch.where(live, w - local.lr * g, w)
         loss_sum += torch.where(active[s], loss.double(), torch.zeros_like(loss_sum))
-    counts = torch.tensor([len(b) for b in plans], dtype=torch.float64).clamp_min(1)
+    counts = torch.tensor([len(b) for b in plans], dtype=torch.float64, device=dev).clamp_min(1)
     return (w - start).detach(), loss_sum / counts
 
 
@@ -201,8 +203,8 @@ class VectorizedSGD(Trainer):
 
     def train(self, round_: int, clients: Sequence[ClientData], start: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        updates = torch.empty((len(clients), start.numel()))
-        losses = torch.empty(len(clients), dtype=torch.float64)
+        updates = torch.empty((len(clients), start.numel()), device=start.device)
+        losses = torch.empty(len(clients), dtype=torch.float64, device=start.device)
         order = np.argsort([len(c.y) for c in clients], kind="stable")
         for lo in range(0, len(order), self.chunk):
             pos = torch.from_numpy(order[lo : lo + self.chunk])
@@ -251,7 +253,7 @@ def dp_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.Tens
             with torch.no_grad():
                 out = functional_call(model, unflatten(w), (x[idx],))
                 losses.append(float(task.losses(out, task.target(x[idx], y[idx])).mean()))
-        noise = torch.randn(w.shape, generator=generator) * (noise_multiplier * clip)
+        noise = torch.randn(w.shape, generator=generator).to(w.device) * (noise_multiplier * clip)
         step = (total + noise) / (q * n) + local.weight_decay * w
         buf = local.momentum * buf + step if local.momentum else step
         w = w - local.lr * buf
@@ -271,8 +273,8 @@ class DPSGD(Trainer):
 
     def train(self, round_: int, clients: Sequence[ClientData], start: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        updates = torch.empty((len(clients), start.numel()))
-        losses = torch.empty(len(clients), dtype=torch.float64)
+        updates = torch.empty((len(clients), start.numel()), device=start.device)
+        losses = torch.empty(len(clients), dtype=torch.float64, device=start.device)
         for i, c in enumerate(clients):
             updates[i], losses[i] = dp_sgd(self.model, start, c.x, c.y, c.generator,
                                            self.local, self.clip, self.noise_multiplier,
@@ -312,8 +314,8 @@ class GradientRule(Trainer):
 
     def train(self, round_: int, clients: Sequence[ClientData], start: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        updates = torch.empty((len(clients), start.numel()))
-        losses = torch.empty(len(clients), dtype=torch.float64)
+        updates = torch.empty((len(clients), start.numel()), device=start.device)
+        losses = torch.empty(len(clients), dtype=torch.float64, device=start.device)
         lc = self.local
         self.model.train()
         for i, c in enumerate(clients):

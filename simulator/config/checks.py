@@ -34,6 +34,10 @@ def cross_field(sc: Scenario, problems: list[Problem]) -> None:
                                 f"{c.byzantine}); available: {', '.join(usable)}"))
     if sc.local.epochs is not None and sc.local.steps is not None:
         problems.append(Problem(("local", "steps"), "give local.epochs or local.steps, not both"))
+    rt = sc.runtime
+    if rt.device == "cuda" and rt.num_gpus == 0:
+        problems.append(Problem(("runtime", "num_gpus"), "device: cuda needs a GPU share per "
+                                "worker (> 0, fractional packs workers on a GPU), got 0"))
     if len(set(sc.seeds)) != len(sc.seeds) or not sc.seeds:
         problems.append(Problem(("seeds",), f"must be a non-empty list of distinct integers, got {sc.seeds}"))
     try:

@@ -141,6 +141,20 @@ class Runtime(Strict):
     # precision of the per-client state workers keep (worker momentum, mu2-SGD): float16
     # halves its memory; the maths runs in float32
     state_dtype: Literal["float32", "float16"] = "float32"
+    # Devices (docs/models.md). ``device``: where each ClientWorker holds its one model and
+    # trains its clients (auto: cuda when the worker sees a GPU); ``server_device``: where
+    # the server aggregates. Per worker, Ray reserves ``num_cpus`` CPUs and ``num_gpus`` GPUs
+    # (fractional packs several workers on a GPU; null: none on cpu, else the cluster's GPUs
+    # shared out among the workers, at most 1 each) and torch runs ``threads`` threads.
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    server_device: Literal["cpu", "cuda", "auto"] = "cpu"
+    num_cpus: Annotated[float, Gt(0)] = 1.0
+    num_gpus: Annotated[float, Ge(0)] | None = None
+    threads: Annotated[int, Ge(1)] = 1
+    # fp32, or bf16 autocast of the clients' forward passes (updates stay float32)
+    precision: Literal["fp32", "bf16"] = "fp32"
+    # torch's deterministic algorithms (cuDNN included): bit-identical reruns on one GPU
+    deterministic: bool = False
 
 
 class Scenario(Strict):

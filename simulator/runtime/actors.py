@@ -27,6 +27,7 @@ from simulator.runtime.common import (
     combine_buffers,
     evaluate_model,
     float_buffer_mask,
+    resolve_device,
     single_thread,
     stack_updates,
     vector_to_buffers,
@@ -98,6 +99,7 @@ class Server:
         self.b_stats = float_buffer_mask(self.model)  # statistics, not batch counters
         self.buffer_rule = scenario.buffer_rule()
         self.pipeline = Pipeline.from_scenario(scenario)
+        self.agg_device = resolve_device(scenario.runtime.server_device)  # where rules run
         self.optimizer = instantiate("optimizers", scenario.server.optimizer)
         self.optimizer_name = scenario.server.optimizer["name"]
         # client-level DP (DP-FedAvg) acts here; sample-level DP acts in the trainer
@@ -152,7 +154,8 @@ class Server:
         if dp is not None:  # DP-FedAvg: clip every update; noise on the mean below
             rows = dp.privatize(rows)
         try:
-            agg = self.pipeline.aggregate(rows, round_) if len(honest) else None
+            agg = (self.pipeline.aggregate(rows.to(self.agg_device), round_).cpu()
+                   if len(honest) else None)
         except TooFewRows as e:  # too few rows left this round (dropouts, stragglers)
             print(f"fedray: round {round_}: aggregation skipped: {e}", file=sys.stderr)
             agg = None

@@ -34,12 +34,14 @@ PING_TIMEOUT = 600.0  # seconds a live worker may take to finish its calls and a
 class Backend(Protocol):
     name: str
 
-    def spawn(self, cls: type, *args: Any, role: str) -> Any: ...
+    def spawn(self, cls: type, *args: Any, role: str,
+              options: dict[str, Any] | None = None) -> Any: ...
     def ready(self, handles: list[Any], timeout: float) -> list[bool]: ...
     def call(self, handle: Any, method: str, *args: Any) -> Any: ...
     def get(self, ref: Any) -> Any: ...
     def put(self, value: Any) -> Any: ...
     def default_workers(self) -> int: ...
+    def gpus(self) -> float: ...
     def num_nodes(self) -> int: ...
     def release(self, handles: list[Any]) -> None: ...
     def shutdown(self) -> None: ...
@@ -50,7 +52,8 @@ class InlineBackend:
 
     name = "inline"
 
-    def spawn(self, cls: type, *args: Any, role: str) -> Any:
+    def spawn(self, cls: type, *args: Any, role: str,
+              options: dict[str, Any] | None = None) -> Any:
         return cls(*args)
 
     def ready(self, handles: list[Any], timeout: float) -> list[bool]:
@@ -67,6 +70,11 @@ class InlineBackend:
 
     def default_workers(self) -> int:
         return 1
+
+    def gpus(self) -> float:
+        import torch
+
+        return float(torch.cuda.device_count())
 
     def num_nodes(self) -> int:
         return 1
@@ -108,12 +116,16 @@ class RayBackend:
                         "run with RAY_AUTH_MODE=token and its token in ~/.ray/auth_token "
                         "(README: On a Ray cluster)") from None
             self._owns = True
-        self._classes: dict[tuple[type, str], Any] = {}
+        self._classes: dict[tuple[Any, ...], Any] = {}
 
-    def spawn(self, cls: type, *args: Any, role: str) -> Any:
-        key = (cls, role)
+    def spawn(self, cls: type, *args: Any, role: str,
+              options: dict[str, Any] | None = None) -> Any:
+        """An actor of ``cls`` with its role's options, ``options`` (resources: num_cpus,
+        num_gpus) over them."""
+        extra = dict(options or {})
+        key = (cls, role, tuple(sorted(extra.items())))
         if key not in self._classes:
-            options = dict(ROLE_OPTIONS[role])
+            options = {**ROLE_OPTIONS[role], **extra}
             if role != "worker":
                 # The server, mixer and adversary hold the run's state and are not restarted:
                 # they live on the driver's node, which the run cannot outlive anyway, never
@@ -167,6 +179,9 @@ class RayBackend:
 
     def default_workers(self) -> int:
         return max(1, int(self.ray.cluster_resources().get("CPU", 1)))
+
+    def gpus(self) -> float:
+        return float(self.ray.cluster_resources().get("GPU", 0))
 
     def num_nodes(self) -> int:
         return sum(1 for n in self.ray.nodes() if n.get("Alive"))

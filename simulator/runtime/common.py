@@ -11,10 +11,36 @@ from strategies.protocols import Task
 EVAL_BATCH = 4096
 
 
-def single_thread() -> None:
+def single_thread(threads: int = 1) -> None:
     """Same arithmetic in every process (driver, actors) whatever the core count: BLAS
-    results can differ in the last bits between thread counts."""
-    torch.set_num_threads(1)
+    results can differ in the last bits between thread counts (``runtime.threads``, 1 by
+    default, gives a worker more)."""
+    torch.set_num_threads(threads)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``cpu``, ``cuda`` (refused in one line where this process sees no GPU) or ``auto``
+    (cuda when there is one)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        from simulator.errors import DeviceUnavailable
+
+        raise DeviceUnavailable("runtime.device: cuda, but this process sees no GPU (torch "
+                                f"{torch.__version__}, CUDA {torch.version.cuda}); use "
+                                "device: auto or cpu, or give workers num_gpus")
+    return torch.device(name)
+
+
+def deterministic_mode(on: bool) -> None:
+    """torch's deterministic algorithms, cuDNN's included (``runtime.deterministic``)."""
+    if on:
+        import os
+
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
 
 
 def model_buffers(model: nn.Module) -> list[torch.Tensor]:

@@ -23,7 +23,9 @@ from simulator.models import build_model
 from simulator.registry import PluginSpec, instantiate
 from simulator.runtime.common import (
     buffers_to_vector,
+    deterministic_mode,
     model_input,
+    resolve_device,
     single_thread,
     vector_to_buffers,
 )
@@ -86,13 +88,20 @@ class ClientWorker:
 
     def __init__(self, table: pa.Table, offsets: np.ndarray, input_shape: tuple[int, ...],
                  num_classes: int, scenario: Scenario, vocabulary: int | None = None) -> None:
-        single_thread()
+        rt = scenario.runtime
+        single_thread(rt.threads)
+        deterministic_mode(rt.deterministic)
+        # one model on the worker's device, trained in place for every client: device
+        # memory is one model and one batch (or one vectorised chunk), whatever the clients
+        self.device = resolve_device(rt.device)
+        self.bf16 = rt.precision == "bf16"
         self.x, self.y = client_arrays(table, tuple(input_shape))
         self._table = table  # keeps the zero-copy buffers alive
         self.offsets = np.asarray(offsets)
         self.seed = scenario.seeds[0]
         self.num_classes = num_classes
-        self.model = build_model(scenario.model, input_shape, num_classes, self.seed, vocabulary)
+        self.model = build_model(scenario.model, input_shape, num_classes, self.seed,
+                                 vocabulary).to(self.device)
         spec = scenario.trainer()
         privacy = instantiate("privacy", scenario.privacy) if scenario.privacy else None
         self.trainer: Trainer = instantiate("trainers", spec, model=self.model,
@@ -119,18 +128,21 @@ class ClientWorker:
         y = torch.from_numpy(np.array(self.y[lo:hi]))
         if poison is not None:
             y = poison.poison_labels(y, self.num_classes)
-        return ClientData(int(client), x, y, torch_generator(self.seed, "local", round_, client),
-                          self.client_state.get(client))
+        state = {k: v.to(self.device) for k, v in self.client_state.get(client).items()}
+        return ClientData(int(client), x.to(self.device), y.to(self.device),
+                          torch_generator(self.seed, "local", round_, client), state)
 
     def _run(self, round_: int, clients: list[ClientData], start: torch.Tensor
              ) -> tuple[np.ndarray, np.ndarray]:
         """The trainer on ``clients``; the state it leaves is kept (in ``state_dtype``)."""
-        updates, losses = self.train_clients(round_, clients, start)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            updates, losses = self.train_clients(round_, clients, start.to(self.device))
         for c in clients:
             if c.state:
                 self.client_state.set(c.client, {k: v.detach() for k, v in c.state.items()})
-        return (np.asarray(updates.detach().to(torch.float32).numpy()),
-                np.asarray(losses.detach().to(torch.float64).numpy()))
+        # updates travel as float32 host arrays, whatever the device and precision
+        return (np.asarray(updates.detach().to(torch.float32).cpu().numpy()),
+                np.asarray(losses.detach().to(torch.float64).cpu().numpy()))
 
     def _run_buffers(self, round_: int, clients: list[ClientData], start: torch.Tensor,
                      global_buffers: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -146,7 +158,7 @@ class ClientWorker:
             vector_to_buffers(b0 if own is None else own, self.model)
             u, loss = self._run(round_, [c], start)
             updates[i], losses[i] = u[0], loss[0]
-            rows[i] = buffers_to_vector(self.model).numpy()
+            rows[i] = buffers_to_vector(self.model).cpu().numpy()
             if self.local_buffers:
                 self.client_buffers.set(c.client, {"buffers": torch.from_numpy(rows[i])})
         return updates, losses, rows
@@ -216,6 +228,18 @@ class ClientWorker:
             return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         except ImportError:
             return None
+
+    def resources(self) -> dict[str, Any]:
+        """The Ray resources this worker holds (``{}`` in-process) and its torch device."""
+        out: dict[str, Any] = {"device": str(self.device), "threads": torch.get_num_threads()}
+        try:
+            import ray
+
+            if ray.is_initialized():
+                out.update(ray.get_runtime_context().get_assigned_resources())
+        except ImportError:
+            pass
+        return out
 
     def peer_step(self, round_: int, peers: list[int], start: np.ndarray,
                   mixed: dict | None = None, train: bool = True) -> dict[str, Any]:
