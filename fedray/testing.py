@@ -396,10 +396,15 @@ def _dataset_checks(make: Callable[[], Any]) -> list[Check]:
         assert split.x_train.shape == (n, *split.input_shape)
         assert split.x_train.dtype in (np.float32, np.uint8, np.int32), \
             f"samples of {split.x_train.dtype}: float32 values, uint8 images or int32 tokens"
-        assert split.y_train.dtype == np.int64 and split.y_test.dtype == np.int64
-        assert len(split.x_test) == len(split.y_test) > 0
-        assert 0 <= split.y_train.min() and split.y_train.max() < split.num_classes
         info = make().describe(4, 0, 0.2)
+        values = info is not None and info.targets == "values"
+        want = np.float32 if values else np.int64
+        assert split.y_train.dtype == want and split.y_test.dtype == want, \
+            f"labels of {split.y_train.dtype}: int64 class ids, or float32 values (describe()" \
+            " says targets='values')"
+        assert len(split.x_test) == len(split.y_test) > 0
+        if not values:
+            assert 0 <= split.y_train.min() and split.y_train.max() < split.num_classes
         if info is not None:
             assert (info.train_samples, tuple(info.input_shape), info.num_classes) == \
                 (n, tuple(split.input_shape), split.num_classes), f"describe() says {info}"
@@ -439,6 +444,34 @@ def _model_checks(make_with: Callable[..., Any], cls: Any) -> list[Check]:
     return [("forward_contract", forward_contract)]
 
 
+def _task_checks(make: Callable[[], Any]) -> list[Check]:
+    def loss_contract() -> None:
+        task = make()
+        g = torch.Generator().manual_seed(0)
+        x = torch.randint(0, 10, (3, 12), generator=g)  # token ids, 10 symbols
+        classes = task.TARGETS == "classes"  # else one real-valued output per sample
+        y = torch.randint(0, 10, (3,), generator=g) if classes else torch.randn(3, generator=g)
+        shape = tuple(task.output_shape(3, (12,), 10 if classes else 1))
+        assert shape[0] == 3, f"output_shape {shape} for a batch of 3"
+        out = torch.randn(shape, generator=g, requires_grad=True)
+        target = task.target(x, y)
+        losses = task.losses(out, target)
+        assert tuple(losses.shape) == (3,), f"losses of shape {tuple(losses.shape)}, not (3,)"
+        assert torch.isfinite(losses).all(), "non-finite losses"
+        (grad,) = torch.autograd.grad(losses.sum(), out)
+        assert torch.isfinite(grad).all() and bool((grad != 0).any()), "no gradient"
+        hits = task.hits(out.detach(), target)
+        if hits is not None:
+            assert tuple(hits.shape) == (3,) and bool(((hits >= 0) & (hits <= 1)).all()), \
+                "hits: each sample's accuracy in [0, 1]"
+        acc = None if hits is None else float(hits.mean())
+        assert "loss" in task.metrics(float(losses.detach().mean()), acc), \
+            "metrics without 'loss'"
+        pickle.loads(pickle.dumps(task))
+
+    return [("loss_contract", loss_contract)]
+
+
 # ---------------------------------------------------------------------------- entry points
 
 
@@ -473,6 +506,7 @@ def plugin_checks(kind: str, cls: Any, params: dict[str, Any] | None = None,
         "datasets": lambda: _dataset_checks(plain),
         "partitioners": lambda: _partitioner_checks(plain),
         "models": lambda: _model_checks(make, cls),
+        "tasks": lambda: _task_checks(plain),
     }
     checks = [("subclasses_the_contract", subclasses_the_contract), *by_kind[kind]()]
     return [(name, fn) for name, fn in checks if name not in (skip or {})]
@@ -493,9 +527,11 @@ def _defense(make: Callable[..., Any]) -> Callable[[], Any]:
 def _trainer(make: Callable[..., Any]) -> Callable[..., Any]:
     from strategies.optimizers import WorkerMomentum
     from strategies.privacy import DPSGD
+    from strategies.tasks import Classification
 
     def with_context(**context: Any) -> Any:
-        return make(rule=WorkerMomentum(), privacy=DPSGD(noise_multiplier=0.0), **context)
+        return make(rule=WorkerMomentum(), privacy=DPSGD(noise_multiplier=0.0),
+                    task=Classification(), **context)
 
     return with_context
 

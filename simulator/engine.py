@@ -135,9 +135,10 @@ class Engine:
         if not all(placed):
             raise WorkerLost(
                 f"{placed.count(False)} of {self.n_workers} ClientWorkers did not start within "
-                f"{PLACE_TIMEOUT:.0f} s (each needs {self.worker_options}; the cluster has "
-                f"{b.default_workers()} CPUs, {b.gpus():g} GPUs); use fewer workers "
-                "(--workers, runtime.workers) or smaller runtime.num_cpus / num_gpus")
+                f"{PLACE_TIMEOUT:.0f} s (each needs {_resources(self.worker_options)}; the "
+                f"cluster has {_resources({'num_cpus': b.default_workers(), 'num_gpus': b.gpus()})}"
+                "); use fewer workers (--workers, runtime.workers) or smaller "
+                "runtime.num_cpus / num_gpus")
 
     def worker_of(self, client: int) -> int:
         """The index of the worker that owns ``client`` (k % W, unless moved off a lost one)."""
@@ -477,6 +478,16 @@ class DecentralizedEngine(Engine):
         topo = instantiate("topologies", self.sc.topology)
         summary = topology_summary(topo, self.sc.clients.total, self.seed)
         return np.asarray(final), state, {k: f"{v:.6g}" for k, v in summary.items()}
+
+
+def _resources(options: dict[str, float]) -> str:
+    """``1 CPU``, ``2 CPUs and 0.5 GPU``: Ray resources in words."""
+    words = []
+    for key, unit in (("num_cpus", "CPU"), ("num_gpus", "GPU")):
+        n = float(options.get(key, 0))
+        if n or key == "num_cpus":
+            words.append(f"{n:g} {unit}{'s' if n > 1 else ''}")
+    return " and ".join(words)
 
 
 def make_engine(scenario: Scenario, backend: Backend, workers: int | None = None) -> Engine:

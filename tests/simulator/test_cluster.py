@@ -216,7 +216,7 @@ def test_workers_that_cannot_start_stop_the_run_in_one_line(tmp_path, shared_ray
     p.write_text(SCENARIO)
     engine = Engine(load(p).points[0].scenario, shared_ray, workers=4)  # the session has 2 CPUs
     with pytest.raises(WorkerLost, match=r"2 of 4 ClientWorkers did not start within 5 s \(each "
-                       r"needs 1 free CPU; the cluster has 2\); use fewer workers"):
+                       r"needs 1 CPU; the cluster has 2 CPUs\); use fewer workers"):
         engine.run()
     import ray
 

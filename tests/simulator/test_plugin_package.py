@@ -14,7 +14,7 @@ import pytest
 
 from fedray.testing import check_plugin
 from simulator import registry
-from simulator.config import load
+from simulator.config import ScenarioError, load
 from simulator.engine import make_engine
 from simulator.runtime.backend import InlineBackend
 
@@ -23,7 +23,7 @@ NAMES = {"aggregators": "nanmedian", "preaggregators": "shrink", "meta": "recent
          "attacks": "shift", "topologies": "path_graph", "gossip_defenses": "damped",
          "optimizers": "scaled_step", "client_optimizers": "sign_momentum",
          "trainers": "full_batch", "privacy": "gaussian_sgd", "datasets": "blobs",
-         "partitioners": "round_robin", "models": "tiny"}
+         "partitioners": "round_robin", "models": "tiny", "tasks": "hinge"}
 
 
 def _install(src: Path, site: Path) -> None:
@@ -102,6 +102,24 @@ def test_the_package_runs_from_scenarios(plugin_site, tmp_path):
         dsgd: {defense: damped}
     """)
     assert gossip.final("consensus_distance") >= 0 and gossip.final("test_accuracy") > 0.5
+    hinge = _run(tmp_path, """\
+        rounds: 4
+        data: {dataset: {name: blobs}}
+        model: {name: tiny}
+        clients: {total: 6}
+        task: {name: hinge, margin: 1.0}
+    """)
+    assert hinge.final("test_accuracy") > 0.8 and hinge.final("test_loss") < 1.0
+    # the kit's trainer does not take a task: it trains classifiers by cross-entropy only
+    with pytest.raises(ScenarioError, match="local.trainer: 'full_batch' does not take 'task'"):
+        _run(tmp_path, """\
+            rounds: 1
+            data: {dataset: {name: blobs}}
+            model: {name: tiny}
+            clients: {total: 6}
+            task: {name: hinge}
+            local: {trainer: {name: full_batch}}
+        """)
 
 
 BROKEN_PYPROJECT = """\

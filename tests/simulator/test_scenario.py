@@ -55,6 +55,9 @@ def test_shipped_scenarios_are_valid(path: Path, tmp_path):
     elif name == "shakespeare":  # as many roles as the scenario's clients
         formats.write_shakespeare(tmp_path, roles=total, per_role=60)
         overrides = [f"data.dataset.root={tmp_path}"]
+    elif name == "cifar10":  # enough images for every client of a Dirichlet split
+        formats.write_cifar10(tmp_path, per_batch=4 * total)
+        overrides = [f"data.dataset.root={tmp_path}"]
     elif name in formats.WRITERS:
         formats.WRITERS[name](tmp_path)
         overrides = [f"data.dataset.{formats.FOLDER_KEY.get(name, 'root')}={tmp_path}"]

@@ -30,6 +30,7 @@ from strategies.protocols import (
     PreAggregator,
     Privacy,
     ServerOptimizer,
+    Task,
     Topology,
     Trainer,
     Traits,
@@ -228,3 +229,19 @@ class TinyNet(Model):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+
+class Hinge(Task):
+    """Multi-class hinge loss (Crammer and Singer, JMLR 2001): max(0, 1 + max_{j != y} s_j -
+    s_y); accuracy as classification's."""
+
+    def __init__(self, margin: Annotated[float, Ge(0)] = 1.0) -> None:
+        self.margin = margin
+
+    def losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        true = output.gather(1, target[:, None])
+        others = output.scatter(1, target[:, None], float("-inf")).amax(dim=1, keepdim=True)
+        return torch.clamp(self.margin + others - true, min=0).squeeze(1)
+
+    def hits(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return (output.argmax(dim=1) == target).float()
