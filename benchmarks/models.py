@@ -1,5 +1,5 @@
 """The model zoo's table for docs/models.md: parameters, buffers, FLOPs per sample (forward,
-counted by torch.utils.flop_counter on one sample) and the time of one local epoch of SGD
+counted by torch.utils.flop_counter on one sample, LSTM layers added by their formula) and the time of one local epoch of SGD
 (500 samples, batch 32, as a client of CIFAR-10 split over 100 clients holds) on this
 machine, with the worker's settings: one thread, fp32, and bf16 autocast.
 
@@ -37,10 +37,19 @@ ZOO = [  # (spec, input shape, classes, token vocabulary, the data set it is mad
 
 
 def flops(model: torch.nn.Module, x: torch.Tensor) -> int:
+    """Forward FLOPs of one sample: torch's counter, plus the LSTM layers it does not count
+    (per step and layer, 4 gates of (input + hidden) x hidden multiply-adds)."""
     counter = FlopCounterMode(display=False)
     with counter, torch.no_grad():
         model(x)
-    return int(counter.get_total_flops())
+    total = int(counter.get_total_flops())
+    steps = x.shape[1] if x.dim() == 2 else 1
+    for m in model.modules():
+        if isinstance(m, torch.nn.LSTM):
+            for layer in range(m.num_layers):
+                width = m.input_size if layer == 0 else m.hidden_size
+                total += 2 * 4 * (width + m.hidden_size) * m.hidden_size * steps
+    return total
 
 
 def epoch_seconds(model: torch.nn.Module, shape: tuple[int, ...], classes: int,

@@ -135,7 +135,10 @@ class ClientWorker:
     def _run(self, round_: int, clients: list[ClientData], start: torch.Tensor
              ) -> tuple[np.ndarray, np.ndarray]:
         """The trainer on ``clients``; the state it leaves is kept (in ``state_dtype``)."""
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+        # no weight cache: the trainer changes the weights between the forward passes of
+        # one call, and autocast's cache would keep casting the first ones
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16,
+                            cache_enabled=False):
             updates, losses = self.train_clients(round_, clients, start.to(self.device))
         for c in clients:
             if c.state:
@@ -240,6 +243,12 @@ class ClientWorker:
         except ImportError:
             pass
         return out
+
+    def peak_memory(self) -> int:
+        """The most bytes of device memory this worker's torch has held (0 on the CPU)."""
+        if self.device.type != "cuda":
+            return 0
+        return int(torch.cuda.max_memory_allocated(self.device))
 
     def peer_step(self, round_: int, peers: list[int], start: np.ndarray,
                   mixed: dict | None = None, train: bool = True) -> dict[str, Any]:

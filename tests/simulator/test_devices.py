@@ -60,13 +60,17 @@ def test_device_cpu_and_auto_without_a_gpu_give_todays_numbers(tmp_path,
 
 
 def test_bf16_autocast_learns_as_fp32_does(tmp_path):
-    plain = ["rounds=15", "attack=null", "clients.byzantine=0", "local.optimizer={name: sgd}",
-             "local.steps=4"]
+    """bf16 autocast of the forward passes: the numbers move, the learning does not. (It
+    once reused autocast's cached casts of the first weights for every step of a round:
+    bf16 stayed at chance, 0.09, while fp32 reached 0.77.)"""
+    plain = ["rounds=10", "attack=null", "clients.byzantine=0", "local.optimizer={name: sgd}",
+             "local.epochs=1", "local.momentum=0.9"]
     fp32 = run(tmp_path, *plain)
     bf16 = run(tmp_path, *plain, "runtime.precision=bf16")
     assert bf16.metrics != fp32.metrics  # the forward passes did run in bfloat16
     assert bf16.final_params.dtype == np.float32
-    # measured: 0.886 (fp32) and 0.880 (bf16) after 15 rounds
+    # measured: 0.769 (fp32) and 0.763 (bf16) after 10 rounds
+    assert fp32.final("test_accuracy") > 0.7
     assert abs(bf16.final("test_accuracy") - fp32.final("test_accuracy")) < 0.03
 
 
