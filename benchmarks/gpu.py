@@ -85,22 +85,24 @@ def main() -> None:
 
     rows = []
     with TemporaryDirectory() as tmp:
-        path = Path(tmp) / "cifar_shaped.parquet"
-        write_images(path, 1000 * 50 + 2000)
-        small = Path(tmp) / "cifar_shaped_5k.parquet"
-        write_images(small, 100 * 50 + 1250)
         plan = [("cuda", "fp32", 100), ("cuda", "bf16", 100), ("cpu", "fp32", 100),
                 ("cpu", "bf16", 100), ("cuda", "fp32", 1000)]
         if not torch.cuda.is_available():
             print("no GPU here: the cpu rows only")
             plan = [p for p in plan if p[0] == "cpu"]
+        files = {}
+        for clients in sorted({c for _, _, c in plan}):  # 50 images a client, 20% test
+            files[clients] = Path(tmp) / f"cifar_shaped_{clients}.parquet"
+            write_images(files[clients], clients * 50 * 5 // 4)
         header = ("| device | precision | clients | workers | s / round | first round s | "
                   "test accuracy | test loss | peak worker memory |")
         lines = [header, "|---|---|---|---|---|---|---|---|---|"]
+        print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
+              f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}")
         print("\n".join(lines), flush=True)
         for device, precision, clients in plan:
             workers = a.workers_gpu if device == "cuda" else a.workers_cpu
-            r = run(small if clients == 100 else path, clients, workers, device, precision)
+            r = run(files[clients], clients, workers, device, precision)
             rows.append(r)
             line = (f"| {device} | {precision} | {clients} | {workers} | {r['round_s']:.2f} | "
                     f"{r['first_round_s']:.2f} | {r['accuracy']:.3f} | {r['loss']:.3f} | "

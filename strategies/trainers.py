@@ -14,6 +14,10 @@ A trainer is a class (the plugin, chosen by ``local.trainer`` or by the scenario
 
 Every trainer draws its minibatches from the client's own generator (seed, round, client),
 so a client's message does not depend on the worker or on the other clients.
+
+Devices: the model and ``start`` live on the worker's device; a client's samples and state
+stay in host memory and each batch (or vectorised chunk) moves to the device when it is
+used, so device memory holds the model and a batch, whatever the number of clients.
 """
 
 from __future__ import annotations
@@ -102,8 +106,8 @@ def local_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.T
     total = 0.0
     for idx in batches:
         opt.zero_grad(set_to_none=True)
-        xb = x[idx]
-        loss = task.losses(model(xb), task.target(xb, y[idx])).mean()
+        xb, yb = x[idx].to(start.device), y[idx].to(start.device)
+        loss = task.losses(model(xb), task.target(xb, yb)).mean()
         loss.backward()
         opt.step()
         total += float(loss.detach())
@@ -122,8 +126,8 @@ class SGD(Trainer):
 
     def train(self, round_: int, clients: Sequence[ClientData], start: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        updates = torch.empty((len(clients), start.numel()), device=start.device)
-        losses = torch.empty(len(clients), dtype=torch.float64, device=start.device)
+        updates = torch.empty((len(clients), start.numel()))  # host memory
+        losses = torch.empty(len(clients), dtype=torch.float64)
         lc = self.local
         for i, c in enumerate(clients):
             batches = minibatches(len(c.y), lc, c.generator)
@@ -162,8 +166,8 @@ def vectorized_sgd(model: nn.Module, start: torch.Tensor, clients: Sequence[Clie
     ys = torch.zeros((steps * k * width, *clients[0].y.shape[1:]), dtype=clients[0].y.dtype,
                      device=dev)
     ms = torch.zeros(steps * k * width, device=dev)
-    xs[slots_t] = torch.cat(xs_parts)
-    ys[slots_t] = torch.cat(ys_parts)
+    xs[slots_t] = torch.cat(xs_parts).to(dev)
+    ys[slots_t] = torch.cat(ys_parts).to(dev)
     ms[slots_t] = 1.0
     xs, ys, ms = (xs.view(steps, k, width, *feat), ys.view(steps, k, width, *ys.shape[1:]),
                   ms.view(steps, k, width))
@@ -203,14 +207,14 @@ class VectorizedSGD(Trainer):
 
     def train(self, round_: int, clients: Sequence[ClientData], start: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        updates = torch.empty((len(clients), start.numel()), device=start.device)
-        losses = torch.empty(len(clients), dtype=torch.float64, device=start.device)
+        updates = torch.empty((len(clients), start.numel()))  # host memory
+        losses = torch.empty(len(clients), dtype=torch.float64)
         order = np.argsort([len(c.y) for c in clients], kind="stable")
         for lo in range(0, len(order), self.chunk):
             pos = torch.from_numpy(order[lo : lo + self.chunk])
             u, ls = vectorized_sgd(self.model, start, [clients[i] for i in pos], self.local,
                                    self.task)
-            updates[pos], losses[pos] = u, ls
+            updates[pos], losses[pos] = u.cpu(), ls.cpu()
         return updates, losses
 
 
@@ -247,12 +251,13 @@ def dp_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.Tens
         idx = (torch.rand(n, generator=generator) < q).nonzero().squeeze(1)
         total = torch.zeros_like(w)
         if len(idx):
-            grads = per_sample(w, x[idx], y[idx])
+            xb, yb = x[idx].to(w.device), y[idx].to(w.device)
+            grads = per_sample(w, xb, yb)
             norms = torch.linalg.vector_norm(grads, dim=1, keepdim=True)
             total = (grads * torch.clamp(clip / norms.clamp_min(1e-30), max=1.0)).sum(0)
             with torch.no_grad():
-                out = functional_call(model, unflatten(w), (x[idx],))
-                losses.append(float(task.losses(out, task.target(x[idx], y[idx])).mean()))
+                out = functional_call(model, unflatten(w), (xb,))
+                losses.append(float(task.losses(out, task.target(xb, yb)).mean()))
         noise = torch.randn(w.shape, generator=generator).to(w.device) * (noise_multiplier * clip)
         step = (total + noise) / (q * n) + local.weight_decay * w
         buf = local.momentum * buf + step if local.momentum else step
@@ -273,8 +278,8 @@ class DPSGD(Trainer):
 
     def train(self, round_: int, clients: Sequence[ClientData], start: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        updates = torch.empty((len(clients), start.numel()), device=start.device)
-        losses = torch.empty(len(clients), dtype=torch.float64, device=start.device)
+        updates = torch.empty((len(clients), start.numel()))  # host memory
+        losses = torch.empty(len(clients), dtype=torch.float64)
         for i, c in enumerate(clients):
             updates[i], losses[i] = dp_sgd(self.model, start, c.x, c.y, c.generator,
                                            self.local, self.clip, self.noise_multiplier,
@@ -314,19 +319,19 @@ class GradientRule(Trainer):
 
     def train(self, round_: int, clients: Sequence[ClientData], start: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        updates = torch.empty((len(clients), start.numel()), device=start.device)
-        losses = torch.empty(len(clients), dtype=torch.float64, device=start.device)
+        updates = torch.empty((len(clients), start.numel()))  # host memory
+        losses = torch.empty(len(clients), dtype=torch.float64)
         lc = self.local
         self.model.train()
         for i, c in enumerate(clients):
             idx = torch.randperm(len(c.y), generator=c.generator)[: lc.batch_size]
-            xb, yb = c.x[idx], c.y[idx]
+            xb, yb = c.x[idx].to(start.device), c.y[idx].to(start.device)
 
             def grad(p: torch.Tensor, xb: Any = xb, yb: Any = yb) -> tuple[torch.Tensor, float]:
                 return minibatch_gradient(self.model, p, xb, yb, lc.weight_decay, self.task)
 
-            message, state, losses[i] = self.rule.client_message(round_, start, grad, c.state,
-                                                                 lc.lr)
+            own = {k: v.to(start.device) for k, v in c.state.items()}  # host -> device
+            message, state, losses[i] = self.rule.client_message(round_, start, grad, own, lc.lr)
             updates[i] = message.detach()
             c.state = {k: v.detach() for k, v in state.items()}
         return updates, losses

@@ -128,9 +128,9 @@ class ClientWorker:
         y = torch.from_numpy(np.array(self.y[lo:hi]))
         if poison is not None:
             y = poison.poison_labels(y, self.num_classes)
-        state = {k: v.to(self.device) for k, v in self.client_state.get(client).items()}
-        return ClientData(int(client), x.to(self.device), y.to(self.device),
-                          torch_generator(self.seed, "local", round_, client), state)
+        # samples and state stay in host memory: the trainer moves each batch to the device
+        return ClientData(int(client), x, y, torch_generator(self.seed, "local", round_, client),
+                          self.client_state.get(client))
 
     def _run(self, round_: int, clients: list[ClientData], start: torch.Tensor
              ) -> tuple[np.ndarray, np.ndarray]:
