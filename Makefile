@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install quickstart test lint bench flower-venv bench-flower
+.PHONY: install quickstart test lint bench bench-models bench-gpu flower-venv bench-flower
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,14 @@ bench: $(STAMP)
 	$(PY) benchmarks/engine_overhead.py
 	$(PY) benchmarks/aggregators.py
 	$(PY) benchmarks/vectorized.py
+
+# docs/models.md's table: parameters, FLOPs per sample, time per local epoch (fp32, bf16)
+bench-models: $(STAMP)
+	$(PY) benchmarks/models.py
+
+# the prepared GPU check (ResNet-18, 100 clients / 20 per round, cuda and cpu, fp32 and bf16)
+bench-gpu: $(STAMP)
+	$(PY) benchmarks/gpu.py --out gpu-results.md
 
 # Flower's simulation engine for benchmarks/vs_flower.py, in its own venv: flwr[simulation]
 # pins ray 2.55.1, fedray uses a newer Ray.

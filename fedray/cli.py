@@ -42,12 +42,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ScenarioError as e:
         print("\n".join(e.lines), file=sys.stderr)
         return EXIT_INVALID
-    from simulator.runner import run_loaded
+    from simulator.runner import final_text, run_loaded
 
     out = run_loaded(loaded, args.backend, args.address, args.tracking_uri, args.quiet, args.workers,
                      callbacks=_figures())
     for r in out["runs"]:
-        print(f"{r['label']}: final test accuracy {r['final_test_accuracy']:.4f}  (run {r['run_id']})")
+        print(f"{r['label']}: {final_text(r)}  (run {r['run_id']})")
     print(f"MLflow parent run: {out['parent_run_id']}  experiment: {loaded.scenario.name}")
     print(f"tracking URI: {out['tracking_uri']}")
     ui = "fedray ui" if args.tracking_uri is None and "MLFLOW_TRACKING_URI" not in os.environ else \
@@ -62,12 +62,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except ScenarioError as e:
         print("\n".join(e.lines), file=sys.stderr)
         return EXIT_INVALID
-    from simulator.runner import run_sweep
+    from simulator.runner import final_text, run_sweep
 
     out = run_sweep(loaded, args.address, args.tracking_uri, args.parallel, args.fresh,
                     callbacks=_figures())
     for r in out["runs"]:
-        print(f"{r['label']}: final test accuracy {r['final_test_accuracy']:.4f}  (run {r['run_id']})")
+        print(f"{r['label']}: {final_text(r)}  (run {r['run_id']})")
     print(f"MLflow parent run: {out['parent_run_id']}  experiment: {loaded.scenario.name}  "
           f"({len(out['runs'])} run, {len(out['skipped'])} already finished, "
           f"{len(out['failed'])} failed)")
@@ -80,12 +80,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from simulator.resume import resume_run
+    from simulator.runner import final_text
 
     out = resume_run(args.run_id, args.tracking_uri, args.backend, args.address, args.quiet,
                      args.workers, callbacks=_figures())
     for r in out["runs"]:
-        print(f"{r['label']}: final test accuracy {r['final_test_accuracy']:.4f}  "
-              f"(run {r['run_id']})")
+        print(f"{r['label']}: {final_text(r)}  (run {r['run_id']})")
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import signal
 import sys
 import tempfile
@@ -98,6 +99,7 @@ def execute(run: PointRun, backend: Any, callbacks: list[Callback], workers: int
         status = "FINISHED"
         return {"run_id": run.run_id, "label": point.label, "values": point.values,
                 "seed": point.seed, "final_test_accuracy": result.final("test_accuracy"),
+                "final_test_loss": result.final("test_loss"),
                 "workers": engine.n_workers}
     except BaseException as e:
         error = e
@@ -174,6 +176,17 @@ def _simulate(scenario: Scenario) -> Any:
     return make_engine(scenario, InlineBackend()).run()
 
 
+def _task_resources(sc: Scenario, gpus: float, parallel: int) -> dict[str, float]:
+    """A sweep point's Ray task: ``runtime.num_cpus`` CPUs and, for a point on a GPU, its
+    ``num_gpus`` or the cluster's GPUs shared out among the points run at once."""
+    rt = sc.runtime
+    share = rt.num_gpus
+    if share is None:
+        share = 0.0 if rt.device == "cpu" and rt.server_device == "cpu" else \
+            min(1.0, gpus / parallel)
+    return {"num_cpus": rt.num_cpus, **({"num_gpus": share} if share > 0 else {})}
+
+
 def _sweep_parent(loaded: LoadedScenario, backend: Any, tracker: Tracker, tmp: Path,
                   fresh: bool) -> tuple[str, set[str]]:
     """(parent run, keys of its FINISHED points): the last sweep of the same resolved
@@ -210,11 +223,21 @@ def _collect(ray: Any, ref: Any, point: RunPoint, run_id: str, tracker: Tracker,
     for cb in callbacks:
         cb.on_end(run, result, "FINISHED")
     tracker.end(run_id, "FINISHED")
-    acc = result.final("test_accuracy")
-    out["runs"].append({"run_id": run_id, "label": point.label, "values": point.values,
-                        "seed": point.seed, "final_test_accuracy": acc})
-    print(f"{point.label}: final test accuracy {acc:.4f}  (run {run_id}; "
+    summary = {"run_id": run_id, "label": point.label, "values": point.values,
+               "seed": point.seed, "final_test_accuracy": result.final("test_accuracy"),
+               "final_test_loss": result.final("test_loss")}
+    out["runs"].append(summary)
+    print(f"{point.label}: {final_text(summary)}  (run {run_id}; "
           f"{len(out['runs']) + len(out['failed'])}/{total})", file=sys.stderr)
+
+
+def final_text(run: dict[str, Any]) -> str:
+    """A finished run's headline: its final test accuracy, or its final test loss for a
+    task without accuracy (regression)."""
+    acc = run["final_test_accuracy"]
+    if math.isnan(acc):
+        return f"final test loss {run['final_test_loss']:.4f}"
+    return f"final test accuracy {acc:.4f}"
 
 
 def run_sweep(
@@ -227,8 +250,8 @@ def run_sweep(
     callbacks: list[Callback] | None = None,
 ) -> dict[str, Any]:
     """Run a scenario's points several at a time, each a single-process simulation in a Ray
-    task of one CPU (at most ``parallel`` at once, default: the cluster's CPUs), and resume:
-    the parent run of an earlier sweep of the same resolved scenario is reused and its
+    task of ``runtime.num_cpus`` CPUs (and a GPU share for a point on a GPU; at most
+    ``parallel`` at once, default: the cluster's CPUs), and resume: the parent run of an earlier sweep of the same resolved scenario is reused and its
     FINISHED points are not run again (``fresh`` starts a new parent). Points that fail are
     marked FAILED and the others go on. Each finished point's history is logged at once,
     then its artifacts; ``callbacks``' ``on_end`` follow.
@@ -263,7 +286,8 @@ def run_sweep(
                     point = queue.pop(0)
                     run_id = open_child(point, point_key(point), backend, tracker, parent,
                                         Path(tmp) / "open")
-                    pending[remote.remote(point.scenario)] = (point, run_id)
+                    task = remote.options(**_task_resources(point.scenario, backend.gpus(), cap))
+                    pending[task.remote(point.scenario)] = (point, run_id)
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 _collect(ray, ready[0], *pending.pop(ready[0]), tracker, Path(tmp), cbs, out,
                          len(todo))

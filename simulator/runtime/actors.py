@@ -96,10 +96,12 @@ class Server:
         self.model = build_model(scenario.model, input_shape, num_classes, seed, vocabulary)
         self.x = parameters_to_vector(self.model.parameters()).detach().clone()
         self.b = buffers_to_vector(self.model)  # the global model's buffers (BatchNorm)
+        # aggregation and evaluation run on the server's device; its state stays on the host
+        self.agg_device = resolve_device(scenario.runtime.server_device)
+        self.model.to(self.agg_device)
         self.b_stats = float_buffer_mask(self.model)  # statistics, not batch counters
         self.buffer_rule = scenario.buffer_rule()
         self.pipeline = Pipeline.from_scenario(scenario)
-        self.agg_device = resolve_device(scenario.runtime.server_device)  # where rules run
         self.optimizer = instantiate("optimizers", scenario.server.optimizer)
         self.optimizer_name = scenario.server.optimizer["name"]
         # client-level DP (DP-FedAvg) acts here; sample-level DP acts in the trainer
@@ -191,9 +193,9 @@ class Server:
         }
 
     def _load_model(self) -> None:
-        """The global parameters and buffers into the server's model."""
-        vector_to_parameters(self.x.clone(), self.model.parameters())
-        vector_to_buffers(self.b, self.model)
+        """The global parameters and buffers into the server's model (on its device)."""
+        vector_to_parameters(self.x.to(self.agg_device, copy=True), self.model.parameters())
+        vector_to_buffers(self.b.to(self.agg_device), self.model)
 
     def evaluate(self) -> dict[str, float]:
         self._load_model()
@@ -219,7 +221,7 @@ class Server:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The global model as a torch state_dict (for the final-model artifact)."""
         self._load_model()
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
 
 
 class Mixer:

@@ -105,18 +105,19 @@ def evaluate_model(model: nn.Module, x: np.ndarray, y: np.ndarray, task: Task
     if len(y) == 0:
         return float("nan"), float("nan"), hits
     loss, scored = 0.0, True
+    device = next(model.parameters()).device  # batches go where the model is
     model.eval()
     with torch.no_grad():
         for lo in range(0, len(y), EVAL_BATCH):
-            xb = model_input(x[lo : lo + EVAL_BATCH])
-            yb = torch.from_numpy(np.array(y[lo : lo + EVAL_BATCH]))
+            xb = model_input(x[lo : lo + EVAL_BATCH]).to(device)
+            yb = torch.from_numpy(np.array(y[lo : lo + EVAL_BATCH])).to(device)
             out = model(xb)
             target = task.target(xb, yb)
             loss += float(task.losses(out, target).double().sum())
             right = task.hits(out, target)
             scored = right is not None
             if right is not None:
-                hits[lo : lo + EVAL_BATCH] = right.double().numpy()
+                hits[lo : lo + EVAL_BATCH] = right.double().cpu().numpy()
     if not scored:
         return None, loss / len(y), None
     return float(hits.mean()), loss / len(y), hits

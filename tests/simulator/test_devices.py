@@ -123,3 +123,14 @@ def test_ray_workers_hold_the_resources_asked_for(tmp_path, shared_ray):
     finally:
         eng.backend.release(eng._handles)
     assert got == [{"device": "cpu", "threads": 2, "CPU": 0.5}] * 2
+
+
+def test_sweep_tasks_take_the_points_resources(tmp_path):
+    from simulator.runner import _task_resources
+
+    assert _task_resources(point(tmp_path), 2.0, 4) == {"num_cpus": 1.0}
+    assert _task_resources(point(tmp_path, "runtime.device=auto"), 2.0, 4) == \
+        {"num_cpus": 1.0, "num_gpus": 0.5}
+    assert _task_resources(point(tmp_path, "runtime.device=cuda", "runtime.num_gpus=0.25",
+                                 "runtime.num_cpus=2"), 1.0, 8) == \
+        {"num_cpus": 2.0, "num_gpus": 0.25}
