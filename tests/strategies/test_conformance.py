@@ -5,12 +5,14 @@ plugin is covered the moment it is registered."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 
 from fedray.testing import F, N, check_plugin, matrix, plugin_checks
 from simulator import registry
+from strategies.protocols import Task
 from tests import formats
 
 # Keys a built-in needs for the test matrices (rules taking ``f`` get F from the checks).
@@ -108,3 +110,24 @@ def test_the_checks_catch_broken_rules(cls, failing):
     if failing != "subclasses_the_contract":
         with pytest.raises(AssertionError):
             checks["near_the_honest_rows" if cls is ZeroAggregator else failing]()
+
+
+class _SummedLoss(Task):
+    """Broken: one loss for the whole batch, not one per sample."""
+
+    def losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(output, target, reduction="sum").reshape(1)
+
+
+class _DetachedLoss(Task):
+    """Broken: a loss that does not depend on the model's output."""
+
+    def losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.ones(len(output)) * output.detach().mean() + 0 * output.sum(1)
+
+
+@pytest.mark.parametrize("cls,words", [(_SummedLoss, "losses of shape (1,), not (3,)"),
+                                       (_DetachedLoss, "no gradient")])
+def test_the_checks_catch_broken_tasks(cls, words):
+    with pytest.raises(AssertionError, match=rf"check loss_contract failed: {re.escape(words)}"):
+        check_plugin("tasks", cls)
