@@ -50,10 +50,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{r['label']}: {final_text(r)}  (run {r['run_id']})")
     print(f"MLflow parent run: {out['parent_run_id']}  experiment: {loaded.scenario.name}")
     print(f"tracking URI: {out['tracking_uri']}")
-    ui = "fedray ui" if args.tracking_uri is None and "MLFLOW_TRACKING_URI" not in os.environ else \
-        f"fedray ui --tracking-uri {out['tracking_uri']}"
-    print(f"open the MLflow UI with: {ui}   (then http://127.0.0.1:5000)")
+    _closing(args, loaded.scenario.name, out["tracking_uri"])
     return 0
+
+
+def _closing(args: argparse.Namespace, experiment: str, uri: str) -> None:
+    """What to do next: the report of the runs, and the MLflow UI."""
+    given = args.tracking_uri is not None or "MLFLOW_TRACKING_URI" in os.environ
+    where = f" --tracking-uri {uri}" if given else ""
+    name = experiment if experiment.replace("-", "").replace("_", "").isalnum() else \
+        repr(experiment)
+    print(f"figures and tables: fedray report {name}{where}")
+    print(f"open the MLflow UI with: fedray ui{where}   (then http://127.0.0.1:5000)")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -66,8 +74,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     out = run_sweep(loaded, args.address, args.tracking_uri, args.parallel, args.fresh,
                     callbacks=_figures())
-    for r in out["runs"]:
-        print(f"{r['label']}: {final_text(r)}  (run {r['run_id']})")
+    # each point's result was printed as it finished
     print(f"MLflow parent run: {out['parent_run_id']}  experiment: {loaded.scenario.name}  "
           f"({len(out['runs'])} run, {len(out['skipped'])} already finished, "
           f"{len(out['failed'])} failed)")
@@ -75,6 +82,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"failed: {', '.join(out['failed'])}; run the same command again to retry them",
               file=sys.stderr)
         return 1
+    _closing(args, loaded.scenario.name, out["tracking_uri"])
     return 0
 
 
@@ -155,15 +163,65 @@ LIST_KINDS = registry.KINDS
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    """Registered plugins; of one kind, each with the scenario keys it takes."""
+    """Registered plugins; of one kind, each with the scenario keys it takes (``-v``: what
+    it does, the paper it follows, each key's type and default)."""
     if not args.kind:
+        if args.verbose:
+            print("fedray list -v: name a kind, e.g. fedray list -v aggregators", file=sys.stderr)
+            return EXIT_INVALID
         for kind in LIST_KINDS:
             print(f"{kind}: {', '.join(registry.available(kind)) or '(none installed)'}")
         return 0
     for name in registry.available(args.kind):
+        if args.verbose:
+            _describe_plugin(args.kind, name)
+            continue
         keys = registry.keys(args.kind, name)
         shown = ", ".join(k if v is ... else f"{k}={v!r}" for k, v in keys.items())
         print(f"{name}" + (f"  ({shown})" if shown else ""))
+    return 0
+
+
+def _describe_plugin(kind: str, name: str) -> None:
+    import textwrap
+
+    info = registry.describe(kind, name)
+    print(name)
+    for line in textwrap.wrap(info["doc"], 88, initial_indent="    ",
+                              subsequent_indent="    "):
+        print(line)
+    for key, (tp, default) in info["keys"].items():
+        print(f"    {key}: {tp}" + ("  (required)" if default is ... else f" = {default!r}"))
+    print()
+
+
+def _flow(value: object) -> str:
+    """A value as it is written in a scenario file: ``{name: gaussian, sigma: 10.0}``."""
+    import yaml
+
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip() \
+        .removesuffix("...").strip()
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """The scenario as it will run (defaults filled in, plugins resolved) and its points."""
+    import yaml
+
+    try:
+        loaded = load(args.scenario, args.set)
+    except ScenarioError as e:
+        print("\n".join(e.lines), file=sys.stderr)
+        return EXIT_INVALID
+    sc = loaded.scenario
+    print(f"# {args.scenario}, resolved: every default filled in")
+    print(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False).rstrip())
+    points = loaded.points
+    grid = len({tuple(sorted((k, repr(v)) for k, v in p.values.items())) for p in points})
+    print(f"# {len(points)} run{'s' if len(points) != 1 else ''}: {grid} point"
+          f"{'s' if grid != 1 else ''} x {len(sc.seeds)} seed{'s' if len(sc.seeds) != 1 else ''}")
+    for p in points:
+        values = ", ".join(f"{k}={_flow(v)}" for k, v in p.values.items())
+        print(f"{p.label}" + (f"    {values}" if values else ""))
     return 0
 
 
@@ -251,6 +309,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="report every epsilon at this delta (default: each scenario's own)")
     pc.set_defaults(func=cmd_privacy)
 
+    sh = sub.add_parser("show", help="print a scenario as it will run (defaults filled in) "
+                        "and its points")
+    sh.add_argument("scenario")
+    sh.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    sh.set_defaults(func=cmd_show)
+
     v = sub.add_parser("validate", help="validate scenario files; exit 2 if any is invalid")
     v.add_argument("scenarios", nargs="+")
     v.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -258,6 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("list", help="list registered plugins")
     ls.add_argument("kind", nargs="?", choices=LIST_KINDS)
+    ls.add_argument("-v", "--verbose", action="store_true",
+                    help="each plugin's description, paper, keys with types and defaults")
     ls.set_defaults(func=cmd_list)
 
     u = sub.add_parser("ui", help="the MLflow UI over the tracking store")

@@ -12,8 +12,10 @@ kind is looked up.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import inspect
+import types
 import typing
 from functools import cache
 from importlib import import_module
@@ -165,3 +167,40 @@ def keys(kind: str, name: str) -> dict[str, Any]:
     """The scenario keys a plugin takes, with their defaults (``...``: required)."""
     return {k: ... if f.is_required() else f.default
             for k, f in params_model(get(kind, name)).model_fields.items()}
+
+
+def _type_text(tp: Any) -> str:
+    """A type hint as a person reads it: ``int >= 1``, ``list[int]``, ``'batch' | 'group'``."""
+    import annotated_types as at
+
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        base, *meta = typing.get_args(tp)
+        bounds = []
+        for m in meta:
+            for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+                if isinstance(m, getattr(at, attr.capitalize())):
+                    bounds.append(f"{sign} {getattr(m, attr)}")
+            if isinstance(m, at.Len):
+                bounds.append(f"length {m.min_length}..{m.max_length}")
+        return " ".join([_type_text(base), *bounds])
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_text(a) for a in typing.get_args(tp))
+    if origin is not None:
+        return f"{origin.__name__}[{', '.join(_type_text(a) for a in typing.get_args(tp))}]"
+    return "None" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def describe(kind: str, name: str) -> dict[str, Any]:
+    """A plugin for ``fedray list -v``: the first paragraph of its docstring (what it does
+    and the paper it follows) and, per scenario key, its type and default."""
+    cls = get(kind, name)
+    doc = inspect.getdoc(cls) or ""
+    hints: dict[str, Any] = {}
+    with contextlib.suppress(Exception):  # unresolvable hints: keys without types
+        hints = typing.get_type_hints(cls.__init__, include_extras=True)
+    return {"doc": " ".join(doc.split("\n\n")[0].split()),
+            "keys": {k: (_type_text(hints[k]) if k in hints else "any", d)
+                     for k, d in keys(kind, name).items()}}

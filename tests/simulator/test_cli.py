@@ -47,12 +47,50 @@ def test_list_kinds(capsys):
     assert "client_optimizers: momentum, sgd" in out
 
 
+def test_list_verbose_shows_paper_types_and_defaults(capsys):
+    assert main(["list", "-v", "aggregators"]) == 0
+    out = capsys.readouterr().out
+    # the paper a rule follows, each key with its type and default
+    assert "Bulyan (El Mhamdi, Guerraoui, Rouault" in out and "    f: int >= 0 = 0" in out
+    assert main(["list", "-v", "models"]) == 0
+    out = capsys.readouterr().out
+    assert "    norm: 'none' | 'batch' | 'group' = 'none'" in out
+    assert "    channels: list[int >= 1] length 1..4 = [16, 32]" in out
+    assert main(["list", "-v", "datasets"]) == 0
+    assert "    root: str  (required)" in capsys.readouterr().out
+    assert main(["list", "-v"]) == 2
+    assert "name a kind" in capsys.readouterr().err
+
+
+def test_show_prints_the_resolved_scenario_and_its_points(tmp_path, capsys):
+    import yaml
+
+    p = tmp_path / "s.yaml"
+    p.write_text("rounds: 2\nseeds: [0, 1]\ndata: {dataset: {name: digits}}\n"
+                 "model: {name: logreg}\nclients: {total: 6}\n"
+                 "sweep: {aggregator.name: [mean, median], attack: [null]}\n")
+    assert main(["show", str(p), "--set", "local.lr=0.2"]) == 0
+    out = capsys.readouterr().out
+    head, points = out.split("# 4 runs: 2 points x 2 seeds\n")
+    resolved = yaml.safe_load(head)
+    assert resolved["local"]["lr"] == 0.2 and resolved["local"]["batch_size"] == 32  # default
+    assert resolved["server"]["optimizer"] == {"name": "sgd", "lr": 1.0, "momentum": 0.0}
+    assert points.splitlines() == [
+        "mean attack=none seed=0    aggregator.name=mean, attack=null",
+        "mean attack=none seed=1    aggregator.name=mean, attack=null",
+        "median attack=none seed=0    aggregator.name=median, attack=null",
+        "median attack=none seed=1    aggregator.name=median, attack=null"]
+    p.write_text("rounds: 0\n")
+    assert main(["show", str(p)]) == 2
+
+
 def test_run_inline_prints_accuracy_run_id_and_ui_hint(tmp_path, mlflow_uri):
     r = fedray("run", str(ROOT / "scenarios" / "quickstart.yaml"), "--backend", "inline",
                "--set", "rounds=3", "--quiet", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "seed=0: final test accuracy 0." in r.stdout
     assert "MLflow parent run: " in r.stdout and "fedray ui" in r.stdout
+    assert "figures and tables: fedray report quickstart\n" in r.stdout
     assert "seed=0: round 3/3 acc" in r.stderr  # plain progress lines without a TTY
     assert (tmp_path / "mlflow.db").is_file()  # the embedded default store in the cwd
     from mlflow.tracking import MlflowClient
@@ -136,3 +174,17 @@ def test_set_with_invalid_yaml_is_one_line_exit_2(tmp_path):
                cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_sweep_prints_each_result_once_and_names_the_report(tmp_path, shared_ray, mlflow_uri,
+                                                            capfd):
+    p = tmp_path / "s.yaml"
+    p.write_text("name: twice\nrounds: 1\ndata: {dataset: {name: digits}}\n"
+                 "model: {name: logreg}\nclients: {total: 4}\n"
+                 "sweep: {aggregator.name: [mean, median]}\n")
+    assert main(["sweep", str(p), "--tracking-uri", mlflow_uri]) == 0
+    out, err = capfd.readouterr()
+    both = out + err
+    for label in ("mean seed=0", "median seed=0"):
+        assert both.count(f"{label}: final test accuracy") == 1, both
+    assert f"figures and tables: fedray report twice --tracking-uri {mlflow_uri}" in out

@@ -90,6 +90,25 @@ def test_worker_actor_killed_mid_round_its_clients_move_to_a_live_worker(tmp_pat
     assert "constructor arguments in the object store and max_restarts > 0" not in err
 
 
+def _wait_dead(handle, timeout: float = 60.0) -> None:
+    """Until the killed actor no longer answers (a loaded machine can take a round)."""
+    import time
+
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            ray.get(handle.__ray_ready__.remote(), timeout=5)
+        except RayActorError:
+            return
+        except GetTimeoutError:
+            continue
+        time.sleep(0.1)
+    raise AssertionError("the killed worker still answers")
+
+
 @pytest.mark.parametrize("every", [0, 2], ids=["from-the-start", "from-a-checkpoint"])
 def test_lost_client_state_sends_the_run_back_to_a_state_it_holds(tmp_path, shared_ray, capfd,
                                                                    every):
@@ -112,6 +131,7 @@ def test_lost_client_state_sends_the_run_back_to_a_state_it_holds(tmp_path, shar
         seen.append(r)
         if r == 2:
             ray.kill(engine.workers[0], no_restart=False)
+            _wait_dead(engine.workers[0])  # ray.kill is asynchronous: dead before round 4
 
     faulty = engine.run(kill)
     assert seen == [0, 1, 2, 3, 4]
