@@ -70,7 +70,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except ScenarioError as e:
         print("\n".join(e.lines), file=sys.stderr)
         return EXIT_INVALID
-    from simulator.runner import final_text, run_sweep
+    from simulator.runner import run_sweep
 
     out = run_sweep(loaded, args.address, args.tracking_uri, args.parallel, args.fresh,
                     callbacks=_figures())
