@@ -139,7 +139,7 @@ def _sweep_paths(runs: list[RunData], skip: set[str]) -> list[str]:
     keys = set().union(*(r.params for r in runs)) if runs else set()
     varying = [k for k in sorted(keys) if len({r.params.get(k) for r in runs}) > 1]
     return [k for k in varying if not any(k == s or k.startswith(s + ".") for s in skip)
-            and k != "seeds"]
+            and k not in ("seeds", "seed")]
 
 
 def _heat_maps(runs: list[RunData], row_tag: str, col_tag: str, col_label: str,

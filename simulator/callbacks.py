@@ -165,17 +165,41 @@ def sweep_param(key: str) -> str:
     return "sweep." + " / ".join(part.strip() for part in key.split(","))
 
 
+def common_params(loaded: LoadedScenario) -> dict[str, str]:
+    """The params every point of the scenario shares: the parent holds only these, so a
+    search on a swept param (``params.`aggregator.name` = 'mean'``) finds children alone."""
+    flats = [flatten(p.scenario.model_dump(mode="json", exclude={"sweep"}))
+             for p in loaded.points]
+    return {k: v for k, v in flats[0].items() if all(f.get(k) == v for f in flats[1:])}
+
+
+def common_tags(loaded: LoadedScenario, backend: Any) -> dict[str, str]:
+    """The tags every point of the scenario shares (a swept aggregator is no parent tag)."""
+    per = [tags(p.scenario, backend) for p in loaded.points]
+    return {k: v for k, v in per[0].items() if all(t.get(k) == v for t in per[1:])}
+
+
+def run_name(point: RunPoint) -> str:
+    """A child run's name: the values that differ between points and the seed; a scenario
+    without a sweep adds its name (``quickstart seed=0``), not a bare ``seed=0``."""
+    if point.values or not point.scenario.name:
+        return point.label
+    return f"{point.scenario.name} {point.label}"
+
+
 def open_parent(loaded: LoadedScenario, backend: Any, tracker: Tracker, tmp: Path,
                 final_tags: dict[str, str] | None = None) -> str:
     """The parent run of a scenario: tags, the resolved scenario as params, the scenario file
     as given and resolved as artifacts; ``final_tags`` are set last, once all that is logged
     (a sweep finds its parent by them). A failure marks the run FAILED and is raised."""
     sc = loaded.scenario
-    parent = tracker.create_run(sc.name, {**tags(sc, backend), "fedray.kind": "scenario",
+    parent = tracker.create_run(sc.name, {**common_tags(loaded, backend),
+                                          "fedray.kind": "scenario",
                                           "sweep": ",".join(sc.sweep) or "none"},
                                 description=sc.description)
     try:
-        tracker.log_params(parent, flatten(sc.model_dump(mode="json", exclude={"sweep"})) |
+        tracker.log_params(parent, common_params(loaded) |
+                           {"seeds": yaml.safe_dump(sc.seeds, default_flow_style=True).strip()} |
                            {sweep_param(k): yaml.safe_dump(v, default_flow_style=True).strip()
                             for k, v in sc.sweep.items()})
         given = tmp / "given" / loaded.path.name
@@ -201,11 +225,12 @@ def open_child(point: RunPoint, key: str, backend: Any, tracker: Tracker, parent
     sc = point.scenario
     desc = sc.description + (f"\n\nSweep point: {point.values}" if point.values else "") + \
         f"\nSeed: {point.seed}"
-    run_id = tracker.create_run(point.label, {**tags(sc, backend), "seed": str(point.seed),
+    run_id = tracker.create_run(run_name(point), {**tags(sc, backend), "seed": str(point.seed),
                                               "fedray.kind": "point",
                                               "fedray.point_key": key},
                                 parent_id=parent, description=desc.strip())
-    tracker.log_params(run_id, flatten(sc.model_dump(mode="json", exclude={"sweep"})))
+    tracker.log_params(run_id, flatten(sc.model_dump(mode="json", exclude={"sweep"})) |
+                       {"seed": str(point.seed)})
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "scenario.yaml").write_text(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False))
     tracker.log_artifact(run_id, tmp / "scenario.yaml")

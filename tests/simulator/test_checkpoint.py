@@ -143,7 +143,7 @@ def test_kill_9_of_the_driver_then_resume_gives_the_uninterrupted_metrics(tmp_pa
     r = subprocess.run([*cmd, "resume", run_id, "--tracking-uri", mlflow_uri, "--quiet"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "resuming seed=0" in r.stderr
+    assert "resuming kill seed=0" in r.stderr  # the run name: scenario and seed
 
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"

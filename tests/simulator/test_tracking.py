@@ -56,6 +56,26 @@ def test_sweep_leaves_one_parent_and_four_children(tmp_path, mlflow_uri):
     for r in children:
         acc = r.data.metrics["test_accuracy"]
         assert acc == pytest.approx(by_id[r.info.run_id]["final_test_accuracy"])
+        assert r.data.params["seed"] == r.data.tags["seed"]  # the seed is a param too
+    # the parent holds what the points share, not the first point's swept values: a filter
+    # on a swept param finds children only
+    mean = client.search_runs([exp.experiment_id],
+                              filter_string="params.`aggregator.name` = 'mean'")
+    assert sorted(r.info.run_name for r in mean) == ["mean seed=0", "mean seed=1"]
+    assert "aggregator.name" not in parent.data.params and "aggregator" not in parent.data.tags
+    assert parent.data.params["seeds"] == "[0, 1]" and "seed" not in parent.data.params
+    assert parent.data.params["clients.per_round"] == "5" and parent.data.tags["n"] == "10"
+    in_group = client.search_runs([exp.experiment_id], filter_string="params.`seeds` = '[0]'")
+    assert sorted(r.info.run_name for r in in_group) == ["mean seed=0", "median seed=0"]
+
+
+def test_a_run_without_sweep_is_named_after_its_scenario(tmp_path, mlflow_uri):
+    p = tmp_path / "one.yaml"
+    p.write_text(SWEEP.replace("seeds: [0, 1]", "seeds: [0]").replace(
+        "sweep:\n  aggregator.name: [mean, median]\n", ""))
+    out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True)
+    child = MlflowClient(mlflow_uri).get_run(out["runs"][0]["run_id"])
+    assert child.info.run_name == "sweep-test seed=0"
 
 
 def test_zipped_sweep_is_tracked(tmp_path, mlflow_uri):
