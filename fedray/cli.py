@@ -238,11 +238,57 @@ def ui_command(tracking_uri: str, host: str, port: int) -> list[str]:
     return cmd
 
 
+ML_VIEW = "?workflowType=machine_learning"  # MLflow 3 opens on its GenAI view without it
+
+
+def ui_links(tracking_uri: str, base: str, limit: int = 10) -> list[tuple[str, str]]:
+    """(experiment, link to its runs in MLflow's ML view) for the store's newest experiments
+    that hold fedray runs."""
+    from mlflow.tracking import MlflowClient
+
+    from simulator.tracking import ensure_store
+
+    ensure_store(tracking_uri)
+    client = MlflowClient(tracking_uri)
+    out = []
+    for exp in client.search_experiments(order_by=["last_update_time DESC"],
+                                         max_results=100):
+        if exp.name != "Default" and len(out) < limit:
+            out.append((exp.name, f"{base}/#/experiments/{exp.experiment_id}{ML_VIEW}"))
+    return out
+
+
+def _open_when_up(base: str, link: str) -> None:
+    """A detached helper that opens ``link`` in the desktop's browser once the UI answers
+    (where there is a desktop: nothing on a headless machine)."""
+    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+            or sys.platform in ("darwin", "win32")):
+        return
+    import subprocess
+
+    code = ("import time, urllib.request, webbrowser\n"
+            "for _ in range(120):\n"
+            "    try:\n"
+            f"        urllib.request.urlopen({base + '/health'!r}, timeout=1); break\n"
+            "    except OSError: time.sleep(0.5)\n"
+            f"webbrowser.open({link!r})\n")
+    subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from simulator.tracking import default_uri
 
-    cmd = ui_command(args.tracking_uri or default_uri(), args.host, args.port)
-    print(f"MLflow UI on http://{args.host}:{args.port}  ({' '.join(cmd)})", file=sys.stderr)
+    uri = args.tracking_uri or default_uri()
+    cmd = ui_command(uri, args.host, args.port)
+    base = f"http://{args.host}:{args.port}"
+    print(f"MLflow UI on {base}  ({' '.join(cmd)})", file=sys.stderr)
+    links = ui_links(uri, base)
+    for name, link in links:
+        print(f"  {name}: {link}", file=sys.stderr)
+    print(f"(the runs view; its {ML_VIEW[1:]} switches MLflow 3 from its GenAI view, "
+          "and the browser remembers it)", file=sys.stderr)
+    _open_when_up(base, links[0][1] if links else f"{base}/{ML_VIEW}")
     os.execv(cmd[0], cmd) if os.path.isabs(cmd[0]) else os.execvp(cmd[0], cmd)
     return 0
 

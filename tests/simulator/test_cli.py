@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -145,10 +146,18 @@ def _listening_addresses(port: int) -> set[str]:
 
 
 def test_fedray_ui_serves_on_127_0_0_1_only(mlflow_uri, tmp_path):
+    """``fedray ui`` binds the loopback only and prints each experiment's link to MLflow's
+    ML view, where a browser sees the runs table (MLflow 3 opens on its GenAI view)."""
+    from simulator.config import load
+    from simulator.runner import run_loaded
+
+    run_loaded(load(ROOT / "scenarios" / "quickstart.yaml", ["rounds=1"]), "inline",
+               tracking_uri=mlflow_uri, quiet=True)
     port = _free_port()
-    proc = subprocess.Popen([*FEDRAY, "ui", "--port", str(port)], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    log = tmp_path / "ui.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen([*FEDRAY, "ui", "--port", str(port)], cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     try:
         deadline = time.time() + 90
         body = None
@@ -159,6 +168,17 @@ def test_fedray_ui_serves_on_127_0_0_1_only(mlflow_uri, tmp_path):
                 time.sleep(0.5)
         assert body == b"OK"
         assert _listening_addresses(port) == {"0100007F"}  # 127.0.0.1, nothing else
+        links = [line.split(": ", 1)[1] for line in log.read_text().splitlines()
+                 if line.startswith("  quickstart: ")]
+        assert links and links[0].startswith(f"http://127.0.0.1:{port}/#/experiments/")
+        assert links[0].endswith("?workflowType=machine_learning")
+        chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+        if chromium is not None:  # what a person sees by the printed link: the runs table
+            dom = subprocess.run([chromium, "--headless=new", "--no-sandbox", "--disable-gpu",
+                                  "--no-first-run", "--disable-dev-shm-usage",
+                                  "--virtual-time-budget=15000", "--dump-dom", links[0]],
+                                 capture_output=True, text=True, timeout=120, check=True).stdout
+            assert "Run Name" in dom and "matching runs" in dom and "quickstart" in dom
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=30)
