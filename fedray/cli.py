@@ -250,7 +250,7 @@ def ui_links(tracking_uri: str, base: str, limit: int = 10) -> list[tuple[str, s
 
     ensure_store(tracking_uri)
     client = MlflowClient(tracking_uri)
-    out = []
+    out: list[tuple[str, str]] = []
     for exp in client.search_experiments(order_by=["last_update_time DESC"],
                                          max_results=100):
         if exp.name != "Default" and len(out) < limit:
