@@ -5,6 +5,7 @@ interface, so both run the same round loop."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Any, Protocol
 
@@ -104,6 +105,7 @@ class RayBackend:
                 # ray.init() also joins the one `ray start` recorded on this machine (and
                 # hangs when its head is dead); "local" always starts a new instance.
                 os.environ.pop("RAY_ADDRESS", None)
+                _quiet_default_auth_notice()
                 ray.init(address="local", **kwargs)
             else:
                 kwargs.pop("include_dashboard", None)
@@ -194,6 +196,22 @@ class RayBackend:
     def shutdown(self) -> None:
         if self._owns and self.ray.is_initialized():
             self.ray.shutdown()
+
+
+class _DefaultAuthNotice(logging.Filter):
+    """Drops Ray's WARNING that a new local instance has token authentication on, its
+    default, printed on every run (the warning that it is off stays)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled")
+
+
+def _quiet_default_auth_notice() -> None:
+    """Ray reads RAY_AUTH_MODE when it is imported: setting it here is too late (the driver
+    then talks to its own instance without the token), so the notice is filtered instead."""
+    log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _DefaultAuthNotice) for f in log.filters):
+        log.addFilter(_DefaultAuthNotice())
 
 
 def _ray_kind(e: BaseException) -> str:
