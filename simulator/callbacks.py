@@ -10,6 +10,7 @@ per point) and the tags and params they carry.
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ class PointRun:
     tmp: Path
     logged: set[int] = field(default_factory=set)
     rows: list[dict[str, float]] = field(default_factory=list)  # the rounds computed so far
+    started: float = field(default_factory=time.perf_counter)  # when the point's run began
 
 
 class Callback:
@@ -99,7 +101,8 @@ class Progress(Callback):
         from simulator.progress import Progress as Bar
 
         if self.bar is None:
-            self.bar = Bar(run.point.label, run.point.scenario.rounds, self.quiet)
+            self.bar = Bar(run.point.label, run.point.scenario.rounds, self.quiet,
+                           start=run.started)
         self.bar.update(round_, metrics)
 
     def on_end(self, run: PointRun, result: Any, status: str) -> None:

@@ -208,3 +208,27 @@ def test_sweep_prints_each_result_once_and_names_the_report(tmp_path, shared_ray
     for label in ("mean seed=0", "median seed=0"):
         assert both.count(f"{label}: final test accuracy") == 1, both
     assert f"figures and tables: fedray report twice --tracking-uri {mlflow_uri}" in out
+
+
+def test_progress_shows_elapsed_time_left_and_the_pace_after_the_first_round():
+    import io
+
+    from simulator.progress import Progress
+
+    t = [100.0]
+    out = io.StringIO()
+    bar = Progress("mean seed=0", 10, stream=out, now=lambda: t[0], start=90.0)
+    t[0] = 100.0
+    bar.update(0, {"test_accuracy": 0.5})  # round 1 ends 10 s after the start (start-up)
+    t[0] = 104.0
+    bar.update(1, {})  # plain lines every round here: 10 rounds // 10
+    t[0] = 108.0
+    bar.update(2, {"test_loss": 0.3, "test_accuracy": 0.75})
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "mean seed=0: round 1/10 acc 0.5000 (0:10 elapsed)"
+    # 2 rounds in 8 s after the first: 0.25 rounds/s, 7 rounds left: 28 s
+    assert lines[2] == "mean seed=0: round 3/10 acc 0.7500 (0:18 elapsed, 0:28 left, " \
+                       "0.25 rounds/s)"
+    loss = Progress("reg seed=0", 1, stream=out, now=lambda: t[0], start=t[0])
+    loss.update(0, {"test_loss": 0.125})  # a task without accuracy shows its loss
+    assert out.getvalue().splitlines()[-1] == "reg seed=0: round 1/1 loss 0.1250 (0:00 elapsed)"
