@@ -1,32 +1,79 @@
 """Tables of a sweep from what MLflow holds: the child runs of an experiment's latest
-scenario run, grouped by sweep values, each metric as mean and spread over seeds.
+scenario run, grouped by sweep values, each metric as mean and spread over seeds, and the
+differences against a baseline paired by seed.
 
-    python -m dashboards.tables EXPERIMENT --by clients.per_round [--metrics M:HOW ...]
-                                [--tracking-uri URI]
+    fedray table EXPERIMENT --by aggregator.name attack [--metrics M:HOW ...]
+                 [--paired aggregator.name=mean] [--pivot KEY] [--format markdown|latex|csv]
+                 [--parent RUN_ID] [--tracking-uri URI]
 
-``--by`` names params (``clients.per_round``, ``aggregator.name``, ``spectral_gap``) or tags
-(``meta``, ``preaggregators``, ``attack``, ``topology``). ``--metrics`` lists ``metric:how``
-with how one of ``final`` (the last value), ``mean`` (over rounds), ``sum`` or ``param`` (a
-numeric run param such as ``spectral_gap``); by default a
-run is summarised by its final ``test_accuracy``, the mean over rounds of
-``relative_aggregation_error`` and its number of rounds with ``byzantine_exceeded``.
+(also ``python -m dashboards.tables ...``). ``--by`` names params (``clients.per_round``,
+``aggregator.name``, ``spectral_gap``) or tags (``meta``, ``preaggregators``, ``attack``,
+``topology``). ``--metrics`` lists ``metric:how``, how one of ``final`` (the last value),
+``lastK`` (the mean of the last K logged values: the last K evaluations, as papers average
+them), ``mean`` (over rounds), ``sum`` or ``param`` (a numeric run param such as
+``spectral_gap``); one metric may appear with several hows, each its own column, never
+merged. By default a run is summarised by its final ``test_accuracy``, the mean over rounds
+of ``relative_aggregation_error`` and its number of rounds with ``byzantine_exceeded``.
+
+``--paired KEY=VALUE`` adds, per metric, the difference of each row from the row with
+``KEY=VALUE`` and the same other ``--by`` values, computed seed by seed (runs paired by
+their seed) and summarised as mean ± std over the pairs; a row's unpaired seeds are left
+out and counted. Pairing removes the variance the seeds share (data split, initial model),
+which is why papers compare methods this way.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from dashboards.stats import from_mlflow, summarize
+from dashboards.stats import Summary, from_mlflow, summarize
 
-SUMMARIES: dict[str, str] = {
-    "test_accuracy": "final",
-    "relative_aggregation_error": "mean",
-    "byzantine_exceeded": "sum",
-}
+DEFAULT: list[tuple[str, str]] = [
+    ("test_accuracy", "final"),
+    ("relative_aggregation_error", "mean"),
+    ("byzantine_exceeded", "sum"),
+]
+# kept for callers of the old name: metric -> how
+SUMMARIES: dict[str, str] = dict(DEFAULT)
+HOWS = ("final", "mean", "sum", "param", "lastK")
+
+
+def parse_how(how: str) -> int | str:
+    """``final`` | ``mean`` | ``sum`` | ``param`` | ``lastK`` (K >= 1, returned as int)."""
+    m = re.fullmatch(r"last(\d+)", how)
+    if m and int(m.group(1)) >= 1:
+        return int(m.group(1))
+    if how in ("final", "mean", "sum", "param"):
+        return how
+    raise ValueError(f"how must be one of final, mean, sum, param or lastK (K >= 1), got {how!r}")
+
+
+def column(metric: str, how: str) -> str:
+    """A column's name: ``test_accuracy (last 5)``."""
+    k = parse_how(how)
+    return f"{metric} ({'last ' + str(k) if isinstance(k, int) else k})"
+
+
+def parse_metrics(items: Sequence[str]) -> list[tuple[str, str]]:
+    """``["test_accuracy:last5", ...]`` -> ``[("test_accuracy", "last5"), ...]``; the same
+    metric and how twice is refused (no silent merge)."""
+    out: list[tuple[str, str]] = []
+    for item in items:
+        metric, _, how = item.partition(":")
+        if not metric:
+            raise ValueError(f"--metrics {item}: METRIC:HOW")
+        parse_how(how or "final")
+        pair = (metric, how or "final")
+        if pair in out:
+            raise ValueError(f"--metrics {item}: given twice")
+        out.append(pair)
+    return out
 
 
 def _value(run: Any, key: str) -> str:
@@ -36,122 +83,255 @@ def _value(run: Any, key: str) -> str:
     return run.data.params.get(key, "?")
 
 
-def _summary(client: Any, run: Any, metric: str, how: str) -> float:
-    if how == "param":
+def run_summary(history: Sequence[float], how: str, final: float = math.nan,
+                param: str | None = None) -> float:
+    """One run's number for ``how`` from its metric ``history`` (values in step order)."""
+    k = parse_how(how)
+    if k == "param":
         try:
-            return float(run.data.params.get(metric, "nan"))
+            return float(param if param is not None else "nan")
         except ValueError:
             return math.nan
-    if how == "final":
-        return from_mlflow(float(run.data.metrics.get(metric, math.nan)))
-    values = [from_mlflow(m.value) for m in client.get_metric_history(run.info.run_id, metric)]
+    if k == "final":
+        return from_mlflow(final) if not math.isnan(final) else \
+            (from_mlflow(history[-1]) if history else math.nan)
+    values = [from_mlflow(v) for v in history]
     if not values:
         return math.nan
-    return float(sum(values) if how == "sum" else statistics.fmean(values))
+    if isinstance(k, int):
+        return statistics.fmean(values[-k:])
+    return float(sum(values) if k == "sum" else statistics.fmean(values))
 
 
-def sweep_table(experiment: str, by: Sequence[str], tracking_uri: str | None = None,
-                parent_run_id: str | None = None,
-                summaries: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """One row per combination of ``by`` values: ``{key: value, ..., "seeds": k,
-    metric: (mean, std), ...}`` over the FINISHED children of ``parent_run_id`` (default: the
-    experiment's most recent scenario run), in the order the runs were created."""
-    from mlflow.tracking import MlflowClient
+@dataclass
+class Row:
+    """A combination of ``--by`` values: its runs' numbers per column, by seed."""
 
-    from simulator.tracking import default_uri
+    key: dict[str, str]
+    by_seed: dict[str, dict[str, float]] = field(default_factory=dict)  # seed -> column -> value
 
-    client = MlflowClient(tracking_uri or default_uri())
+    def summary(self, col: str) -> Summary:
+        return summarize(v[col] for v in self.by_seed.values())
+
+
+def _histories(client: Any, run: Any, metrics: set[str]) -> dict[str, list[float]]:
+    out = {}
+    for m in metrics:
+        hist = sorted(client.get_metric_history(run.info.run_id, m), key=lambda x: x.step)
+        out[m] = [h.value for h in hist]
+    return out
+
+
+def _children(client: Any, experiment: str, parent_run_id: str | None,
+              uri: str) -> list[Any]:
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        raise SystemExit(f"no experiment {experiment!r} in {tracking_uri or default_uri()}")
+        raise ValueError(f"no experiment {experiment!r} in {uri}")
     if parent_run_id is None:
         parents = client.search_runs([exp.experiment_id], "tags.`fedray.kind` = 'scenario'",
                                      order_by=["attributes.start_time DESC"], max_results=1)
         if not parents:
-            raise SystemExit(f"experiment {experiment!r} has no fedray scenario run")
+            raise ValueError(f"experiment {experiment!r} has no fedray scenario run")
         parent_run_id = parents[0].info.run_id
-    children = client.search_runs(
+    return list(client.search_runs(
         [exp.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}' and "
         "attributes.status = 'FINISHED'", order_by=["attributes.start_time ASC"],
-        max_results=50_000)
-    summaries = summaries or SUMMARIES
-    groups: dict[tuple[str, ...], list[dict[str, float]]] = {}
-    for run in children:
+        max_results=50_000))
+
+
+def collect_rows(experiment: str, by: Sequence[str], metrics: Sequence[tuple[str, str]],
+                 tracking_uri: str | None = None,
+                 parent_run_id: str | None = None) -> list[Row]:
+    """The FINISHED children of ``parent_run_id`` (default: the experiment's most recent
+    scenario run) grouped by ``by``, in the order the runs were created; each run summarised
+    per ``metrics`` column."""
+    from mlflow.tracking import MlflowClient
+
+    from simulator.tracking import default_uri
+
+    uri = tracking_uri or default_uri()
+    client = MlflowClient(uri)
+    rows: dict[tuple[str, ...], Row] = {}
+    needs = {m for m, h in metrics if h not in ("final", "param")}
+    for run in _children(client, experiment, parent_run_id, uri):
         key = tuple(_value(run, k) for k in by)
-        groups.setdefault(key, []).append(
-            {m: _summary(client, run, m, how) for m, how in summaries.items()})
-    rows = []
-    for key, runs in groups.items():
-        row: dict[str, Any] = dict(zip(by, key))
-        row["seeds"] = len(runs)
-        for m in summaries:
-            s = summarize(r[m] for r in runs)
-            row[m] = (s.mean, s.std)
-        rows.append(row)
-    return rows
+        row = rows.setdefault(key, Row(dict(zip(by, key))))
+        hist = _histories(client, run, needs)
+        seed = run.data.tags.get("seed") or run.data.params.get("seed") or run.info.run_id
+        row.by_seed[seed] = {
+            column(m, h): run_summary(hist.get(m, []), h,
+                                      float(run.data.metrics.get(m, math.nan)),
+                                      run.data.params.get(m))
+            for m, h in metrics}
+    return list(rows.values())
 
 
-def _cell(mean: float, std: float) -> str:
+@dataclass(frozen=True)
+class Paired:
+    mean: float
+    std: float
+    n: int  # pairs
+    unpaired: int  # this row's seeds without a baseline run of the same seed
+
+
+def paired_difference(row: Row, base: Row, col: str) -> Paired:
+    """``row - base`` seed by seed for ``col``: mean and std over the pairs."""
+    seeds = [s for s in row.by_seed if s in base.by_seed]
+    diffs = [row.by_seed[s][col] - base.by_seed[s][col] for s in seeds]
+    diffs = [d for d in diffs if not math.isnan(d)]
+    if not diffs:
+        return Paired(math.nan, math.nan, 0, len(row.by_seed))
+    std = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+    return Paired(statistics.fmean(diffs), std, len(diffs), len(row.by_seed) - len(seeds))
+
+
+def baseline_of(rows: Sequence[Row], row: Row, key: str, value: str) -> Row | None:
+    """The row with ``key = value`` and ``row``'s other keys."""
+    want = {**row.key, key: value}
+    return next((r for r in rows if r.key == want), None)
+
+
+def _num(mean: float, std: float) -> str:
+    if math.isnan(mean):
+        return "-"
     if abs(mean) >= 1e4 or (0 < abs(mean) < 1e-3):
         return f"{mean:.3g} ± {std:.2g}"
     return f"{mean:.3f} ± {std:.3f}"
 
 
-def markdown(rows: list[dict[str, Any]], by: Sequence[str],
-             summaries: dict[str, str] | None = None) -> str:
-    """The rows as a Markdown table: a column per ``by`` key and per metric (mean ± std)."""
-    metrics = list(summaries or SUMMARIES)
-    head = [*by, "seeds", *(f"{m} ({(summaries or SUMMARIES)[m]})" for m in metrics)]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(by) + "---:|" * (1 + len(metrics))]
+def table(rows: Sequence[Row], by: Sequence[str], metrics: Sequence[tuple[str, str]],
+          paired: tuple[str, str] | None = None) -> tuple[list[str], list[list[str]]]:
+    """(header, cells): the ``by`` keys, seeds, each column as mean ± std, and with
+    ``paired`` each column's paired difference from the baseline row."""
+    cols = [column(m, h) for m, h in metrics]
+    head = [*by, "seeds", *cols]
+    if paired:
+        head += [f"Δ {c} vs {paired[0]}={paired[1]}" for c in cols]
+    body = []
     for r in rows:
-        cells = [*(str(r[k]) for k in by), str(r["seeds"]), *(_cell(*r[m]) for m in metrics)]
-        lines.append("| " + " | ".join(cells) + " |")
+        cells = [*(r.key[k] for k in by), str(len(r.by_seed))]
+        cells += [_num(*r.summary(c)[:2]) for c in cols]
+        if paired:
+            base = baseline_of(rows, r, *paired)
+            for c in cols:
+                if base is None:
+                    cells.append("no baseline")
+                elif base is r:
+                    cells.append("baseline")
+                else:
+                    d = paired_difference(r, base, c)
+                    cells.append(_num(d.mean, d.std) + f" ({d.n} pairs"
+                                 + (f", {d.unpaired} unpaired" if d.unpaired else "") + ")")
+        body.append(cells)
+    return head, body
+
+
+def markdown(head: Sequence[str], body: Sequence[Sequence[str]], keys: int) -> str:
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "---|" * keys + "---:|" * (len(head) - keys)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
     return "\n".join(lines)
 
 
-def pivot_markdown(rows: list[dict[str, Any]], by: Sequence[str], column: str, metric: str) -> str:
-    """One metric as a grid: a row per combination of the other ``by`` keys, a column per
-    value of ``column`` (in order of appearance), cells mean ± std."""
-    keys = [k for k in by if k != column]
-    cols = list(dict.fromkeys(r[column] for r in rows))
+TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
+       "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
+       "^": r"\textasciicircum{}", "±": r"$\pm$", "Δ": r"$\Delta$"}
+
+
+def _tex(text: str) -> str:
+    """``text`` with LaTeX's special characters escaped."""
+    return "".join(TEX.get(ch, ch) for ch in text)
+
+
+def latex(head: Sequence[str], body: Sequence[Sequence[str]], keys: int) -> str:
+    """A booktabs table (``\\usepackage{booktabs}``)."""
+    spec = "l" * keys + "r" * (len(head) - keys)
+    lines = [rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
+             " & ".join(_tex(h) for h in head) + r" \\", r"\midrule"]
+    lines += [" & ".join(_tex(c) for c in cells) + r" \\" for cells in body]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines)
+
+
+def csv_text(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(head)
+    writer.writerows(body)
+    return buf.getvalue().rstrip("\n")
+
+
+def pivot_markdown(rows: Sequence[Row], by: Sequence[str], column_key: str, col: str) -> str:
+    """One column as a grid: a row per combination of the other ``by`` keys, a column per
+    value of ``column_key`` (in order of appearance), cells mean ± std."""
+    keys = [k for k in by if k != column_key]
+    cols = list(dict.fromkeys(r.key[column_key] for r in rows))
     grid: dict[tuple, dict[str, str]] = {}
     for r in rows:
-        grid.setdefault(tuple(r[k] for k in keys), {})[r[column]] = _cell(*r[metric])
-    lines = ["| " + " | ".join([*keys, *(f"{column}={c}" for c in cols)]) + " |",
+        grid.setdefault(tuple(r.key[k] for k in keys), {})[r.key[column_key]] = \
+            _num(*r.summary(col)[:2])
+    lines = ["| " + " | ".join([*keys, *(f"{column_key}={c}" for c in cols)]) + " |",
              "|" + "---|" * len(keys) + "---:|" * len(cols)]
     for key, cells in grid.items():
         lines.append("| " + " | ".join([*key, *(cells.get(c, "-") for c in cols)]) + " |")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dashboards.tables", description=__doc__,
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedray table", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment")
     p.add_argument("--by", nargs="+", required=True, help="params or tags to group runs by")
     p.add_argument("--tracking-uri", default=None)
     p.add_argument("--metrics", nargs="+", default=None, metavar="METRIC:HOW",
-                   help="how: final | mean | sum | param (default: " +
-                   " ".join(f"{m}:{h}" for m, h in SUMMARIES.items()) + ")")
+                   help="how: final | lastK | mean | sum | param (default: " +
+                   " ".join(f"{m}:{h}" for m, h in DEFAULT) + ")")
+    p.add_argument("--paired", default=None, metavar="KEY=VALUE",
+                   help="differences from the row with KEY=VALUE, paired by seed")
     p.add_argument("--parent", default=None, help="a scenario run id (default: the latest)")
     p.add_argument("--pivot", default=None, metavar="KEY",
                    help="one of the --by keys to spread over columns (first metric only)")
+    p.add_argument("--format", choices=["markdown", "latex", "csv"], default="markdown")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
-    summaries = None
-    if args.metrics:
-        summaries = {}
-        for item in args.metrics:
-            metric, _, how = item.partition(":")
-            if how not in ("final", "mean", "sum", "param"):
-                p.error(f"--metrics {item}: how must be one of final, mean, sum, param")
-            summaries[metric] = how
-    rows = sweep_table(args.experiment, args.by, args.tracking_uri, args.parent, summaries)
+    try:
+        metrics = parse_metrics(args.metrics) if args.metrics else list(DEFAULT)
+    except ValueError as e:
+        p.error(str(e))
+    paired = None
+    if args.paired:
+        key, sep, value = args.paired.partition("=")
+        if not sep or key not in args.by:
+            p.error(f"--paired: KEY=VALUE with KEY one of the --by keys ({', '.join(args.by)}), "
+                    f"got {args.paired!r}")
+        paired = (key, value)
+    if args.pivot and args.pivot not in args.by:
+        p.error(f"--pivot: must be one of the --by keys ({', '.join(args.by)}), got {args.pivot!r}")
+    try:
+        rows = collect_rows(args.experiment, args.by, metrics, args.tracking_uri, args.parent)
+    except ValueError as e:
+        print(f"fedray table: {e}", file=__import__("sys").stderr)
+        return 2
+    if paired and not any(r.key[paired[0]] == paired[1] for r in rows):
+        values = sorted({r.key[paired[0]] for r in rows})
+        p.error(f"--paired: no run has {paired[0]}={paired[1]}; values: {', '.join(values)}")
     if args.pivot:
-        if args.pivot not in args.by:
-            p.error(f"--pivot: must be one of the --by keys ({', '.join(args.by)}), got {args.pivot!r}")
-        print(pivot_markdown(rows, args.by, args.pivot, next(iter(summaries or SUMMARIES))))
+        print(pivot_markdown(rows, args.by, args.pivot, column(*metrics[0])))
+        return 0
+    head, body = table(rows, args.by, metrics, paired)
+    if args.format == "latex":
+        print(latex(head, body, len(args.by)))
+    elif args.format == "csv":
+        print(csv_text(head, body))
     else:
-        print(markdown(rows, args.by, summaries))
+        print(markdown(head, body, len(args.by)))
     return 0
 
 

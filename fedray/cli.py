@@ -203,6 +203,12 @@ def _flow(value: object) -> str:
         .removesuffix("...").strip()
 
 
+def _table(argv: list[str]) -> int:
+    from dashboards.tables import main as table_main
+
+    return table_main(argv)
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     """The scenario as it will run (defaults filled in, plugins resolved) and its points."""
     import yaml
@@ -355,6 +361,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="report every epsilon at this delta (default: each scenario's own)")
     pc.set_defaults(func=cmd_privacy)
 
+    tb = sub.add_parser("table", help="a sweep's table from MLflow: metrics over seeds (final, "
+                        "mean of the last K evaluations, ...), differences paired by seed; "
+                        "Markdown, LaTeX or CSV", add_help=False)
+    tb.add_argument("args", nargs=argparse.REMAINDER)
+    tb.set_defaults(func=lambda a: _table(a.args))
+
     sh = sub.add_parser("show", help="print a scenario as it will run (defaults filled in) "
                         "and its points")
     sh.add_argument("scenario")
@@ -404,6 +416,9 @@ def _pending_note() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["table"]:  # its own parser (python -m dashboards.tables is the same)
+        return _table(argv[1:])
     args = build_parser().parse_args(argv)
     tracked = args.command in ("run", "sweep", "resume")
     if tracked:
