@@ -103,7 +103,35 @@ def _load(client: Any, run: Any) -> RunData:
     return data
 
 
-def _series(groups: dict[str, list[RunData]], key: str) -> list[dict]:
+DASHES = ["", "7 4", "2 3", "10 3 2 3", "4 2 1 2", "1 5"]
+
+
+def styles(runs: list[RunData]) -> dict[str, dict[str, str]]:
+    """A stable style per sweep point for every chart of the report: the colour of its
+    aggregator and the dash of its attack (in order of first appearance), so one aggregator
+    is one colour in every panel; when a single aggregator is swept over other values, each
+    point gets its own colour."""
+    from dashboards.svg import PALETTE
+
+    aggs = list(dict.fromkeys(r.tags.get("aggregator", "") for r in runs))
+    attacks = list(dict.fromkeys(r.tags.get("attack", "none") for r in runs))
+    groups = list(dict.fromkeys(r.group for r in runs))
+    pairs = {(r.tags.get("aggregator", ""), r.tags.get("attack", "none")) for r in runs}
+    # colour = aggregator while (aggregator, attack) tells the points apart, else one each
+    by_agg = len(aggs) > 1 and len(pairs) == len(groups)
+    out: dict[str, dict[str, str]] = {}
+    for r in runs:
+        if r.group in out:
+            continue
+        i = aggs.index(r.tags.get("aggregator", "")) if by_agg else groups.index(r.group)
+        dash = DASHES[attacks.index(r.tags.get("attack", "none")) % len(DASHES)] \
+            if len(attacks) > 1 else ""
+        out[r.group] = {"color": PALETTE[i % len(PALETTE)], "dash": dash}
+    return out
+
+
+def _series(groups: dict[str, list[RunData]], key: str,
+            style: dict[str, dict[str, str]] | None = None) -> list[dict]:
     out = []
     for label, runs in groups.items():
         steps = sorted({s for r in runs for s, _ in r.history.get(key, [])})
@@ -117,9 +145,11 @@ def _series(groups: dict[str, list[RunData]], key: str) -> list[dict]:
             lo.append(min(vals) if vals else math.nan)
             hi.append(max(vals) if vals else math.nan)
         bad = sum(1 for h in by_run if not all(math.isfinite(v) for v in h.values()))
+        series = {"label": label, "x": steps, "mean": mean, "lo": lo, "hi": hi,
+                  **(style or {}).get(label, {})}
         if bad:  # the curve is over the finite values; say whose are missing
-            label = f"{label} ({bad} of {len(runs)} runs not finite)"
-        out.append({"label": label, "x": steps, "mean": mean, "lo": lo, "hi": hi})
+            series["label"] = f"{label} ({bad} of {len(runs)} runs not finite)"
+        out.append(series)
     return out
 
 
@@ -161,7 +191,7 @@ def _heat_maps(runs: list[RunData], row_tag: str, col_tag: str, col_label: str,
         values = {k: summarize(v)[:3] for k, v in cells.items()}
         where = ", ".join(f"{k}={v}" for k, v in zip(context_keys, ctx)) or "all runs"
         out.append(heat_map(f"final test accuracy: {row_tag} x {col_label} ({where})", rows_vals,
-                            cols_vals, values, row_tag, col_label, 0.0, 1.0))
+                            cols_vals, values, row_tag, col_label))  # colours: the data's range
     return out
 
 
@@ -191,7 +221,7 @@ svg{margin:6px 12px 6px 0;background:#fff}
 .frame{fill:none;stroke:#999}.grid{stroke:#eee}
 .curve{fill:none;stroke-width:2}.band{opacity:.15;stroke:none}
 .legend{cursor:pointer}.off{opacity:.15}.cellv{font-size:11px;pointer-events:none}
-.note{color:#666;font-size:13px}
+.note{color:#666;font-size:13px}.context{font-size:14px}
 """
 
 JS = """
@@ -271,14 +301,82 @@ def _topology_section(runs: list[RunData]) -> list[str]:
          "generalization gap", "consensus distance"], rows, "topologies")]
 
 
+CONTEXT = [("model", "model.name"), ("data", "data.dataset.name"),
+           ("partition", "data.partitioner.name"), ("clients", "clients.total"),
+           ("per round", "clients.per_round"), ("Byzantine", "clients.byzantine"),
+           ("aggregator", "aggregator.name"), ("attack", "attack.name"), ("rounds", "rounds"),
+           ("local steps", "local.steps"), ("local epochs", "local.epochs"), ("lr", "local.lr")]
+
+
+def context(runs: list[RunData]) -> str:
+    """The scenario in one line: model, data, clients, Byzantine count, rounds, ...; a value
+    that differs between runs reads "swept"."""
+    parts = []
+    for label, key in CONTEXT:
+        values = list(dict.fromkeys(r.params.get(key, "null") for r in runs))
+        if values in (["null"], ["None"]):
+            continue
+        shown = values[0] if len(values) == 1 else f"swept ({', '.join(values)})"
+        parts.append(f"<b>{html.escape(label)}</b> {html.escape(shown)}")
+    seeds = sorted({r.seed for r in runs if r.seed})
+    if seeds:
+        parts.append(f"<b>seeds</b> {html.escape(', '.join(seeds))}")
+    return f'<p class="context">{" · ".join(parts)}</p>'
+
+
+def _point_means(runs: list[RunData], extra: list[str]) -> dict[tuple, dict[str, float]]:
+    """{(aggregator, *extra values): {attack: mean final accuracy over seeds}}."""
+    cells: dict[tuple, dict[str, list[float]]] = {}
+    for r in runs:
+        key = (r.tags.get("aggregator", "?"), *(r.params.get(k, "") for k in extra))
+        cells.setdefault(key, {}).setdefault(r.tags.get("attack", "none"), []).append(
+            r.final("test_accuracy"))
+    return {k: {a: summarize(v).mean for a, v in by.items()} for k, by in cells.items()}
+
+
+def byzfl_views(runs: list[RunData]) -> list[str]:
+    """ByzFL's benchmark views (González et al., 2025): per aggregator, the accuracy under
+    each attack and the worst over attacks; and, when another value is swept (a learning
+    rate, a trimming parameter), the value that is best under the worst attack."""
+    attacks = list(dict.fromkeys(r.tags.get("attack", "none") for r in runs))
+    if len(attacks) < 2:
+        return []
+    extra = _sweep_paths(runs, {"aggregator", "aggregator.name", "attack", "attack.name"})
+    means = _point_means(runs, extra)
+    rows = []
+    for key, by in means.items():
+        worst = min(by.items(), key=lambda kv: (kv[1] if math.isfinite(kv[1]) else -math.inf))
+        rows.append([*key, *(f"{by[a]:.4g}" if a in by else "-" for a in attacks),
+                     f"{worst[1]:.4g}", worst[0]])
+    head = ["aggregator", *extra, *attacks, "worst", "worst attack"]
+    out = ["<h2>Worst case over attacks</h2>",
+           ('<p class="note">Mean final test accuracy over seeds under each attack, and the '
+            "worst of them per aggregator (ByzFL's benchmark view).</p>"),
+           _table(head, rows, "worst-case")]
+    if extra:
+        best: dict[str, tuple[float, tuple, str]] = {}
+        for key, by in means.items():
+            worst_acc = min((v for v in by.values()), default=math.nan)
+            agg = key[0]
+            if agg not in best or (math.isfinite(worst_acc) and worst_acc > best[agg][0]):
+                best[agg] = (worst_acc, key[1:], min(by, key=lambda a: by[a]))
+        out += ["<h2>Best setting under the worst attack</h2>", _table(
+            ["aggregator", *extra, "worst-case accuracy", "worst attack"],
+            [[agg, *vals, f"{acc:.4g}", att] for agg, (acc, vals, att) in best.items()],
+            "best-under-worst")]
+    return out
+
+
 def render(title: str, runs: list[RunData]) -> str:
     """The report as one HTML document (inline CSS, SVG and a few lines of script)."""
     groups: dict[str, list[RunData]] = {}
     for r in runs:
         groups.setdefault(r.group, []).append(r)
-    parts = [f"<h1>fedray report: {html.escape(title)}</h1>",
+    parts = [f"<h1>fedray report: {html.escape(title)}</h1>", context(runs),
              (f'<p class="note">{len(runs)} run(s), {len(groups)} sweep point(s); mean ± '
-             "standard deviation over seeds; bands span min to max over seeds.</p>")]
+             "standard deviation over seeds; bands span min to max over seeds. A sweep point "
+             "keeps its colour and dash in every chart (colour: its aggregator, dash: its "
+             "attack, where those tell the points apart).</p>")]
     rows = []
     for label, members in groups.items():
         acc = summarize([r.final("test_accuracy") for r in members])
@@ -287,8 +385,9 @@ def render(title: str, runs: list[RunData]) -> str:
     parts += ["<h2>Summary</h2>", _table(["sweep point", "seeds", "final test accuracy",
                                            "final aggregation error"], rows, "summary")]
     charts = []
+    style = styles(runs)
     for key, label in CURVES:
-        series, note = _pick(_series(groups, key))
+        series, note = _pick(_series(groups, key, style))
         if series:
             charts.append(line_chart(label + note, series, "round", key))
     if charts:
@@ -300,6 +399,7 @@ def render(title: str, runs: list[RunData]) -> str:
             "f-DP trade-off curve of each mechanism (an attacker's type II error beta against "
             "type I error alpha; higher is more private)", trade, "alpha", "beta"),
             *_mechanism_table(mechanisms)]
+    parts += byzfl_views(runs)
     maps = _heat_maps(runs, "aggregator", "attack", "attack",
                       {"aggregator", "aggregator.name", "attack", "attack.name"})
     if maps:

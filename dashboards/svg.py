@@ -39,6 +39,45 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return [start + i * step for i in range(int((hi - start) / step + 1e-9) + 1)]
 
 
+def text_width(text: str, size: float = 11.0) -> float:
+    """A generous estimate of a label's width in px (sans-serif: about 0.62 em a character),
+    to size margins so that no label is cut."""
+    return 0.62 * size * len(text) + 4
+
+
+def wrap(text: str, width: float, size: float = 13.0) -> list[str]:
+    """``text`` in lines that fit ``width`` px (words kept whole)."""
+    per = max(8, int(width / (0.62 * size)))
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= per:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines or [""]
+
+
+def _title(text: str, x: float, y: float, width: float) -> tuple[str, float]:
+    """A wrapped title: (svg, height it takes)."""
+    lines = wrap(text, width)
+    spans = "".join(f'<tspan x="{x}" dy="{0 if i == 0 else 16}">{_esc(line)}</tspan>'
+                    for i, line in enumerate(lines))
+    return f'<text x="{x}" y="{y}" class="title">{spans}</text>', 16.0 * (len(lines) - 1)
+
+
+def spans_decades(values: Sequence[float], ratio: float = 1e3) -> bool:
+    """Whether positive ``values`` span more than ``ratio`` (a log axis reads them)."""
+    pos = [v for v in values if math.isfinite(v)]
+    return bool(pos) and min(pos) > 0 and max(pos) / min(pos) > ratio
+
+
+def _log_ticks(lo: float, hi: float) -> list[float]:
+    """Powers of ten between ``lo`` and ``hi`` (every k-th when there are many)."""
+    a, b = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    step = max(1, (b - a) // 6)
+    return [10.0 ** e for e in reversed(range(b, a - 1, -step))]  # the top one always
+
+
 def color(value: float, lo: float, hi: float) -> str:
     """Viridis colour of ``value`` on [lo, hi] (grey for a missing value)."""
     if not math.isfinite(value):
@@ -53,7 +92,8 @@ def color(value: float, lo: float, hi: float) -> str:
 
 def _series_svg(i: int, s: dict, sx: Any, sy: Any, legend_x: float, top: float) -> list[str]:
     """One series of a line chart: its band (when not flat), curve, markers and legend."""
-    c = PALETTE[i % len(PALETTE)]
+    c = s.get("color") or PALETTE[i % len(PALETTE)]
+    dash = f' stroke-dasharray="{s["dash"]}"' if s.get("dash") else ""
     out = []
     lo, hi = s.get("lo"), s.get("hi")
     if lo and hi and any(a != b for a, b in zip(lo, hi)):
@@ -64,56 +104,94 @@ def _series_svg(i: int, s: dict, sx: Any, sy: Any, legend_x: float, top: float) 
     line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(s["x"], s["mean"])
                     if math.isfinite(y))
     last = next((y for y in reversed(s["mean"]) if math.isfinite(y)), math.nan)
-    out.append(f'<polyline class="curve" data-series="{i}" points="{line}" stroke="{c}">'
+    out.append(f'<polyline class="curve" data-series="{i}" points="{line}" stroke="{c}"{dash}>'
                f'<title>{_esc(s["label"])}: final {_fmt(last)}</title></polyline>')
     finite = [(x, y) for x, y in zip(s["x"], s["mean"]) if math.isfinite(y)]
     if len(finite) <= 25:  # a sparse series (evaluated every k rounds) shows its points
         out += [f'<circle class="marker" data-series="{i}" cx="{sx(x):.1f}" cy="{sy(y):.1f}" '
                 f'r="3" fill="{c}"/>' for x, y in finite]
     ly = top + 12 + 16 * i
-    out.append(f'<g class="legend" data-series="{i}"><rect x="{legend_x + 10}" y="{ly - 9}" '
-               f'width="10" height="10" fill="{c}"/><text x="{legend_x + 25}" y="{ly}" '
-               f'class="tick">{_esc(s["label"][:40])}<title>{_esc(s["label"])}</title>'
+    out.append(f'<g class="legend" data-series="{i}"><line x1="{legend_x + 8}" '
+               f'x2="{legend_x + 24}" y1="{ly - 4}" y2="{ly - 4}" stroke="{c}" '
+               f'stroke-width="3"{dash}/><text x="{legend_x + 28}" y="{ly}" '
+               f'class="tick">{_esc(s["label"])}<title>{_esc(s["label"])}</title>'
                '</text></g>')
     return out
 
 
-def line_chart(title: str, series: Sequence[dict], x_label: str = "round", y_label: str = "",
-               width: int = 640, height: int = 320) -> str:
-    """``series``: dicts with ``label``, ``x``, ``mean``, and optional ``lo``/``hi`` (the spread
-    band). One ``<polyline class="curve">`` per series, ``<polygon class="band">`` when the
-    band is not flat."""
-    left, right, top, bottom = 60, 250, 30, 45
-    pts = [(x, y) for s in series for x, y in zip(s["x"], s["mean"]) if math.isfinite(y)]
-    pts += [(x, y) for s in series for key in ("lo", "hi") for x, y in zip(s["x"], s.get(key, []))
-            if math.isfinite(y)]
-    if not pts:
-        return f'<figure class="chart"><figcaption>{_esc(title)}: no data</figcaption></figure>'
+def _ranges(pts: Sequence[tuple[float, float]], log: bool) -> tuple[float, float, float, float]:
+    """(x0, x1, y0, y1) of the points; a log axis from a power of ten to a power of ten."""
     x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
     y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
-    if y1 == y0:
+    if log:
+        y0, y1 = 10 ** math.floor(math.log10(y0)), 10 ** math.ceil(math.log10(y1))
+        y1 = y0 * 10 if y1 == y0 else y1
+    elif y1 == y0:
         y0, y1 = y0 - 0.5, y1 + 0.5
-    if x1 == x0:
-        x1 = x0 + 1
-    pw, ph = width - left - right, height - top - bottom
+    return x0, (x0 + 1 if x1 == x0 else x1), y0, y1
+
+
+def _scales(r: tuple[float, float, float, float], box: tuple[float, float, float, float],
+            log: bool) -> tuple[Any, Any]:
+    """Data -> pixel maps of the x and y axes (y on a log axis when ``log``)."""
+    x0, x1, y0, y1 = r
+    left, top, pw, ph = box
+    if log:
+        y0, y1 = math.log10(y0), math.log10(y1)
 
     def sx(x: float) -> float:
         return left + (x - x0) / (x1 - x0) * pw
 
     def sy(y: float) -> float:
+        y = math.log10(max(y, 10 ** y0)) if log else y  # zeros on the bottom edge
         return top + (1 - (y - y0) / (y1 - y0)) * ph
 
-    out = [(f'<svg class="chart" role="img" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">'),
-           f'<text x="{left}" y="18" class="title">{_esc(title)}</text>',
+    return sx, sy
+
+
+def line_chart(title: str, series: Sequence[dict], x_label: str = "round", y_label: str = "",
+               width: int = 640, height: int = 320, log: bool | None = None) -> str:
+    """``series``: dicts with ``label``, ``x``, ``mean``, optional ``lo``/``hi`` (the spread
+    band), ``color`` and ``dash``. One ``<polyline class="curve">`` per series,
+    ``<polygon class="band">`` when the band is not flat. ``log``: a log y axis (default:
+    when the positive values span more than three decades). The legend's margin and the
+    chart's height grow to hold every label whole; the title wraps."""
+    pts = [(x, y) for s in series for x, y in zip(s["x"], s["mean"]) if math.isfinite(y)]
+    pts += [(x, y) for s in series for key in ("lo", "hi") for x, y in zip(s["x"], s.get(key, []))
+            if math.isfinite(y)]
+    if not pts:
+        return f'<figure class="chart"><figcaption>{_esc(title)}: no data</figcaption></figure>'
+    log = spans_decades([p[1] for p in pts if p[1] != 0]) if log is None else log
+    zeros = log and any(p[1] <= 0 for p in pts)
+    if log:
+        pts = [p for p in pts if p[1] > 0]
+    x0, x1, y0, y1 = _ranges(pts, log)
+    yticks = [(t, f"1e{round(math.log10(t))}" if log and not 1e-3 <= t < 1e4 else _fmt(t))
+              for t in (_log_ticks(y0, y1) if log else _ticks(y0, y1))]
+    legend_w = max((text_width(str(s["label"])) for s in series), default=0) + 40
+    left = max(64.0, max(text_width(label) for _, label in yticks) + 30)
+    right, bottom = max(120, legend_w), 45
+    scale = " (log scale; zeros on the bottom edge)" if zeros else " (log scale)" if log else ""
+    head, extra = _title(title + scale, left, 18,
+                         left + 480 + right - left)
+    top = 30 + extra
+    h = max(float(height), top + 16 * len(series) + 20)
+    pw, ph = 480, h - top - bottom
+    w = left + pw + right
+    sx, sy = _scales((x0, x1, y0, y1), (left, top, pw, ph), log)
+
+    out = [(f'<svg class="chart{" log" if log else ""}" role="img" width="{w:.0f}" '
+            f'height="{h:.0f}" viewBox="0 0 {w:.0f} {h:.0f}" '
+            'xmlns="http://www.w3.org/2000/svg">'), head,
            f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" class="frame"/>']
-    for t in _ticks(y0, y1):
+    for t, label in yticks:
         out.append(f'<line x1="{left}" x2="{left + pw}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" class="grid"/>'
-                   f'<text x="{left - 6}" y="{sy(t) + 4:.1f}" class="tick" text-anchor="end">{_fmt(t)}</text>')
+                   f'<text x="{left - 6}" y="{sy(t) + 4:.1f}" class="tick ytick" '
+                   f'text-anchor="end">{label}</text>')
     for t in _ticks(x0, x1):
         out.append(f'<text x="{sx(t):.1f}" y="{top + ph + 16}" class="tick" '
                    f'text-anchor="middle">{_fmt(t)}</text>')
-    out.append(f'<text x="{left + pw / 2}" y="{height - 8}" class="axis" text-anchor="middle">'
+    out.append(f'<text x="{left + pw / 2}" y="{h - 8}" class="axis" text-anchor="middle">'
                f'{_esc(x_label)}</text>')
     out.append(f'<text x="14" y="{top + ph / 2}" class="axis" text-anchor="middle" '
                f'transform="rotate(-90 14 {top + ph / 2})">{_esc(y_label)}</text>')
@@ -126,24 +204,34 @@ def line_chart(title: str, series: Sequence[dict], x_label: str = "round", y_lab
 def heat_map(title: str, rows: Sequence[str], cols: Sequence[str], values: dict, row_label: str,
              col_label: str, lo: float | None = None, hi: float | None = None) -> str:
     """``values[(row, col)] = (mean, std, count)``; one ``<rect class="cell">`` per
-    (row, col), its value written in it (missing combinations grey and empty)."""
-    cw, ch, left, top = 84, 30, 130, 60
-    width, height = left + cw * len(cols) + 20, top + ch * len(rows) + 20
+    (row, col), its value written in it (missing combinations grey and empty). The colour
+    scale (viridis: colour-blind safe and readable in grey) spans the data's range unless
+    ``lo``/``hi`` are given, and a colour bar (``<g class="colorbar" data-lo data-hi>``)
+    says so. Labels are never cut: cells and margins are as wide as they need."""
     finite = [v[0] for v in values.values() if math.isfinite(v[0])]
     lo = min(finite, default=0.0) if lo is None else lo
     hi = max(finite, default=1.0) if hi is None else hi
-    out = [(f'<svg class="heatmap" role="img" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">'),
-           f'<text x="4" y="18" class="title">{_esc(title)}</text>',
-           f'<text x="{left}" y="38" class="axis">{_esc(col_label)} →</text>',
+    cw = max(72.0, max((text_width(str(c)) for c in cols), default=0) + 12)
+    ch = 30
+    left = max(110.0, max((text_width(str(r)) for r in rows), default=0) + 14,
+               text_width(row_label + " ↓", 12) + 8)
+    bar_w = 110
+    grid_w = left + cw * len(cols)
+    width = grid_w + bar_w
+    head, extra = _title(title, 4, 18, width - 8)
+    top = 60 + extra
+    height = max(top + ch * len(rows) + 20, top + 150)
+    out = [(f'<svg class="heatmap" role="img" width="{width:.0f}" height="{height:.0f}" '
+           f'viewBox="0 0 {width:.0f} {height:.0f}" xmlns="http://www.w3.org/2000/svg">'), head,
+           f'<text x="{left}" y="{top - 22}" class="axis">{_esc(col_label)} →</text>',
            f'<text x="4" y="{top - 6}" class="axis">{_esc(row_label)} ↓</text>']
     for j, c in enumerate(cols):
         out.append(f'<text x="{left + cw * j + cw / 2}" y="{top - 6}" class="tick" '
-                   f'text-anchor="middle">{_esc(str(c)[:12])}</text>')
+                   f'text-anchor="middle">{_esc(c)}</text>')
     for i, r in enumerate(rows):
         y = top + ch * i
         out.append(f'<text x="{left - 6}" y="{y + ch / 2 + 4}" class="tick" '
-                   f'text-anchor="end">{_esc(str(r)[:18])}</text>')
+                   f'text-anchor="end">{_esc(r)}</text>')
         for j, c in enumerate(cols):
             mean, std, n = values.get((r, c), (math.nan, math.nan, 0))
             x = left + cw * j
@@ -156,5 +244,20 @@ def heat_map(title: str, rows: Sequence[str], cols: Sequence[str], values: dict,
             if math.isfinite(mean):
                 out.append(f'<text x="{x + cw / 2 - 1}" y="{y + ch / 2 + 4}" class="cellv" '
                            f'text-anchor="middle" fill="{ink}">{_fmt(mean)}</text>')
+    out.append(colorbar(grid_w + 24, top, 110, lo, hi))
     out.append("</svg>")
     return "".join(out)
+
+
+def colorbar(x: float, y: float, h: float, lo: float, hi: float) -> str:
+    """A vertical viridis bar from ``lo`` (bottom) to ``hi`` (top) with both ends labelled."""
+    steps = 20
+    parts = [f'<g class="colorbar" data-lo="{lo}" data-hi="{hi}">']
+    for k in range(steps):
+        v = hi - (hi - lo) * (k + 0.5) / steps
+        parts.append(f'<rect x="{x}" y="{y + h * k / steps:.1f}" width="14" '
+                     f'height="{h / steps + 0.5:.1f}" fill="{color(v, lo, hi)}"/>')
+    parts += [f'<rect x="{x}" y="{y}" width="14" height="{h}" class="frame"/>',
+              f'<text x="{x + 18}" y="{y + 9}" class="tick cbmax">{_fmt(hi)}</text>',
+              f'<text x="{x + 18}" y="{y + h}" class="tick cbmin">{_fmt(lo)}</text>', "</g>"]
+    return "".join(parts)

@@ -4,6 +4,7 @@ heat-map cells and curves, and leaves a screenshot in the test's tmp dir."""
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
@@ -166,3 +167,103 @@ def test_report_lists_each_mechanism_once():
 
     expect = f"{norm.cdf(1.0) - norm.cdf(0.5):.4f}"
     assert expect in table
+
+
+# what a person sees, measured in the browser: every text inside its figure, the colour bar's
+# range, one style per sweep point across panels
+PROBE = """
+<script>
+window.addEventListener('load', function () {
+  var out = {clipped: [], bars: [], strokes: {}};
+  document.querySelectorAll('svg').forEach(function (svg, k) {
+    var box = svg.viewBox.baseVal;
+    var s = svg.getBoundingClientRect();  // on screen, transforms (rotated labels) applied
+    svg.querySelectorAll('text').forEach(function (t) {
+      var b = t.getBoundingClientRect();
+      if (b.left < s.left - 0.5 || b.top < s.top - 0.5 || b.right > s.right + 0.5 ||
+          b.bottom > s.bottom + 0.5) {
+        out.clipped.push(k + ': ' + t.textContent);
+      }
+    });
+  });
+  document.querySelectorAll('g.colorbar').forEach(function (g) {
+    var cells = Array.from(g.closest('svg').querySelectorAll('rect.cell'))
+      .map(function (c) { return parseFloat(c.getAttribute('data-value')); })
+      .filter(function (v) { return isFinite(v); });
+    out.bars.push([parseFloat(g.getAttribute('data-lo')), parseFloat(g.getAttribute('data-hi')),
+                   Math.min.apply(null, cells), Math.max.apply(null, cells),
+                   g.querySelector('.cbmin').textContent, g.querySelector('.cbmax').textContent]);
+  });
+  document.querySelectorAll('svg.chart .legend').forEach(function (item) {
+    var label = item.querySelector('text').firstChild.nodeValue, line = item.querySelector('line');
+    (out.strokes[label] = out.strokes[label] || []).push(
+      line.getAttribute('stroke') + ' ' + (line.getAttribute('stroke-dasharray') || '-'));
+  });
+  var pre = document.createElement('pre'); pre.id = 'probe';
+  pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
+});
+</script>
+"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)")
+def test_what_a_person_sees_in_the_report(report):
+    import json
+
+    probe = report["tmp"] / "probe.html"
+    control = ('<svg viewBox="0 0 60 20" width="60" height="20"><text x="2" y="15">'
+               "a label much wider than its figure</text></svg>")  # the probe sees clipping
+    probe.write_text(report["path"].read_text().replace("</body>", control + PROBE + "</body>"))
+    dom, console = _load(probe.resolve().as_uri())
+    assert console == []
+    seen = json.loads(dom.split('<pre id="probe">')[1].split("</pre>")[0])
+    # no title, tick, legend or label cut by its figure (but the control's)
+    assert [c.split(": ", 1)[1] for c in seen["clipped"]] == ["a label much wider than its figure"]
+    assert seen["bars"]
+    for lo, hi, cell_lo, cell_hi, shown_lo, shown_hi in seen["bars"]:
+        # the colour scale is the data's range, and its bar says so
+        assert (lo, hi) == (pytest.approx(cell_lo), pytest.approx(cell_hi)) and lo < hi
+        assert float(shown_lo) == pytest.approx(lo, rel=1e-2)
+        assert float(shown_hi) == pytest.approx(hi, rel=1e-2)
+    # one colour per aggregator, one dash per attack, the same in every panel
+    styles = {label: set(s) for label, s in seen["strokes"].items()}
+    assert len(styles) == 4 and all(len(s) == 1 for s in styles.values()), styles
+    colour = {label: next(iter(s)).split()[0] for label, s in styles.items()}
+    dash = {label: next(iter(s)).split()[1] for label, s in styles.items()}
+    assert colour["mean sign_flip"] == colour["mean alie"] != colour["median alie"]
+    assert dash["mean sign_flip"] == dash["median sign_flip"] != dash["mean alie"]
+    shot = report["tmp"] / "seen.png"
+    subprocess.run([CHROMIUM, *FLAGS, "--window-size=1400,2400", f"--screenshot={shot}",
+                    report["path"].resolve().as_uri()], capture_output=True, timeout=120,
+                   check=True)
+
+
+def test_worst_case_over_attacks_and_the_context_header(report):
+    text = report["path"].read_text()
+    assert "<b>model</b> logreg" in text and "<b>Byzantine</b> 2" in text
+    assert "<b>attack</b> swept (sign_flip, alie)" in text and "<b>seeds</b> 0, 1" in text
+    table = text.split('<table class="worst-case">')[1].split("</table>")[0]
+    rows = [[c.rsplit(">", 1)[1] for c in r.split("</td>")[:-1]] for r in table.split("<tr>")[2:]]
+    by_point: dict = {}
+    for r in report["runs"]:
+        by_point.setdefault((r["values"]["aggregator.name"], r["values"]["attack.name"]),
+                            []).append(r["final_test_accuracy"])
+    for agg, sign_flip, alie, worst, attack in rows:
+        means = {a: sum(v) / len(v) for (g, a), v in by_point.items() if g == agg}
+        assert float(sign_flip) == pytest.approx(means["sign_flip"], rel=1e-3)
+        assert float(alie) == pytest.approx(means["alie"], rel=1e-3)
+        assert float(worst) == pytest.approx(min(means.values()), rel=1e-3)
+        assert attack == min(means, key=means.get)
+
+
+def test_log_axis_for_a_metric_that_spans_decades():
+    from dashboards.svg import line_chart
+
+    svg = line_chart("consensus distance", [{"label": "ring", "x": [0, 1, 2, 3],
+                                             "mean": [0.2, 1e-3, 1e-9, 1e-13]}])
+    assert 'class="chart log"' in svg and "(log scale)" in svg
+    ticks = re.findall(r'class="tick ytick"[^>]*>([^<]+)<', svg)
+    assert ticks[-1] == "1" and float(ticks[0]) <= 1e-11 and len(ticks) >= 4
+    assert all(math.log10(float(t)).is_integer() for t in ticks)  # powers of ten
+    flat = line_chart("accuracy", [{"label": "a", "x": [0, 1], "mean": [0.5, 0.9]}])
+    assert 'class="chart"' in flat and "log scale" not in flat
