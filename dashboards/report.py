@@ -190,12 +190,33 @@ def _heat_maps(runs: list[RunData], row_tag: str, col_tag: str, col_label: str,
                 r.final("test_accuracy"))
         values = {k: summarize(v)[:3] for k, v in cells.items()}
         where = ", ".join(f"{k}={v}" for k, v in zip(context_keys, ctx)) or "all runs"
-        out.append(heat_map(f"final test accuracy: {row_tag} x {col_label} ({where})", rows_vals,
-                            cols_vals, values, row_tag, col_label))  # colours: the data's range
+        out.append(_heat(f"final test accuracy: {row_tag} x {col_label} ({where})", rows_vals,
+                         cols_vals, values, row_tag, col_label))  # colours: the data's range
     return out
 
 
+_EXPORTS: list[Any] = []  # the Exports of the report being rendered, when it is exported
+
+
+def _chart(title: str, series: list[dict], x_label: str, y_label: str) -> str:
+    if _EXPORTS:
+        _EXPORTS[-1].figures.append(("lines", {"title": title, "series": series,
+                                               "x_label": x_label, "y_label": y_label}))
+    return line_chart(title, series, x_label, y_label)
+
+
+def _heat(title: str, rows: list[str], cols: list[str], values: dict, row_label: str,
+          col_label: str) -> str:
+    if _EXPORTS:
+        _EXPORTS[-1].figures.append(("heat", {"title": title, "rows": rows, "cols": cols,
+                                              "values": values, "row_label": row_label,
+                                              "col_label": col_label}))
+    return heat_map(title, rows, cols, values, row_label, col_label)
+
+
 def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str) -> str:
+    if _EXPORTS:
+        _EXPORTS[-1].tables.append((cls, list(head), [list(r) for r in rows]))
     h = "".join(f"<th>{html.escape(c)}</th>" for c in head)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
                    for row in rows)
@@ -367,8 +388,19 @@ def byzfl_views(runs: list[RunData]) -> list[str]:
     return out
 
 
-def render(title: str, runs: list[RunData]) -> str:
-    """The report as one HTML document (inline CSS, SVG and a few lines of script)."""
+def render(title: str, runs: list[RunData], exports: Any = None) -> str:
+    """The report as one HTML document (inline CSS, SVG and a few lines of script);
+    ``exports`` (a ``dashboards.export.Exports``) collects its figures and tables."""
+    if exports is not None:
+        _EXPORTS.append(exports)
+    try:
+        return _render(title, runs, exports is not None)
+    finally:
+        if exports is not None:
+            _EXPORTS.remove(exports)
+
+
+def _render(title: str, runs: list[RunData], exported: bool) -> str:
     groups: dict[str, list[RunData]] = {}
     for r in runs:
         groups.setdefault(r.group, []).append(r)
@@ -377,6 +409,10 @@ def render(title: str, runs: list[RunData]) -> str:
              "standard deviation over seeds; bands span min to max over seeds. A sweep point "
              "keeps its colour and dash in every chart (colour: its aggregator, dash: its "
              "attack, where those tell the points apart).</p>")]
+    if exported:
+        parts.append('<p class="note">Every figure as PDF and SVG is in <code>figures/</code> '
+                     "beside this file, every table as Markdown and LaTeX in "
+                     "<code>tables/</code>.</p>")
     rows = []
     for label, members in groups.items():
         acc = summarize([r.final("test_accuracy") for r in members])
@@ -389,13 +425,13 @@ def render(title: str, runs: list[RunData]) -> str:
     for key, label in CURVES:
         series, note = _pick(_series(groups, key, style))
         if series:
-            charts.append(line_chart(label + note, series, "round", key))
+            charts.append(_chart(label + note, series, "round", key))
     if charts:
         parts += ["<h2>Curves</h2>", *charts]
     mechanisms = _mechanisms(runs)
     if mechanisms:
         trade = [{"label": name, "x": ab[0], "mean": ab[1]} for name, ab in mechanisms.items()]
-        parts += ["<h2>Privacy</h2>", line_chart(
+        parts += ["<h2>Privacy</h2>", _chart(
             "f-DP trade-off curve of each mechanism (an attacker's type II error beta against "
             "type I error alpha; higher is more private)", trade, "alpha", "beta"),
             *_mechanism_table(mechanisms)]
@@ -422,7 +458,12 @@ def build_report(target: str, out_dir: Path | None = None, tracking_uri: str | N
     out = (out_dir or Path("fedray-report") / target)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "report.html"
-    path.write_text(render(title, runs), encoding="utf-8")
+    from dashboards.export import Exports, write_figures, write_tables
+
+    exports = Exports()
+    path.write_text(render(title, runs, exports), encoding="utf-8")
+    write_figures(exports, out / "figures")
+    write_tables(exports, out / "tables")
     if log and parent is not None:
         from simulator.tracking import Tracker, default_uri
 

@@ -267,3 +267,30 @@ def test_log_axis_for_a_metric_that_spans_decades():
     assert all(math.log10(float(t)).is_integer() for t in ticks)  # powers of ten
     flat = line_chart("accuracy", [{"label": "a", "x": [0, 1], "mean": [0.5, 0.9]}])
     assert 'class="chart"' in flat and "log scale" not in flat
+
+
+def test_every_figure_as_pdf_and_svg_and_every_table_as_markdown_and_latex(report):
+    out = report["path"].parent
+    text = report["path"].read_text()
+    pdfs = sorted((out / "figures").glob("*.pdf"))
+    svgs = sorted((out / "figures").glob("*.svg"))
+    # 3 charts (accuracy, loss, aggregation error) and 1 aggregator x attack heat map
+    figures = text.count('<svg class="chart') + text.count('<svg class="heatmap"')
+    assert len(pdfs) == len(svgs) == figures == 4
+    assert [p.stem for p in pdfs] == [p.stem for p in svgs]
+    assert pdfs[0].read_bytes().startswith(b"%PDF") and b"<svg" in svgs[0].read_bytes()
+    md = (out / "tables" / "worst-case.md").read_text().splitlines()
+    assert md[0] == "| aggregator | sign_flip | alie | worst | worst attack |"
+    html_rows = text.split('<table class="worst-case">')[1].split("</table>")[0]
+    for line in md[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert "<td>" + "</td><td>".join(cells) + "</td>" in html_rows  # the same numbers
+    tex = (out / "tables" / "worst-case.tex").read_text()
+    assert tex.startswith("\\begin{tabular}{lrrrr}\n\\toprule\naggregator & sign\\_flip & alie")
+    pdftoppm = shutil.which("pdftoppm")
+    if pdftoppm is None:
+        pytest.skip("pdftoppm is not installed (.ci/run installs poppler-utils)")
+    for pdf in pdfs:  # each PDF opens and renders
+        subprocess.run([pdftoppm, "-png", "-r", "40", str(pdf), str(report["tmp"] / pdf.stem)],
+                       check=True, capture_output=True, timeout=60)
+        assert (report["tmp"] / f"{pdf.stem}-1.png").stat().st_size > 1000
