@@ -154,14 +154,17 @@ def _series(groups: dict[str, list[RunData]], key: str,
 
 
 def _pick(series: list[dict]) -> tuple[list[dict], str]:
-    """At most MAX_SERIES curves: the best and the worst by final value."""
+    """Every curve, the MAX_SERIES // 2 best and worst by final value shown and the others
+    faded until their legend entry is clicked: each one is reachable."""
     if len(series) <= MAX_SERIES:
         return series, ""
-    ranked = sorted(series, key=lambda s: -next((v for v in reversed(s["mean"])
-                                                 if math.isfinite(v)), -math.inf))
+    ranked = sorted(range(len(series)), key=lambda i: -next(
+        (v for v in reversed(series[i]["mean"]) if math.isfinite(v)), -math.inf))
     half = MAX_SERIES // 2
-    return ranked[:half] + ranked[-half:], (f" ({half} highest and {half} lowest final values "
-                                            f"of {len(series)} sweep points)")
+    shown = set(ranked[:half] + ranked[-half:])
+    out = [{**s, "hidden": i not in shown} for i, s in enumerate(series)]
+    return out, (f" ({half} highest and {half} lowest final values of {len(series)} sweep "
+                 "points shown; click a faded legend entry to show its curve)")
 
 
 def _sweep_paths(runs: list[RunData], skip: set[str]) -> list[str]:
@@ -450,12 +453,22 @@ def _render(title: str, runs: list[RunData], exported: bool) -> str:
             f"<body>{''.join(parts)}<script>{JS}</script></body></html>")
 
 
-def build_report(target: str, out_dir: Path | None = None, tracking_uri: str | None = None,
-                 log: bool = True) -> Path:
-    """Write ``report.html`` for an experiment or run into ``out_dir`` (default
-    ``./fedray-report/<target>``) and log it on the parent run; returns its path."""
-    title, parent, runs = collect(target, tracking_uri)
-    out = (out_dir or Path("fedray-report") / target)
+def build_report(target: str | Sequence[str], out_dir: Path | None = None,
+                 tracking_uri: str | None = None, log: bool = True) -> Path:
+    """Write ``report.html`` (with ``figures/`` and ``tables/``) for one or several
+    experiments or runs into ``out_dir`` (default ``./fedray-report/<target>``, the targets
+    joined by ``+``) and log it on each scenario's parent run; returns its path. Across
+    experiments every sweep point is named after its experiment too."""
+    targets = [target] if isinstance(target, str) else list(target)
+    collected = [collect(t, tracking_uri) for t in targets]
+    title = " + ".join(c[0] for c in collected)
+    runs: list[RunData] = []
+    for name, _, members in collected:
+        for r in members:
+            if len(collected) > 1:
+                r.group, r.name = f"{name}: {r.group}", f"{name}: {r.name}"
+            runs.append(r)
+    out = (out_dir or Path("fedray-report") / "+".join(targets))
     out.mkdir(parents=True, exist_ok=True)
     path = out / "report.html"
     from dashboards.export import Exports, write_figures, write_tables
@@ -464,8 +477,11 @@ def build_report(target: str, out_dir: Path | None = None, tracking_uri: str | N
     path.write_text(render(title, runs, exports), encoding="utf-8")
     write_figures(exports, out / "figures")
     write_tables(exports, out / "tables")
-    if log and parent is not None:
+    if log:
         from simulator.tracking import Tracker, default_uri
 
-        Tracker.of_run(tracking_uri or default_uri(), parent).log_artifact(parent, path, "report")
+        for _, parent, _ in collected:
+            if parent is not None:
+                Tracker.of_run(tracking_uri or default_uri(), parent).log_artifact(
+                    parent, path, "report")
     return path

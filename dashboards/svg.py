@@ -94,24 +94,25 @@ def _series_svg(i: int, s: dict, sx: Any, sy: Any, legend_x: float, top: float) 
     """One series of a line chart: its band (when not flat), curve, markers and legend."""
     c = s.get("color") or PALETTE[i % len(PALETTE)]
     dash = f' stroke-dasharray="{s["dash"]}"' if s.get("dash") else ""
+    off = " off" if s.get("hidden") else ""  # drawn, shown by a click on its legend entry
     out = []
     lo, hi = s.get("lo"), s.get("hi")
     if lo and hi and any(a != b for a, b in zip(lo, hi)):
         ring = [(x, y) for x, y in zip(s["x"], hi) if math.isfinite(y)]
         ring += [(x, y) for x, y in reversed(list(zip(s["x"], lo))) if math.isfinite(y)]
         poly = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in ring)
-        out.append(f'<polygon class="band" data-series="{i}" points="{poly}" fill="{c}"/>')
+        out.append(f'<polygon class="band{off}" data-series="{i}" points="{poly}" fill="{c}"/>')
     line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(s["x"], s["mean"])
                     if math.isfinite(y))
     last = next((y for y in reversed(s["mean"]) if math.isfinite(y)), math.nan)
-    out.append(f'<polyline class="curve" data-series="{i}" points="{line}" stroke="{c}"{dash}>'
+    out.append(f'<polyline class="curve{off}" data-series="{i}" points="{line}" stroke="{c}"{dash}>'
                f'<title>{_esc(s["label"])}: final {_fmt(last)}</title></polyline>')
     finite = [(x, y) for x, y in zip(s["x"], s["mean"]) if math.isfinite(y)]
     if len(finite) <= 25:  # a sparse series (evaluated every k rounds) shows its points
-        out += [f'<circle class="marker" data-series="{i}" cx="{sx(x):.1f}" cy="{sy(y):.1f}" '
+        out += [f'<circle class="marker{off}" data-series="{i}" cx="{sx(x):.1f}" cy="{sy(y):.1f}" '
                 f'r="3" fill="{c}"/>' for x, y in finite]
     ly = top + 12 + 16 * i
-    out.append(f'<g class="legend" data-series="{i}"><line x1="{legend_x + 8}" '
+    out.append(f'<g class="legend{off}" data-series="{i}"><line x1="{legend_x + 8}" '
                f'x2="{legend_x + 24}" y1="{ly - 4}" y2="{ly - 4}" stroke="{c}" '
                f'stroke-width="3"{dash}/><text x="{legend_x + 28}" y="{ly}" '
                f'class="tick">{_esc(s["label"])}<title>{_esc(s["label"])}</title>'
@@ -152,7 +153,8 @@ def _scales(r: tuple[float, float, float, float], box: tuple[float, float, float
 def line_chart(title: str, series: Sequence[dict], x_label: str = "round", y_label: str = "",
                width: int = 640, height: int = 320, log: bool | None = None) -> str:
     """``series``: dicts with ``label``, ``x``, ``mean``, optional ``lo``/``hi`` (the spread
-    band), ``color`` and ``dash``. One ``<polyline class="curve">`` per series,
+    band), ``color``, ``dash`` and ``hidden`` (drawn faded until its legend entry is
+    clicked). One ``<polyline class="curve">`` per series,
     ``<polygon class="band">`` when the band is not flat. ``log``: a log y axis (default:
     when the positive values span more than three decades). The legend's margin and the
     chart's height grow to hold every label whole; the title wraps."""

@@ -345,8 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="send there instead of where each run was logging")
     sy.set_defaults(func=cmd_sync)
 
-    rp = sub.add_parser("report", help="a self-contained HTML report of an experiment or run")
-    rp.add_argument("target", help="an experiment name (its latest scenario run) or a run id")
+    rp = sub.add_parser("report", help="a self-contained HTML report of experiments or runs, "
+                        "with every figure as PDF/SVG and every table as Markdown/LaTeX")
+    rp.add_argument("target", nargs="+", help="experiment names (each its latest scenario run) "
+                    "or run ids; several make one report across them")
     rp.add_argument("--out", default=None, help="directory (default: ./fedray-report/TARGET)")
     rp.add_argument("--tracking-uri", default=None)
     rp.set_defaults(func=cmd_report)

@@ -294,3 +294,26 @@ def test_every_figure_as_pdf_and_svg_and_every_table_as_markdown_and_latex(repor
         subprocess.run([pdftoppm, "-png", "-r", "40", str(pdf), str(report["tmp"] / pdf.stem)],
                        check=True, capture_output=True, timeout=60)
         assert (report["tmp"] / f"{pdf.stem}-1.png").stat().st_size > 1000
+
+
+def test_one_report_across_experiments(report):
+    from fedray.cli import main
+
+    p = report["tmp"] / "other.yaml"
+    p.write_text(SWEEP.replace("name: report-test", "name: other-test").replace(
+        "  attack.name: [sign_flip, alie]\n", "").replace("seeds: [0, 1]", "seeds: [0]"))
+    run_loaded(load(p), tracking_uri=report["uri"], quiet=True)
+    out = report["tmp"] / "both"
+    assert main(["report", "report-test", "other-test", "--tracking-uri", report["uri"],
+                 "--out", str(out)]) == 0
+    text = (out / "report.html").read_text()
+    assert "<h1>fedray report: report-test + other-test</h1>" in text
+    summary = text.split('<table class="summary">')[1].split("</table>")[0]
+    assert summary.count("<td>report-test: ") == 4 and summary.count("<td>other-test: ") == 2
+    client = MlflowClient(report["uri"])
+    for name in ("report-test", "other-test"):  # logged on each scenario's parent run
+        exp = client.get_experiment_by_name(name)
+        parent = client.search_runs([exp.experiment_id], "tags.`fedray.kind` = 'scenario'",
+                                    order_by=["attributes.start_time DESC"])[0]
+        assert [a.path for a in client.list_artifacts(parent.info.run_id, "report")] == \
+            ["report/report.html"]

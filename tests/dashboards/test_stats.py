@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -38,3 +39,19 @@ def test_report_does_not_hide_a_diverged_seed():
     assert "0.6 ± 0" in page  # the finite column is unaffected
     page = render("t", [_run("0", [1.0, 2.0]), _run("1", [1.0, 4.0])])
     assert "diverged" not in page and "3 ± 1.4" in page
+
+
+def test_every_curve_is_reachable_when_there_are_many():
+    """30 sweep points: 10 curves shown (the 5 best and 5 worst), the other 20 drawn faded,
+    each shown by a click on its legend entry (the report's script toggles ``off``)."""
+    runs = [RunData(run_id=str(i), name=f"p{i} seed=0", group=f"p{i}", seed="0", tags={},
+                    params={}, history={"test_accuracy": [(0, 0.1), (1, i / 30)]})
+            for i in range(30)]
+    page = render("many", runs)
+    chart = page.split("<h2>Curves</h2>")[1].split("</svg>")[0]
+    assert chart.count('<polyline class="curve') == 30
+    assert chart.count('<polyline class="curve off"') == 20
+    assert chart.count('<g class="legend off"') == 20
+    shown = re.findall(r'<polyline class="curve" data-series="(\d+)"', chart)
+    assert sorted(int(i) for i in shown) == [0, 1, 2, 3, 4, 25, 26, 27, 28, 29]
+    assert "click a faded legend entry to show its curve" in chart
