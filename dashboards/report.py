@@ -21,6 +21,7 @@ from typing import Any
 
 from dashboards.stats import Summary, from_mlflow, summarize
 from dashboards.svg import heat_map, line_chart
+from simulator.metric_names import mlflow_name
 
 CURVES = [("test_accuracy", "test accuracy"), ("test_loss", "test loss"),
           ("aggregation_error", "aggregation error ||aggregate - honest mean||"),
@@ -84,9 +85,10 @@ def _load(client: Any, run: Any) -> RunData:
     name = run.info.run_name
     data = RunData(run.info.run_id, name, _group(name), run.data.tags.get("seed", ""),
                    dict(run.data.tags), dict(run.data.params))
-    for key, _ in CURVES:
-        if key in run.data.metrics:
-            hist = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
+    for key, _ in CURVES:  # plain names here, MLflow's (eval/test_accuracy) there
+        if mlflow_name(key) in run.data.metrics:
+            hist = sorted(client.get_metric_history(run.info.run_id, mlflow_name(key)),
+                          key=lambda m: m.step)
             data.history[key] = [(m.step, from_mlflow(m.value)) for m in hist]
     if "privacy.epsilon" in run.data.params and data.seed in ("", "0"):
         import tempfile

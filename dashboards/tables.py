@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dashboards.stats import Summary, from_mlflow, summarize
+from simulator.metric_names import mlflow_name, plain_name
 
 DEFAULT: list[tuple[str, str]] = [
     ("test_accuracy", "final"),
@@ -69,7 +70,7 @@ def parse_metrics(items: Sequence[str]) -> list[tuple[str, str]]:
         if not metric:
             raise ValueError(f"--metrics {item}: METRIC:HOW")
         parse_how(how or "final")
-        pair = (metric, how or "final")
+        pair = (plain_name(metric), how or "final")  # eval/test_accuracy or test_accuracy
         if pair in out:
             raise ValueError(f"--metrics {item}: given twice")
         out.append(pair)
@@ -117,7 +118,8 @@ class Row:
 def _histories(client: Any, run: Any, metrics: set[str]) -> dict[str, list[float]]:
     out = {}
     for m in metrics:
-        hist = sorted(client.get_metric_history(run.info.run_id, m), key=lambda x: x.step)
+        hist = sorted(client.get_metric_history(run.info.run_id, mlflow_name(m)),
+                      key=lambda x: x.step)
         out[m] = [h.value for h in hist]
     return out
 
@@ -160,7 +162,7 @@ def collect_rows(experiment: str, by: Sequence[str], metrics: Sequence[tuple[str
         seed = run.data.tags.get("seed") or run.data.params.get("seed") or run.info.run_id
         row.by_seed[seed] = {
             column(m, h): run_summary(hist.get(m, []), h,
-                                      float(run.data.metrics.get(m, math.nan)),
+                                      float(run.data.metrics.get(mlflow_name(m), math.nan)),
                                       run.data.params.get(m))
             for m, h in metrics}
     return list(rows.values())

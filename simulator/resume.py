@@ -13,6 +13,7 @@ import yaml
 from simulator.callbacks import Callback, PointRun, default_callbacks
 from simulator.config import RunPoint, Scenario, expand
 from simulator.errors import FedrayError
+from simulator.metric_names import mlflow_name
 from simulator.runner import UNFINISHED, end_status, execute, point_key, run_point, trap_sigterm
 from simulator.tracking import Tracker, default_uri, journaled_steps, sync
 
@@ -99,8 +100,9 @@ def _resume_point(run_id: str, tracker: Tracker, backend: Any, tmp: Path,
     run = tracker.client.get_run(run_id)
     sc = _logged_scenario(tracker, run_id, tmp)
     state = checkpoint.latest(run_id)
-    logged = {m.step for m in tracker.client.get_metric_history(run_id, "sampled")} or \
-        {m.step for m in tracker.client.get_metric_history(run_id, "byzantine_peers")}
+    logged = {m.step for m in tracker.client.get_metric_history(run_id, mlflow_name("sampled"))} \
+        or {m.step for m in tracker.client.get_metric_history(run_id,
+                                                               mlflow_name("byzantine_peers"))}
     logged |= journaled_steps(run_id)  # still in the journal: `fedray sync` sends them
     start = state["round"] + 1 if state else 0
     print(f"resuming {run.info.run_name} ({run_id}) at round {start + 1}/{sc.rounds}"

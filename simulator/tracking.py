@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 import simulator
 from simulator.errors import TrackingUnavailable, UsageError, brief_text
+from simulator.metric_names import mlflow_name
 
 PENDING = Path(".fedray") / "pending"
 PARAMS_PER_BATCH = 100
@@ -208,7 +209,7 @@ class Tracker:
         ts = int(time.time() * 1000)
         with self._lock:
             self._pending.setdefault(run_id, []).extend(
-                Metric(k, float(v), ts, step) for k, v in metrics.items())
+                Metric(mlflow_name(k), float(v), ts, step) for k, v in metrics.items())
         if self._thread is None:
             self._thread = threading.Thread(target=self._sender, name="fedray-tracking",
                                             daemon=True)
@@ -283,7 +284,7 @@ class Tracker:
         ts = int(time.time() * 1000)
         with self._lock:
             self._pending.setdefault(run_id, []).extend(
-                Metric(k, float(v), ts, step) for step, row in enumerate(rows)
+                Metric(mlflow_name(k), float(v), ts, step) for step, row in enumerate(rows)
                 for k, v in row.items())
         self.flush(run_id, wait=None)
 

@@ -13,6 +13,7 @@ from mlflow.tracking import MlflowClient
 from dashboards.tables import collect_rows, paired_difference, parse_metrics, table
 from fedray.cli import main
 from simulator.config import load
+from simulator.metric_names import mlflow_name
 from simulator.runner import run_loaded
 
 SWEEP = """\
@@ -45,7 +46,7 @@ def runs(tmp_path_factory, _mlflow_template):
     hist = {}
     for r in client.search_runs([exp.experiment_id], "tags.`fedray.kind` = 'point'"):
         values = [m.value for m in sorted(client.get_metric_history(r.info.run_id,
-                                                                    "test_accuracy"),
+                                                                    mlflow_name("test_accuracy")),
                                           key=lambda m: m.step)]
         hist[(r.data.params["aggregator.name"], r.data.params["seed"])] = values
     return uri, hist

@@ -13,6 +13,7 @@ import torch
 from simulator import checkpoint
 from simulator.config import load
 from simulator.engine import make_engine
+from simulator.metric_names import mlflow_name
 from simulator.runtime.backend import InlineBackend
 
 FL = """\
@@ -135,7 +136,7 @@ def test_kill_9_of_the_driver_then_resume_gives_the_uninterrupted_metrics(tmp_pa
     run_id = found[0].parent.name
     client = MlflowClient(mlflow_uri)
     assert client.get_run(run_id).info.status == "RUNNING"  # nobody closed it
-    logged_before = len(client.get_metric_history(run_id, "test_accuracy"))
+    logged_before = len(client.get_metric_history(run_id, mlflow_name("test_accuracy")))
     # the run was cut short; the background sender may not have sent the last rounds it
     # queued before the kill (resume logs those from the checkpoint's metrics)
     assert logged_before < 16
@@ -150,7 +151,7 @@ def test_kill_9_of_the_driver_then_resume_gives_the_uninterrupted_metrics(tmp_pa
     assert client.get_run(run.data.tags["mlflow.parentRunId"]).info.status == "FINISHED"
     full = make_engine(_point(tmp_path, KILL), InlineBackend()).run()
     for key in ("test_accuracy", "test_loss", "aggregation_error", "aggregate_norm"):
-        hist = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
+        hist = sorted(client.get_metric_history(run_id, mlflow_name(key)), key=lambda m: m.step)
         assert [m.step for m in hist] == list(range(16))  # every round exactly once
         assert [m.value for m in hist] == [row[key] for row in full.metrics]
     assert not list(tmp_path.glob(".fedray/checkpoints/*/*.pt"))  # forgotten once finished

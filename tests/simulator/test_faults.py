@@ -24,6 +24,7 @@ from fedray.cli import main
 from simulator import tracking
 from simulator.config import load
 from simulator.engine import make_engine
+from simulator.metric_names import mlflow_name
 from simulator.resume import resume_run
 from simulator.runner import run_loaded
 from simulator.runtime.backend import InlineBackend
@@ -163,7 +164,7 @@ def test_a_signal_marks_the_runs_killed_and_prints_how_to_resume(tmp_path, mlflo
         exp = client.get_experiment_by_name("quickstart")
         runs = client.search_runs([exp.experiment_id], "tags.`fedray.kind` = 'point'") if exp \
             else []
-        if runs and client.get_metric_history(runs[0].info.run_id, "test_accuracy"):
+        if runs and client.get_metric_history(runs[0].info.run_id, mlflow_name("test_accuracy")):
             break
         time.sleep(0.3)
     assert proc.poll() is None, "the run ended before the signal"
@@ -264,7 +265,7 @@ def test_resume_of_one_point_finishes_the_parent_and_refuses_a_finished_run(
     for point in loaded.points:  # every round exactly once, the uninterrupted numbers
         run = next(c for c in children if c.info.run_name == point.label)
         full = make_engine(point.scenario, InlineBackend()).run()
-        hist = sorted(client.get_metric_history(run.info.run_id, "test_accuracy"),
+        hist = sorted(client.get_metric_history(run.info.run_id, mlflow_name("test_accuracy")),
                       key=lambda m: m.step)
         assert [m.step for m in hist] == list(range(6))
         assert [m.value for m in hist] == [row["test_accuracy"] for row in full.metrics]
@@ -295,13 +296,13 @@ def test_resume_sends_the_journal_first_so_every_step_is_logged_once(
     monkeypatch.setattr(MlflowClient, "log_batch", outage)
     client, child = _interrupted(monkeypatch, tmp_path, loaded, "seed=0", 4, mlflow_uri)
     run_id = child.info.run_id
-    assert max(m.step for m in client.get_metric_history(run_id, "test_accuracy")) < 3
+    assert max(m.step for m in client.get_metric_history(run_id, mlflow_name("test_accuracy"))) < 3
     assert tracking.journaled_steps(run_id) >= {3, 4}
 
     resume_run(run_id)
     full = make_engine(loaded.points[0].scenario, InlineBackend()).run()
     for key in ("test_accuracy", "sampled"):
-        hist = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
+        hist = sorted(client.get_metric_history(run_id, mlflow_name(key)), key=lambda m: m.step)
         assert [m.step for m in hist] == list(range(6)), key
         assert [m.value for m in hist] == [row[key] for row in full.metrics]
     assert tracking.pending() == {}
@@ -338,7 +339,7 @@ def test_a_hung_store_does_not_hold_the_round_loop(tmp_path, mlflow_uri, monkeyp
     exp = client.get_experiment_by_name("quickstart")
     (child,) = client.search_runs([exp.experiment_id], "tags.`fedray.kind` = 'point'")
     assert main(["sync"]) == 0
-    hist = client.get_metric_history(child.info.run_id, "test_accuracy")
+    hist = client.get_metric_history(child.info.run_id, mlflow_name("test_accuracy"))
     assert sorted(m.step for m in hist) == list(range(5))
     assert client.get_run(child.info.run_id).info.status == "FINISHED"
 

@@ -7,6 +7,7 @@ from mlflow.tracking import MlflowClient
 
 from simulator.config import load
 from simulator.engine import Engine
+from simulator.metric_names import mlflow_name
 from simulator.runner import point_key, run_sweep
 from simulator.runtime.backend import InlineBackend
 
@@ -44,10 +45,10 @@ def test_parallel_sweep_then_resume_runs_only_unfinished_points(tmp_path, mlflow
     by_label = {pt.label: pt for pt in loaded.points}
     for r in children:
         alone = Engine(by_label[r.data.tags["mlflow.runName"]].scenario, InlineBackend()).run()
-        hist = client.get_metric_history(r.info.run_id, "test_accuracy")
+        hist = client.get_metric_history(r.info.run_id, mlflow_name("test_accuracy"))
         assert [m.value for m in sorted(hist, key=lambda m: m.step)] == pytest.approx(
             [m["test_accuracy"] for m in alone.metrics], abs=0)
-        byz = client.get_metric_history(r.info.run_id, "byzantine_sampled")
+        byz = client.get_metric_history(r.info.run_id, mlflow_name("byzantine_sampled"))
         assert len(byz) == 3
         assert r.data.tags["fedray.point_key"] == point_key(by_label[r.data.tags["mlflow.runName"]])
 

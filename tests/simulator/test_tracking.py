@@ -6,6 +6,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from simulator.config import load
+from simulator.metric_names import mlflow_name
 from simulator.runner import run_loaded
 from simulator.tracking import Tracker, flatten
 
@@ -43,7 +44,7 @@ def test_sweep_leaves_one_parent_and_four_children(tmp_path, mlflow_uri):
         "mean seed=0", "mean seed=1", "median seed=0", "median seed=1"]
     for r in children:
         assert r.info.status == "FINISHED"
-        hist = client.get_metric_history(r.info.run_id, "test_accuracy")
+        hist = client.get_metric_history(r.info.run_id, mlflow_name("test_accuracy"))
         assert [m.step for m in hist] == [0, 1, 2]
         assert r.data.tags["aggregator"] == r.data.params["aggregator.name"]
         assert r.data.tags["backend"] == "inline" and r.data.tags["n"] == "10"
@@ -54,9 +55,13 @@ def test_sweep_leaves_one_parent_and_four_children(tmp_path, mlflow_uri):
     assert [r.data.tags["mlflow.runName"] for r in found] == ["median seed=1"]
     by_id = {r["run_id"]: r for r in out["runs"]}
     for r in children:
-        acc = r.data.metrics["test_accuracy"]
+        acc = r.data.metrics[mlflow_name("test_accuracy")]
         assert acc == pytest.approx(by_id[r.info.run_id]["final_test_accuracy"])
         assert r.data.params["seed"] == r.data.tags["seed"]  # the seed is a param too
+        # metric names grouped by prefix, so the MLflow UI folds them into sections
+        sections = {k.split("/")[0] for k in r.data.metrics}
+        assert sections == {"eval", "robust", "round"}, sorted(r.data.metrics)
+        assert "eval/test_accuracy" in r.data.metrics and "test_accuracy" not in r.data.metrics
     # the parent holds what the points share, not the first point's swept values: a filter
     # on a swept param finds children only
     mean = client.search_runs([exp.experiment_id],
@@ -105,7 +110,7 @@ def test_artifacts_metrics_parquet_and_model(tmp_path, mlflow_uri):
     local = client.download_artifacts(child, "metrics.parquet", str(tmp_path))
     table = pq.read_table(local)
     assert table.num_rows == 3 and table.column("round").to_pylist() == [0, 1, 2]
-    hist = client.get_metric_history(child, "test_loss")
+    hist = client.get_metric_history(child, mlflow_name("test_loss"))
     assert table.column("test_loss").to_pylist() == pytest.approx([m.value for m in hist])
     model_path = client.download_artifacts(child, "model/model.pt", str(tmp_path))
     state = torch.load(model_path, weights_only=True)
@@ -136,7 +141,7 @@ def test_failed_log_batch_is_kept_and_resent(mlflow_uri):
     assert tracker.flush(run, wait=None, force=True)  # sends both
     assert not journal[0].exists()
     tracker.end(run)
-    hist = MlflowClient(mlflow_uri).get_metric_history(run, "a")
+    hist = MlflowClient(mlflow_uri).get_metric_history(run, mlflow_name("a"))
     assert sorted((m.step, m.value) for m in hist) == [(0, 1.0), (1, 2.0)]
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from simulator.metric_names import mlflow_name
+
 FEDRAY = [sys.executable, "-m", "fedray"]
 
 SLOW = """\
@@ -92,7 +94,8 @@ def test_outage_mid_run_loses_nothing_and_sync_sends_it(server, tmp_path):
     child = None
     while time.monotonic() < deadline and run.poll() is None:
         child = _child(client, "outage")
-        if child and len(client.get_metric_history(child.info.run_id, "test_accuracy")) >= 3:
+        if child and len(client.get_metric_history(child.info.run_id,
+                                                   mlflow_name("test_accuracy"))) >= 3:
             break
         time.sleep(0.2)
     assert child is not None and run.poll() is None, "the run ended before the outage"
@@ -113,7 +116,8 @@ def test_outage_mid_run_loses_nothing_and_sync_sends_it(server, tmp_path):
     run_info = client.get_run(child.info.run_id)
     assert run_info.info.status == "FINISHED"
     for key in ("test_accuracy", "train_loss", "client_loss", "sampled"):
-        steps = sorted(m.step for m in client.get_metric_history(child.info.run_id, key))
+        steps = sorted(m.step for m in client.get_metric_history(child.info.run_id,
+                                                                 mlflow_name(key)))
         assert steps == list(range(24)), key  # every round, exactly once
     names = {a.path for a in client.list_artifacts(child.info.run_id)}
     assert {"metrics.parquet", "scenario.yaml", "model"} <= names
@@ -142,5 +146,6 @@ def test_concurrent_runs_to_one_server_lose_no_metric(server, tmp_path):
     for r in children:
         assert r.info.status == "FINISHED"
         for key in ("test_accuracy", "test_loss", "sampled"):
-            assert sorted(m.step for m in client.get_metric_history(r.info.run_id, key)) == \
+            assert sorted(m.step for m in client.get_metric_history(r.info.run_id,
+                                                                    mlflow_name(key))) == \
                 list(range(8))
