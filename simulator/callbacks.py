@@ -237,4 +237,30 @@ def open_child(point: RunPoint, key: str, backend: Any, tracker: Tracker, parent
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "scenario.yaml").write_text(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False))
     tracker.log_artifact(run_id, tmp / "scenario.yaml")
+    log_dataset(tracker, run_id, sc)
     return run_id
+
+
+def dataset_input(sc: Any) -> Any:
+    """The run's data as an MLflow dataset input: the data set's name, a digest of what
+    decides the clients' samples (data block, clients, seed), the data block as its source
+    and the partition as its profile; runs on the same clients share the digest."""
+    import hashlib
+    import json
+
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    data = sc.data.model_dump(mode="json")
+    what = {"data": data, "clients": sc.clients.total, "seed": sc.seeds[0]}
+    digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+    profile = {"clients": sc.clients.total, "partitioner": data["partitioner"],
+               "test_fraction": data["test_fraction"], "seed": sc.seeds[0]}
+    ds = Dataset(name=sc.data.dataset["name"], digest=digest, source_type="fedray",
+                 source=json.dumps(data["dataset"], sort_keys=True),
+                 profile=json.dumps(profile, sort_keys=True))
+    return DatasetInput(ds, [InputTag("mlflow.data.context", "train")])
+
+
+def log_dataset(tracker: Tracker, run_id: str, sc: Any) -> None:
+    """``log_input`` of the run's data (see :func:`dataset_input`)."""
+    tracker.client.log_inputs(run_id, datasets=[dataset_input(sc)])

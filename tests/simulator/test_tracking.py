@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -62,6 +64,13 @@ def test_sweep_leaves_one_parent_and_four_children(tmp_path, mlflow_uri):
         sections = {k.split("/")[0] for k in r.data.metrics}
         assert sections == {"eval", "robust", "round"}, sorted(r.data.metrics)
         assert "eval/test_accuracy" in r.data.metrics and "test_accuracy" not in r.data.metrics
+        # the data set as an MLflow input: name, a digest of the clients' data, the partition
+        (inp,) = client.get_run(r.info.run_id).inputs.dataset_inputs
+        assert inp.dataset.name == "digits" and inp.tags[0].value == "train"
+        assert json.loads(inp.dataset.profile)["partitioner"] == {"name": "iid"}
+    digests = {(c.data.params["seed"], client.get_run(c.info.run_id).inputs.dataset_inputs[0]
+                .dataset.digest) for c in children}
+    assert len({d for _, d in digests}) == 2  # one per seed, shared by the aggregators
     # the parent holds what the points share, not the first point's swept values: a filter
     # on a swept param finds children only
     mean = client.search_runs([exp.experiment_id],
