@@ -168,12 +168,17 @@ def run_loaded(
 # --------------------------------------------------------------------------- sweeps
 
 
-def _simulate(scenario: Scenario) -> Any:
-    """One point as a single-process simulation (the inline backend): a Ray task of a sweep."""
+def _simulate(scenario: Scenario, label: str = "") -> Any:
+    """One point as a single-process simulation (the inline backend): a Ray task of a sweep.
+    Its progress lines (about ten per point, with elapsed time and time left) reach the
+    driver's terminal through Ray's log forwarding."""
     from simulator.engine import make_engine
+    from simulator.progress import Progress
     from simulator.runtime.backend import InlineBackend
 
-    return make_engine(scenario, InlineBackend()).run()
+    bar = Progress(label, scenario.rounds, quiet=True, stream=sys.stderr) if label else None
+    return make_engine(scenario, InlineBackend()).run(
+        (lambda r, m: bar.update(r, m)) if bar is not None else None)
 
 
 def _task_resources(sc: Scenario, gpus: float, parallel: int) -> dict[str, float]:
@@ -287,7 +292,7 @@ def run_sweep(
                     run_id = open_child(point, point_key(point), backend, tracker, parent,
                                         Path(tmp) / "open")
                     task = remote.options(**_task_resources(point.scenario, backend.gpus(), cap))
-                    pending[task.remote(point.scenario)] = (point, run_id)
+                    pending[task.remote(point.scenario, point.label)] = (point, run_id)
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 _collect(ray, ready[0], *pending.pop(ready[0]), tracker, Path(tmp), cbs, out,
                          len(todo))

@@ -232,3 +232,18 @@ def test_progress_shows_elapsed_time_left_and_the_pace_after_the_first_round():
     loss = Progress("reg seed=0", 1, stream=out, now=lambda: t[0], start=t[0])
     loss.update(0, {"test_loss": 0.125})  # a task without accuracy shows its loss
     assert out.getvalue().splitlines()[-1] == "reg seed=0: round 1/1 loss 0.1250 (0:00 elapsed)"
+
+
+def test_a_sweep_point_reports_its_progress(tmp_path, capsys):
+    """The Ray task of a sweep point prints its progress lines (Ray forwards them to the
+    driver's terminal, prefixed with the task's pid)."""
+    from simulator.config import load
+    from simulator.runner import _simulate
+
+    p = tmp_path / "s.yaml"
+    p.write_text("rounds: 2\ndata: {dataset: {name: digits}}\nmodel: {name: logreg}\n"
+                 "clients: {total: 4}\n")
+    _simulate(load(p).points[0].scenario, "mean seed=0")
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("mean seed=0: round 1/2 acc ") and "elapsed" in err[0]
+    assert err[1].startswith("mean seed=0: round 2/2 acc ") and "rounds/s" in err[1]
