@@ -9,6 +9,7 @@ per point) and the tags and params they carry.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -86,6 +87,8 @@ class MLflowArtifacts(Callback):
             tracker.log_artifact(run_id, tmp / f"{name}.parquet", "privacy")
         torch.save(result.model_state, tmp / "model.pt")
         tracker.log_artifact(run_id, tmp / "model.pt", "model")
+        if result.model_info:
+            log_model(tracker, run_id, run.point.scenario, result, tmp / "mlflow-model")
         if result.params:
             tracker.log_params(run_id, result.params)
 
@@ -239,6 +242,59 @@ def open_child(point: RunPoint, key: str, backend: Any, tracker: Tracker, parent
     tracker.log_artifact(run_id, tmp / "scenario.yaml")
     log_dataset(tracker, run_id, sc)
     return run_id
+
+
+def save_model(sc: Any, result: Any, folder: Path) -> Path:
+    """The final model as an MLflow pytorch model in ``folder``: torch.export's graph (the
+    ``pt2`` format: no pickle, and ``mlflow.pytorch.load_model`` needs no fedray code), with
+    its signature (float32 values in [0, 1] for images, int64 token ids for text)."""
+    import logging
+
+    import mlflow.pytorch
+    import torch
+    from mlflow.models import infer_signature
+
+    from simulator.models import build_model
+
+    info = result.model_info
+    model = build_model(sc.model, info["input_shape"], info["num_classes"], sc.seeds[0],
+                        info["vocabulary"])
+    model.load_state_dict(result.model_state)
+    model.eval()
+    example = torch.zeros((2, *info["input_shape"]),
+                          dtype=torch.int64 if info["tokens"] else torch.float32)
+    with torch.no_grad():
+        out = model(example)
+    loggers = [logging.getLogger(n) for n in ("mlflow.pytorch", "mlflow.utils.requirements_utils",
+                                              "mlflow.models.model")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:  # its notes on pickle and local version labels, on every run
+        lg.setLevel(logging.ERROR)
+    try:
+        shutil.rmtree(folder, ignore_errors=True)
+        mlflow.pytorch.save_model(
+            model, str(folder), signature=infer_signature(example.numpy(), out.numpy()),
+            serialization_format="pt2", input_example=example.numpy(),
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+    return folder
+
+
+def log_model(tracker: Tracker, run_id: str, sc: Any, result: Any, folder: Path) -> None:
+    """``save_model`` into the run's ``model/`` artifacts (beside ``model.pt``). A model that
+    torch.export cannot capture keeps its state_dict only, said in one line."""
+    try:
+        save_model(sc, result, folder)
+    except Exception as e:  # noqa: BLE001 - a plugin model torch.export cannot capture
+        print(f"fedray: run {run_id}: the final model is kept as model/model.pt only; "
+              f"torch.export could not capture it ({type(e).__name__}: {str(e)[:200]})",
+              file=sys.stderr)
+        return
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = f.parent.relative_to(folder)
+        tracker.log_artifact(run_id, f, "model" + ("" if str(rel) == "." else f"/{rel}"))
 
 
 def dataset_input(sc: Any) -> Any:

@@ -42,6 +42,8 @@ class RunResult:
     timings: list[dict[str, float]] = field(default_factory=list)  # wall-clock, per round
     params: dict[str, str] = field(default_factory=dict)  # run params the engine derives
     tables: dict[str, dict[str, list]] = field(default_factory=dict)  # artifacts, by name
+    # what the model takes (input_shape, num_classes, vocabulary, tokens): to rebuild it
+    model_info: dict[str, Any] = field(default_factory=dict)
 
     def final(self, key: str) -> float:
         for row in reversed(self.metrics):
@@ -266,7 +268,11 @@ class Engine:
                 r += 1
             final, state, params = self._final()
             privacy_params, tables = self._privacy_outputs()
-            return RunResult(rows, final, state, timings, {**params, **privacy_params}, tables)
+            d = self.data
+            info = {"input_shape": tuple(d.input_shape), "num_classes": d.num_classes,
+                    "vocabulary": d.vocabulary, "tokens": d.vocabulary is not None}
+            return RunResult(rows, final, state, timings, {**params, **privacy_params}, tables,
+                             info)
         finally:
             self.backend.release(self._handles)
 

@@ -124,6 +124,25 @@ def test_artifacts_metrics_parquet_and_model(tmp_path, mlflow_uri):
     model_path = client.download_artifacts(child, "model/model.pt", str(tmp_path))
     state = torch.load(model_path, weights_only=True)
     assert state["net.1.weight"].shape == (10, 64)
+    # the same model as an MLflow pytorch model: torch.export's graph (no fedray class needed
+    # to load it), with its signature, giving the state_dict's outputs
+    import mlflow.pytorch
+
+    from simulator.models import build_model
+
+    loaded = mlflow.pytorch.load_model(f"runs:/{child}/model")
+    assert type(loaded).__module__.startswith("torch.fx")  # a graph, not fedray's class
+    assert not any(c.__module__.startswith(("simulator", "strategies"))
+                   for c in type(loaded).__mro__)
+    mine = build_model({"name": "logreg"}, (1, 8, 8), 10, seed=0)
+    mine.load_state_dict(state)
+    x = torch.rand(5, 1, 8, 8, generator=torch.Generator().manual_seed(0))  # any batch size
+    torch.testing.assert_close(loaded(x), mine(x))
+    from mlflow.models import get_model_info
+
+    sig = get_model_info(f"runs:/{child}/model").signature
+    spec = sig.inputs.to_dict()[0]["tensor-spec"]
+    assert spec["dtype"] == "float32" and tuple(spec["shape"]) == (-1, 1, 8, 8)
     # artifacts of the embedded store live beside the DB
     assert (tmp_path / "mlartifacts").is_dir()
 
