@@ -49,6 +49,10 @@ def runs(tmp_path_factory, _mlflow_template):
                                                                     mlflow_name("test_accuracy")),
                                           key=lambda m: m.step)]
         hist[(r.data.params["aggregator.name"], r.data.params["seed"])] = values
+    # a 3-seed sweep's parent holds no swept value: a filter on one finds the 3 children only
+    mean = client.search_runs([exp.experiment_id], "params.`aggregator.name` = 'mean'")
+    assert sorted(r.info.run_name for r in mean) == ["mean seed=0", "mean seed=1", "mean seed=2"]
+    assert all(r.data.tags["fedray.kind"] == "point" for r in mean)
     return uri, hist
 
 
