@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dashboards.svg import PALETTE, spans_decades
+from dashboards.svg import PALETTE, wants_log
 
 
 @dataclass
@@ -36,8 +36,7 @@ def _dash(pattern: str) -> Any:
 
 def _lines(ax: Any, spec: dict[str, Any]) -> None:
     series = spec["series"]
-    ys = [y for s in series for y in s["mean"] if math.isfinite(y) and y != 0]
-    log = spans_decades(ys)
+    log = wants_log(series)
     for i, s in enumerate(series):
         c = s.get("color") or PALETTE[i % len(PALETTE)]
         pts = [(x, y) for x, y in zip(s["x"], s["mean"]) if math.isfinite(y)

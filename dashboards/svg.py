@@ -71,6 +71,14 @@ def spans_decades(values: Sequence[float], ratio: float = 1e3) -> bool:
     return bool(pos) and min(pos) > 0 and max(pos) / min(pos) > ratio
 
 
+def wants_log(series: Sequence[dict]) -> bool:
+    """Whether a chart of ``series`` reads on a log y axis: its non-zero values (curves and
+    bands) are positive and span more than three decades. The HTML chart and its PDF/SVG
+    export decide by this one rule."""
+    return spans_decades([y for s in series for key in ("mean", "lo", "hi")
+                          for y in s.get(key) or [] if math.isfinite(y) and y != 0])
+
+
 def _log_ticks(lo: float, hi: float) -> list[float]:
     """Powers of ten between ``lo`` and ``hi`` (every k-th when there are many)."""
     a, b = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
@@ -163,7 +171,7 @@ def line_chart(title: str, series: Sequence[dict], x_label: str = "round", y_lab
             if math.isfinite(y)]
     if not pts:
         return f'<figure class="chart"><figcaption>{_esc(title)}: no data</figcaption></figure>'
-    log = spans_decades([p[1] for p in pts if p[1] != 0]) if log is None else log
+    log = wants_log(series) if log is None else log
     zeros = log and any(p[1] <= 0 for p in pts)
     if log:
         pts = [p for p in pts if p[1] > 0]

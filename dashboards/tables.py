@@ -40,9 +40,6 @@ DEFAULT: list[tuple[str, str]] = [
     ("relative_aggregation_error", "mean"),
     ("byzantine_exceeded", "sum"),
 ]
-# kept for callers of the old name: metric -> how
-SUMMARIES: dict[str, str] = dict(DEFAULT)
-HOWS = ("final", "mean", "sum", "param", "lastK")
 
 
 def parse_how(how: str) -> int | str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import simulator
 from simulator import registry
-from simulator.config import ScenarioError, load
+from simulator.config import LoadedScenario, ScenarioError, load
 from simulator.errors import (
     ClientStateLost,
     DataError,
@@ -36,11 +36,18 @@ def _figures() -> list:
     return [RunFigure()]
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _load(args: argparse.Namespace) -> LoadedScenario | None:
+    """``args.scenario`` with its ``--set`` overrides; None after printing its errors."""
     try:
-        loaded = load(args.scenario, args.set)
+        return load(args.scenario, args.set)
     except ScenarioError as e:
         print("\n".join(e.lines), file=sys.stderr)
+        return None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    loaded = _load(args)
+    if loaded is None:
         return EXIT_INVALID
     from simulator.runner import final_text, run_loaded
 
@@ -65,10 +72,8 @@ def _closing(args: argparse.Namespace, experiment: str, uri: str) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    try:
-        loaded = load(args.scenario, args.set)
-    except ScenarioError as e:
-        print("\n".join(e.lines), file=sys.stderr)
+    loaded = _load(args)
+    if loaded is None:
         return EXIT_INVALID
     from simulator.runner import run_sweep
 
@@ -213,10 +218,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     """The scenario as it will run (defaults filled in, plugins resolved) and its points."""
     import yaml
 
-    try:
-        loaded = load(args.scenario, args.set)
-    except ScenarioError as e:
-        print("\n".join(e.lines), file=sys.stderr)
+    loaded = _load(args)
+    if loaded is None:
         return EXIT_INVALID
     sc = loaded.scenario
     print(f"# {args.scenario}, resolved: every default filled in")

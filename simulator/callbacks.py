@@ -148,6 +148,17 @@ def _commit() -> str:
 
 def tags(sc: Any, backend: Any) -> dict[str, str]:
     """The tags of every run of a scenario (the report and MLflow's search read them)."""
+    return {**scenario_tags(sc), **run_tags(backend)}
+
+
+def run_tags(backend: Any) -> dict[str, str]:
+    """The tags of where a run ran: fedray's version, the commit, the backend, its nodes."""
+    return {"fedray.version": simulator.__version__, "mlflow.source.git.commit": _commit(),
+            "backend": backend.name, "ray_nodes": str(backend.num_nodes())}
+
+
+def scenario_tags(sc: Any) -> dict[str, str]:
+    """The tags a scenario point decides (aggregator, attack, n, f, data set, model, ...)."""
     return {
         "aggregator": sc.aggregator["name"],
         "preaggregators": ",".join(p["name"] for p in sc.preaggregators) or "none",
@@ -158,10 +169,6 @@ def tags(sc: Any, backend: Any) -> dict[str, str]:
         "f": str(sc.clients.byzantine),
         "dataset": sc.data.dataset["name"],
         "model": sc.model["name"],
-        "fedray.version": simulator.__version__,
-        "mlflow.source.git.commit": _commit(),
-        "backend": backend.name,
-        "ray_nodes": str(backend.num_nodes()),
     }
 
 
@@ -181,8 +188,9 @@ def common_params(loaded: LoadedScenario) -> dict[str, str]:
 
 def common_tags(loaded: LoadedScenario, backend: Any) -> dict[str, str]:
     """The tags every point of the scenario shares (a swept aggregator is no parent tag)."""
-    per = [tags(p.scenario, backend) for p in loaded.points]
-    return {k: v for k, v in per[0].items() if all(t.get(k) == v for t in per[1:])}
+    per = [scenario_tags(p.scenario) for p in loaded.points]
+    shared = {k: v for k, v in per[0].items() if all(t.get(k) == v for t in per[1:])}
+    return {**shared, **run_tags(backend)}  # the backend asked once, not once per point
 
 
 def run_name(point: RunPoint) -> str:

@@ -24,7 +24,7 @@ from simulator.config import Scenario
 from simulator.errors import ClientStateLost, DeviceUnavailable, WorkerLost
 from simulator.registry import instantiate
 from simulator.runtime.actors import Adversary, Mixer, Server
-from simulator.runtime.backend import PING_TIMEOUT, PLACE_TIMEOUT, Backend
+from simulator.runtime.backend import PING_TIMEOUT, PLACE_TIMEOUT, Backend, gpu_share
 from simulator.runtime.common import stack_updates
 from simulator.runtime.worker import ClientWorker
 from simulator.sampling import byzantine_clients, missed_round, sample_clients
@@ -112,9 +112,7 @@ class Engine:
         if rt.server_device == "cuda" and not server_gpu:
             raise DeviceUnavailable("runtime.server_device: cuda, but the cluster has no GPU; "
                                     "use server_device: auto or cpu")
-        gpus = rt.num_gpus
-        if gpus is None:
-            gpus = 0.0 if rt.device == "cpu" else min(1.0, (have - server_gpu) / self.n_workers)
+        gpus = gpu_share(rt.num_gpus, rt.device != "cpu", have - server_gpu, self.n_workers)
         if rt.device == "cuda" and gpus <= 0:
             raise DeviceUnavailable(
                 f"runtime.device: cuda, but workers get no GPU (the cluster has {have:g}; "

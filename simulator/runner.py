@@ -184,11 +184,11 @@ def _simulate(scenario: Scenario, label: str = "") -> Any:
 def _task_resources(sc: Scenario, gpus: float, parallel: int) -> dict[str, float]:
     """A sweep point's Ray task: ``runtime.num_cpus`` CPUs and, for a point on a GPU, its
     ``num_gpus`` or the cluster's GPUs shared out among the points run at once."""
+    from simulator.runtime.backend import gpu_share
+
     rt = sc.runtime
-    share = rt.num_gpus
-    if share is None:
-        share = 0.0 if rt.device == "cpu" and rt.server_device == "cpu" else \
-            min(1.0, gpus / parallel)
+    share = gpu_share(rt.num_gpus, rt.device != "cpu" or rt.server_device != "cpu", gpus,
+                      parallel)
     return {"num_cpus": rt.num_cpus, **({"num_gpus": share} if share > 0 else {})}
 
 

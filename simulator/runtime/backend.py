@@ -214,6 +214,14 @@ def _quiet_default_auth_notice() -> None:
         log.addFilter(_DefaultAuthNotice())
 
 
+def gpu_share(asked: float | None, on_gpu: bool, gpus: float, n: int) -> float:
+    """The GPUs one of ``n`` actors or tasks takes: ``asked`` (``runtime.num_gpus``) when
+    given, else none off the GPU, else ``gpus`` shared out among the ``n``, at most one."""
+    if asked is not None:
+        return asked
+    return min(1.0, gpus / n) if on_gpu else 0.0
+
+
 def _ray_kind(e: BaseException) -> str:
     """The Ray error's own type name (a RayTaskError subclass carries its cause's type)."""
     kinds = [c.__name__ for c in type(e).__mro__ if c.__module__ == "ray.exceptions"
