@@ -20,6 +20,7 @@ import yaml
 
 import simulator
 from simulator.config import LoadedScenario, RunPoint
+from simulator.errors import brief_text
 from simulator.tracking import Tracker, flatten, git_commit, write_metrics
 
 
@@ -273,10 +274,12 @@ def save_model(sc: Any, result: Any, folder: Path) -> Path:
                           dtype=torch.int64 if info["tokens"] else torch.float32)
     with torch.no_grad():
         out = model(example)
+    # MLflow's notes on local version labels and torch's graph dumps when an export fails
+    # (that failure is reported in one line by log_model)
     loggers = [logging.getLogger(n) for n in ("mlflow.pytorch", "mlflow.utils.requirements_utils",
-                                              "mlflow.models.model")]
+                                              "mlflow.models.model", "torch")]
     levels = [lg.level for lg in loggers]
-    for lg in loggers:  # its notes on pickle and local version labels, on every run
+    for lg in loggers:
         lg.setLevel(logging.ERROR)
     try:
         shutil.rmtree(folder, ignore_errors=True)
@@ -293,13 +296,20 @@ def save_model(sc: Any, result: Any, folder: Path) -> Path:
 def log_model(tracker: Tracker, run_id: str, sc: Any, result: Any, folder: Path) -> None:
     """``save_model`` into the run's ``model/`` artifacts (beside ``model.pt``). A model that
     torch.export cannot capture keeps its state_dict only, said in one line."""
+    import contextlib
+    import io
+
+    said = io.StringIO()  # torch prints the graph it could not export: kept back on failure
     try:
-        save_model(sc, result, folder)
+        with contextlib.redirect_stderr(said):
+            save_model(sc, result, folder)
     except Exception as e:  # noqa: BLE001 - a plugin model torch.export cannot capture
         print(f"fedray: run {run_id}: the final model is kept as model/model.pt only; "
-              f"torch.export could not capture it ({type(e).__name__}: {str(e)[:200]})",
+              f"torch.export could not capture it ({type(e).__name__}: "
+              f"{brief_text((str(e).strip().splitlines() or [''])[0], 200)})",
               file=sys.stderr)
         return
+    sys.stderr.write(said.getvalue())  # on success nothing is held back
     for f in sorted(p for p in folder.rglob("*") if p.is_file()):
         rel = f.parent.relative_to(folder)
         tracker.log_artifact(run_id, f, "model" + ("" if str(rel) == "." else f"/{rel}"))

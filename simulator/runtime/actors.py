@@ -169,9 +169,10 @@ class Server:
         if dp is not None:
             agg = dp.noise(agg, rows.shape[0], torch_generator(self.seed, "dp-noise", round_))
         honest_mean = honest.mean(dim=0)
-        buffer_metrics = self._step_buffers(
-            honest_order, byzantine["buffers"] if byzantine is not None and byz is not None
-            else None, results) if self.b.numel() else {}
+        byz_buffers = byzantine["buffers"] if byzantine is not None and byz is not None \
+            else None
+        buffer_metrics = (self._step_buffers(honest_order, byz_buffers, results)
+                          if self.b.numel() else {})
         finite = bool(torch.isfinite(agg).all())
         if finite:
             self.x = guarded("server.optimizer", self.optimizer_name, self.optimizer.step)(

@@ -176,3 +176,29 @@ def test_failed_log_batch_is_kept_and_resent(mlflow_uri):
 def test_flatten():
     assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": "x", "e": None}) == {
         "a.b": "1", "a.c": "[1, 2]", "d": "x", "e": "null"}
+
+
+def test_a_model_torch_export_cannot_capture_keeps_its_state_dict(tmp_path, mlflow_uri,
+                                                                  monkeypatch, capfd):
+    """Data-dependent control flow in a model's forward: torch.export fails; the run is
+    FINISHED with ``model/model.pt``, and that is said in one line (no graph dump)."""
+    from simulator import models
+
+    def forward(self, x):
+        out = self.net(x)
+        return out * 0 if float(out.detach().sum()) > 1e9 else out
+
+    monkeypatch.setattr(models.LogisticRegression, "forward", forward)
+    p = tmp_path / "one.yaml"
+    p.write_text(SWEEP.replace("seeds: [0, 1]", "seeds: [0]").replace(
+        "sweep:\n  aggregator.name: [mean, median]\n", "").replace("rounds: 3", "rounds: 1"))
+    out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True)
+    child = out["runs"][0]["run_id"]
+    client = MlflowClient(mlflow_uri)
+    assert client.get_run(child).info.status == "FINISHED"
+    assert {a.path for a in client.list_artifacts(child, "model")} == {"model/model.pt"}
+    err = capfd.readouterr().err
+    ours = [line for line in err.splitlines() if "torch.export could not capture" in line]
+    assert len(ours) == 1 and ours[0].startswith(f"fedray: run {child}: the final model is "
+                                                 "kept as model/model.pt only")
+    assert "def forward" not in err
