@@ -38,6 +38,21 @@ def test_digits_and_gaussian_mixture_shapes():
     assert g.x_train.shape == (900, 5) and set(np.unique(g.y_train)) == {0, 1, 2}
 
 
+def test_digits_are_scikit_learns_read_without_importing_it():
+    """Digits reads scikit-learn's shipped file directly (0.7 s of imports saved): the same
+    pixels and labels as ``load_digits``, in the same order."""
+    from sklearn.datasets import load_digits
+
+    from simulator.data.datasets import _digits_table
+
+    table, bunch = _digits_table(), load_digits()
+    assert table.shape == (1797, 65)
+    np.testing.assert_array_equal(table[:, :-1], bunch.data)
+    np.testing.assert_array_equal(table[:, -1], bunch.target)
+    d = Digits().load(10, seed=0, test_fraction=0.25)
+    assert np.isin(d.x_train.reshape(len(d.x_train), -1) * 16.0, bunch.data).all()
+
+
 def test_iid_sizes_differ_by_at_most_one():
     y = np.arange(103) % 10
     parts = IID()(y, 10, np.random.default_rng(0))

@@ -347,8 +347,9 @@ def test_a_model_too_large_for_this_machine_is_refused(tmp_path):
 
 def test_a_model_that_cannot_be_built_on_meta_tensors_is_checked_on_the_cpu(tmp_path,
                                                                            monkeypatch):
-    """The shape check builds the model on torch's meta device; a model whose constructor
-    needs real tensors (numpy in __init__) is built on the CPU instead, not refused."""
+    """The shape check builds a model of up to 1 GiB on the CPU, as the run does (the meta
+    device is for larger ones): a constructor that needs real tensors (numpy in __init__)
+    is not refused."""
     from simulator import registry
     from simulator.models import MLP
 
