@@ -216,7 +216,7 @@ def _model_forward(sc: Scenario, info: Any) -> tuple[Any, Any]:
 
         total = 0
 
-        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        def __torch_function__(self, func, types, args=(), kwargs=None):
             if func in _device_constructors() and args:
                 size = args[0] if isinstance(args[0], (tuple, list, torch.Size)) else args
                 if all(isinstance(n, int) for n in size):
