@@ -4,7 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install quickstart test lint bench bench-models bench-gpu flower-venv bench-flower
+.PHONY: install quickstart test lint bench bench-models bench-gpu flower-venv bench-flower \
+	bench-startup bench-floor pfl-venv bench-pfl
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,3 +51,21 @@ flower-venv:
 bench-flower: $(STAMP)
 	test -x .venv-flower/bin/python || $(MAKE) flower-venv
 	$(PY) benchmarks/vs_flower.py
+
+# start-up: time to the first round against `import torch`, and what each command imports
+bench-startup: $(STAMP)
+	$(PY) benchmarks/startup.py
+
+# the steady-state round against the same local SGD steps in a bare loop on every core
+bench-floor: $(STAMP)
+	$(PY) benchmarks/floor.py
+
+# pfl-research 0.6 for benchmarks/vs_pfl.py, in its own venv (pfl pins its own dependencies;
+# dp-accounting < 0.6 is the last that installs beside it, torch pinned to the CPU build)
+pfl-venv:
+	$(PYTHON) -m venv .venv-pfl
+	.venv-pfl/bin/pip install -q "pfl[pytorch]==0.6.0" torch==2.13.0 "dp-accounting<0.6" numpy
+
+bench-pfl: $(STAMP)
+	test -x .venv-pfl/bin/python || $(MAKE) pfl-venv
+	$(PY) benchmarks/vs_pfl.py

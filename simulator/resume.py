@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from simulator.callbacks import Callback, PointRun, default_callbacks
+from simulator.callbacks import Callback, Opening, PointRun, default_callbacks
 from simulator.config import RunPoint, Scenario, expand
 from simulator.errors import FedrayError
 from simulator.metric_names import mlflow_name
@@ -144,6 +144,7 @@ def _continue_parent(parent: str, tracker: Tracker, backend: Any, tmp: Path,
     if owned:
         backend = make_backend(full.runtime.backend)
         trap_sigterm()
+    opening = Opening.existing(tracker, parent)
     try:
         for i, point in enumerate(todo):
             key = point_key(point)
@@ -151,9 +152,9 @@ def _continue_parent(parent: str, tracker: Tracker, backend: Any, tmp: Path,
                 out.append(_resume_point(partial[key], tracker, backend, tmp / f"r{i}",
                                          callbacks, workers))
             else:
-                out.append(run_point(point, backend, tracker, parent, tmp / f"p{i}", callbacks,
-                                     workers))
+                out.append(run_point(point, backend, opening, tmp / f"p{i}", callbacks, workers))
     finally:
+        opening.close()
         if owned:
             backend.shutdown()
     return out

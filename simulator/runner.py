@@ -21,6 +21,7 @@ from typing import Any
 from simulator.callbacks import (
     Callback,
     MLflowArtifacts,
+    Opening,
     PointRun,
     default_callbacks,
     open_child,
@@ -67,11 +68,12 @@ def sweep_key(loaded: LoadedScenario) -> str:
     return _digest(loaded.scenario.model_dump(mode="json"))
 
 
-def run_point(point: RunPoint, backend: Any, tracker: Tracker, parent: str, tmp: Path,
+def run_point(point: RunPoint, backend: Any, opening: Opening, tmp: Path,
               callbacks: list[Callback], workers: int | None = None) -> dict[str, Any]:
-    """A new child run of ``parent`` for ``point``, run to its end."""
-    run_id = open_child(point, point_key(point), backend, tracker, parent, tmp)
-    return execute(PointRun(point, run_id, tracker, tmp), backend, callbacks, workers)
+    """A new child run of the opening's parent for ``point``, run to its end; the child run
+    opens on the opening's thread while the engine starts."""
+    child = opening.open_child(point, point_key(point), backend, tmp)
+    return execute(PointRun(point, None, None, tmp, opening=child), backend, callbacks, workers)
 
 
 def execute(run: PointRun, backend: Any, callbacks: list[Callback], workers: int | None = None,
@@ -106,16 +108,22 @@ def execute(run: PointRun, backend: Any, callbacks: list[Callback], workers: int
         raise
     finally:
         status = end_status(status, error)
-        try:
-            for cb in callbacks:
-                cb.on_end(run, result if status == "FINISHED" else None, status)
-        except BaseException:
-            status = "FAILED" if status == "FINISHED" else status
-            raise
-        finally:
-            run.tracker.end(run.run_id, status)
-            if status != "FINISHED":
-                UNFINISHED.append((run.run_id, point.label, status))
+        run.opening.result()  # a store that could not be used: no MLflow run to end, its error
+        _close(run, callbacks, result, status)
+
+
+def _close(run: PointRun, callbacks: list[Callback], result: Any, status: str) -> None:
+    """The callbacks' ends, then the run's final status (FAILED if an end failed)."""
+    try:
+        for cb in callbacks:
+            cb.on_end(run, result if status == "FINISHED" else None, status)
+    except BaseException:
+        status = "FAILED" if status == "FINISHED" else status
+        raise
+    finally:
+        run.tracker.end(run.run_id, status)
+        if status != "FINISHED":
+            UNFINISHED.append((run.run_id, run.point.label, status))
 
 
 def run_loaded(
@@ -138,31 +146,36 @@ def run_loaded(
 
     sc = loaded.scenario
     uri = tracking_uri or default_uri()
-    tracker = Tracker(uri, sc.name)  # before Ray: a store that cannot be used stops it here
-    backend = make_backend(backend_name or sc.runtime.backend, address, **(ray_init or {}))
-    trap_sigterm()
-    cbs = default_callbacks(quiet) + list(callbacks or [])
+    opening = Opening(uri, sc.name)  # MLflow opens on its own thread while Ray starts
     status, parent, error = "FAILED", None, None
     try:
-        with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
-            parent = open_parent(loaded, backend, tracker, Path(tmp))
-            out: dict[str, Any] = {"parent_run_id": parent, "experiment_id": tracker.experiment_id,
-                                   "tracking_uri": uri, "runs": []}
-            for i, point in enumerate(loaded.points):
-                out["runs"].append(run_point(point, backend, tracker, parent, Path(tmp) / str(i),
-                                             cbs, workers))
-        status = "FINISHED"
-        return out
+        backend = make_backend(backend_name or sc.runtime.backend, address, **(ray_init or {}))
+        try:
+            trap_sigterm()
+            if opening.tracker.done():  # a store that cannot be used stops it here
+                opening.tracker.result()
+            cbs = default_callbacks(quiet) + list(callbacks or [])
+            with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
+                opening.open_parent(loaded, backend, Path(tmp))
+                runs = [run_point(point, backend, opening, Path(tmp) / str(i), cbs, workers)
+                        for i, point in enumerate(loaded.points)]
+                parent = opening.parent.result() if opening.parent else None
+            status = "FINISHED"
+            return {"parent_run_id": parent, "experiment_id": opening.tracker.result().experiment_id,
+                    "tracking_uri": uri, "runs": runs}
+        finally:
+            backend.shutdown()
     except BaseException as e:
         error = e
         raise
     finally:
-        if parent is not None:
+        if opening.parent is not None and opening.parent.exception() is None:
+            parent = opening.parent.result()
             status = end_status(status, error)
-            tracker.end(parent, status)
+            opening.tracker.result().end(parent, status)
             if status != "FINISHED":
                 UNFINISHED.append((parent, f"parent of {len(loaded.points)} point(s)", status))
-        backend.shutdown()
+        opening.close()
 
 
 # --------------------------------------------------------------------------- sweeps

@@ -54,20 +54,43 @@ def partition_table(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray]) -> tu
     # the worker scales them to [0, 1] (runtime.common.model_input)
     dtype = x.dtype if x.dtype in (np.uint8, np.int32) else np.float32  # images, tokens
     flat = np.ascontiguousarray(x[order].reshape(len(order), width), dtype=dtype)
-    xs = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), width)
+    xs = pa.FixedSizeListArray.from_arrays(_arrow(flat.reshape(-1)), width)
     client = np.repeat(np.arange(len(parts), dtype=np.int32), sizes)
     # class ids as int64, real-valued targets (regression) as float32
     ydtype = np.float32 if np.issubdtype(y.dtype, np.floating) else np.int64
-    table = pa.table({"client": client, "x": xs, "y": y[order].astype(ydtype)})
+    table = pa.table({"client": _arrow(client), "x": xs,
+                      "y": _arrow(np.ascontiguousarray(y[order], dtype=ydtype))})
     return table, offsets
+
+
+def _arrow(a: np.ndarray) -> pa.Array:
+    """A contiguous 1-D numeric array as an Arrow array over the same memory. ``pa.array``
+    would do the same, but its first call imports pandas (0.4 s) to ask whether ``a`` is a
+    pandas object."""
+    return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), len(a), [None, pa.py_buffer(a)])
 
 
 def client_arrays(table: pa.Table, input_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """Zero-copy NumPy views ``(x, y)`` of all rows of a partition table."""
     xcol = table.column("x").combine_chunks()
-    x = xcol.values.to_numpy(zero_copy_only=True).reshape(len(xcol), *input_shape)
-    y = table.column("y").combine_chunks().to_numpy(zero_copy_only=True)
+    x = numpy_view(xcol.values).reshape(len(xcol), *input_shape)
+    y = numpy_view(table.column("y").combine_chunks())
     return x, y
+
+
+_NUMPY_NAMES = {"float": "float32", "double": "float64", "halffloat": "float16"}
+
+
+def numpy_view(a: pa.Array) -> np.ndarray:
+    """A zero-copy read-only NumPy view of a numeric Arrow array without nulls: what
+    ``a.to_numpy(zero_copy_only=True)`` gives, without its first call importing pandas."""
+    if a.null_count or not (pa.types.is_integer(a.type) or pa.types.is_floating(a.type)):
+        raise ValueError(f"numpy_view takes numeric arrays without nulls, got {a.type}")
+    dtype = np.dtype(_NUMPY_NAMES.get(str(a.type), str(a.type)))
+    view = np.frombuffer(a.buffers()[1], dtype=dtype, count=len(a),
+                         offset=a.offset * dtype.itemsize)
+    view.flags.writeable = False  # shared with the table (and with other clients' views)
+    return view
 
 
 def build(dataset: dict, partitioner: dict, num_clients: int, seed: int, test_fraction: float) -> FederatedData:

@@ -1,0 +1,122 @@
+"""Start-up: how long a user waits for the first round, against `python -c "import torch"`.
+
+Runs each command in a fresh process in a temporary folder (so the embedded MLflow store is
+the one a user has after a first run: it exists), the median of ``--repeat`` runs:
+
+* ``import torch``, the yardstick;
+* ``fedray run scenarios/quickstart.yaml`` on the inline backend and on a fresh local Ray
+  instance: the time from the process start to the end of round 1 (its progress line), and
+  to the end of the process (``--rounds`` rounds);
+* ``fedray validate``, ``show`` and ``list``, and whether each imports torch, Ray or MLflow;
+
+then the import-time breakdown of the inline run (``-X importtime``): the cumulative time of
+each top-level package, and who imports it.
+
+    python benchmarks/startup.py [--repeat 3] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+FEDRAY = [PY, "-m", "fedray"]
+QUICK = str(ROOT / "scenarios" / "quickstart.yaml")
+HEAVY = ("torch", "ray", "mlflow")
+
+
+def timed(cmd: list[str], cwd: Path, marker: str | None = None) -> tuple[float, float]:
+    """(seconds to the first stderr line containing ``marker``, seconds to the end)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+    first: float | None = None
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if marker and first is None and marker in line:
+            first = time.perf_counter() - t0
+    if proc.wait() != 0:
+        raise RuntimeError(f"{' '.join(cmd[2:5])} failed")
+    return (float("nan") if first is None else first), time.perf_counter() - t0
+
+
+def median_of(n: int, cmd: list[str], cwd: Path, marker: str | None = None
+              ) -> tuple[float, float]:
+    runs = [timed(cmd, cwd, marker) for _ in range(n)]
+    return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+
+
+def importtime(cmd: list[str], cwd: Path) -> list[tuple[int, int, str]]:
+    """(depth, cumulative microseconds, module) of each import of ``cmd`` under -X importtime,
+    in the order Python prints them (children before their parent)."""
+    out = subprocess.run([PY, "-X", "importtime", *cmd[1:]], cwd=cwd, capture_output=True,
+                         text=True, check=True, env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+    rows = []
+    for line in out.stderr.splitlines():
+        m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)", line)
+        if m:
+            rows.append((len(m.group(3)) // 2, int(m.group(2)), m.group(4)))
+    return rows
+
+
+def top_packages(rows: list[tuple[int, int, str]]) -> list[tuple[str, float, str]]:
+    """(package, seconds, the first fedray module on its import chain) for each top-level
+    package's first import, largest first."""
+    out: dict[str, tuple[float, str]] = {}
+    for i, (depth, cum, name) in enumerate(rows):
+        top = name.split(".")[0]
+        if name != top or top in out or top in ("fedray", "simulator", "strategies",
+                                                "dashboards"):
+            continue
+        # the importer: the next row of smaller depth, up to a fedray module
+        who, d = "", depth
+        for dj, _, nj in rows[i + 1:]:
+            if dj < d:
+                d = dj
+                if nj.split(".")[0] in ("fedray", "simulator", "strategies", "dashboards"):
+                    who = nj
+                    break
+        if depth == 0 or who:
+            out[top] = (cum / 1e6, who or "(a function's import)")
+    return sorted(((k, s, w) for k, (s, w) in out.items()), key=lambda r: -r[1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="fedray-startup-") as d:
+        cwd = Path(d)
+        run = [*FEDRAY, "run", QUICK, "--set", f"rounds={args.rounds}", "--quiet"]
+        timed([*run, "--backend", "inline"], cwd)  # creates the store (what a first run pays)
+        torch_s = median_of(args.repeat, [PY, "-c", "import torch"], cwd)[1]
+        print(f"python -c 'import torch'      {torch_s:6.2f} s (median of {args.repeat})")
+        marker = "round 1/"
+        for backend in ("inline", "ray"):
+            first, end = median_of(args.repeat, [*run, "--backend", backend], cwd, marker)
+            print(f"fedray run ({backend:6}) first round {first:6.2f} s = {first / torch_s:4.2f}x "
+                  f"import torch; whole run ({args.rounds} rounds) {end:6.2f} s")
+        for sub in (["validate", QUICK], ["show", QUICK], ["list"]):
+            s = median_of(args.repeat, [*FEDRAY, *sub], cwd)[1]
+            mods = {name.split(".")[0] for _, _, name in importtime([*FEDRAY, *sub], cwd)}
+            heavy = [m for m in HEAVY if m in mods]
+            print(f"fedray {sub[0]:8}                 {s:6.2f} s; imports "
+                  f"{', '.join(heavy) if heavy else 'none of torch, ray, mlflow'}")
+        print("\nimport time of `fedray run --backend inline` (cumulative, first import of each "
+              "package; MLflow's on its own thread):")
+        for name, s, who in top_packages(importtime([*run, "--backend", "inline"], cwd))[:14]:
+            print(f"  {name:22} {s:6.2f} s  <- {who}")
+
+
+if __name__ == "__main__":
+    main()

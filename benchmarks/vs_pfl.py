@@ -1,0 +1,142 @@
+"""fedray against pfl-research 0.6 on pfl's CIFAR-10 benchmark setup, in the same run.
+
+pfl's benchmarks/image_classification/configs/baseline.yaml: 1,000 users of 50 images (IID),
+a cohort of 50 a round, its simple CNN (``simple_cnn`` here, without dropout on both sides),
+one local epoch of batch 10 at lr 0.1, FedAvg with a server SGD of lr 1. The images are
+CIFAR-shaped (3 x 32 x 32 uint8, a class tints the mean colour: learnable), generated and
+written as Parquet; fedray reads the file, partitions it, and exports its partition and its
+model's initial weights to the pfl side, so both train the same users from the same model.
+
+Both use the machine's cores: fedray with ``runtime.workers`` ClientWorkers on a fresh local
+Ray instance, each of ``runtime.threads`` threads; pfl with its single-process
+``SimulatedBackend`` (pfl runs several processes only under Horovod or torch.distributed)
+and as many torch threads as cores. fedray still delivers every client's update row to the
+server (robust aggregation needs them); pfl sums the updates as it trains.
+
+Prints both steady-state seconds per round (median gap between rounds after the first 3, the
+evaluating last one left out), whole-run seconds, final accuracies, and the ratios.
+
+    make pfl-venv                       # .venv-pfl: pfl[pytorch]==0.6.0 with torch==2.13.0
+    python benchmarks/vs_pfl.py [--rounds 20] [--pfl-python .venv-pfl/bin/python]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+USERS, PER_USER, COHORT, TEST = 1000, 50, 50, 5000
+SCENARIO = """\
+name: vs-pfl
+rounds: {rounds}
+data:
+  dataset: {{name: parquet, path: {path}, shape: [3, 32, 32]}}
+  partitioner: {{name: iid}}
+  test_fraction: {test_fraction}
+model: {{name: simple_cnn}}
+clients: {{total: {users}, per_round: {cohort}}}
+local: {{epochs: 1, batch_size: 10, lr: 0.1}}
+aggregator: {{name: mean}}
+server: {{optimizer: {{name: sgd, lr: 1.0}}}}
+evaluation: {{every: {rounds}}}
+runtime: {{backend: ray, workers: {workers}, threads: {threads}}}
+"""
+
+
+def fedray_side(scenario: str) -> None:
+    """Run in a subprocess: the fedray simulation on a fresh local Ray; one JSON line."""
+    t0 = time.perf_counter()
+    from simulator.config import load
+    from simulator.engine import make_engine
+    from simulator.runtime.backend import RayBackend
+
+    backend = RayBackend(include_dashboard=False, num_cpus=os.cpu_count())
+    ends: list[float] = []
+    try:
+        res = make_engine(load(scenario).points[0].scenario, backend).run(
+            lambda r, m: ends.append(time.perf_counter()))
+    finally:
+        backend.shutdown()
+    gaps = [b - a for a, b in itertools.pairwise(ends[3:-1])]
+    print(json.dumps({"seconds": time.perf_counter() - t0, "round": statistics.median(gaps),
+                      "accuracy": res.final("test_accuracy")}))
+
+
+def export(scenario: str, path: Path, threads: int) -> None:
+    """fedray's partition, test set and initial weights, for the pfl side."""
+    from simulator.config import load
+    from simulator.data import client_arrays
+    from simulator.engine import Engine
+    from simulator.models import build_model
+    from simulator.runtime.backend import InlineBackend
+
+    sc = load(scenario).points[0].scenario
+    data = Engine(sc, InlineBackend()).data
+    x, y = client_arrays(data.table, tuple(data.input_shape))
+    model = build_model(sc.model, data.input_shape, data.num_classes, sc.seeds[0])
+    weights = {f"w{i}": p.detach().numpy() for i, p in enumerate(model.parameters())}
+    np.savez(path, x=np.asarray(x), y=np.asarray(y), offsets=data.offsets,
+             x_test=np.asarray(data.x_test), y_test=data.y_test, classes=data.num_classes,
+             lr=sc.local.lr, server_lr=1.0, batch=sc.local.batch_size, threads=threads,
+             **weights)
+
+
+def run(cmd: list[str]) -> dict:
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                         env={**os.environ, "RAY_ADDRESS": ""})
+    if out.returncode != 0:
+        raise RuntimeError(f"{cmd[1]} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--pfl-python", default=str(ROOT / ".venv-pfl" / "bin" / "python"))
+    ap.add_argument("--fedray-side", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.fedray_side:
+        fedray_side(args.fedray_side)
+        return
+    from gpu import write_images
+
+    with tempfile.TemporaryDirectory() as tmp:
+        images = Path(tmp) / "images.parquet"
+        write_images(images, USERS * PER_USER + TEST)
+        scen = Path(tmp) / "vs-pfl.yaml"
+        scen.write_text(SCENARIO.format(
+            rounds=args.rounds, path=images, test_fraction=TEST / (USERS * PER_USER + TEST),
+            users=USERS, cohort=COHORT, workers=args.workers, threads=args.threads))
+        data = Path(tmp) / "data.npz"
+        export(str(scen), data, threads=os.cpu_count() or 1)
+        fed = run([sys.executable, __file__, "--fedray-side", str(scen)])
+        pfl = run([args.pfl_python, str(ROOT / "benchmarks" / "pfl_workload.py"), str(data),
+                   str(args.rounds), str(COHORT)])
+    print(f"{USERS} users x {PER_USER} images (3x32x32), cohort {COHORT}, simple_cnn, batch 10, "
+          f"1 local epoch, {args.rounds} rounds, {os.cpu_count()} cores")
+    print(f"{'':40s} {'s/round':>8s} {'users/s':>8s} {'whole s':>8s} {'accuracy':>9s}")
+    rows = [(f"fedray ({args.workers} workers x {args.threads} thread(s), Ray)", fed),
+            (f"pfl 0.6 (SimulatedBackend, {os.cpu_count()} threads)", pfl)]
+    for name, r in rows:
+        print(f"{name:40s} {r['round']:8.3f} {COHORT / r['round']:8.1f} {r['seconds']:8.1f} "
+              f"{r['accuracy']:9.4f}")
+    print(f"fedray / pfl throughput: {pfl['round'] / fed['round']:.2f}x per round, "
+          f"{pfl['seconds'] / fed['seconds']:.2f}x whole run")
+
+
+if __name__ == "__main__":
+    main()
