@@ -98,6 +98,7 @@ class Engine:
         self.privacy: Privacy | None = (instantiate("privacy", scenario.privacy)
                                         if scenario.privacy else None)
         self._mechanism: tuple[int, Any] = (-1, None)  # (rounds, mechanism) last composed
+        self.derived: dict[str, str] = {}  # params the engine chose (logged with the run's)
 
     SERVER_GPU = 0.1  # the share of a GPU the server takes when it aggregates on one
 
@@ -155,10 +156,35 @@ class Engine:
         self.omniscient = traits is not None and traits.omniscient
         self.poison = sc.attack if traits is not None and traits.data_poisoning else None
         self._handles = [*self.workers, self.server] + ([self.adversary] if self.adversary else [])
+        self._keep_faster_trainer(self.backend.call(self.server, "params"))
         self.dim = len(self.backend.get(self.backend.call(self.server, "params")))
         self.d_buffers = len(self.backend.get(self.backend.call(self.server, "buffers")))
         if self.d_buffers and self.sc.server.buffers == "local":
             self.stateful_clients = True
+
+    PROBE_CLIENTS = 32  # the vectorised trainer's default chunk
+
+    def _keep_faster_trainer(self, params_ref: Any) -> None:
+        """``runtime.vectorize`` asks for the vectorised trainer, whose numbers equal the loop's
+        to 1e-5; where the loop is faster (a model whose per-example arithmetic outweighs
+        the per-step overhead vmap saves, such as an MLP of 1,024 hidden units on a CPU), the
+        run keeps the loop and says so. The first worker times both on the first round's
+        first 32 clients, 3 steps each; the choice is in the run's params (``vectorized``)."""
+        sc, b = self.sc, self.backend
+        if not sc.runtime.vectorize or sc.trainer()["name"] != "vectorized_sgd":
+            return
+        ids = sample_clients(self.seed, 0, sc.clients.total, sc.clients.sampled).tolist()
+        ids = ids[: self.PROBE_CLIENTS]
+        vec, loop = b.get(b.call(self.workers[0], "probe",
+                                 [{"name": "vectorized_sgd"}, {"name": "sgd"}], ids, params_ref))
+        self.derived["vectorized"] = str(vec <= loop).lower()
+        self.derived["vectorized.probe"] = f"vectorised {vec:.4f} s, loop {loop:.4f} s"
+        if vec > loop:
+            print(f"fedray: runtime.vectorize: clients train one at a time, which is faster for "
+                  f"this model here ({loop:.3f} s against {vec:.3f} s vectorised for "
+                  f"{len(ids)} clients x 3 steps); the numbers are the same to 1e-5",
+                  file=sys.stderr)
+            b.get([b.call(w, "use_trainer", {"name": "sgd"}) for w in self.workers])
 
     def _train(self, round_: int, clients: list[int], params_ref: Any, buffers_ref: Any,
                poison: dict | None = None) -> list[Any]:
@@ -269,8 +295,8 @@ class Engine:
             d = self.data
             info = {"input_shape": tuple(d.input_shape), "num_classes": d.num_classes,
                     "vocabulary": d.vocabulary, "tokens": d.vocabulary is not None}
-            return RunResult(rows, final, state, timings, {**params, **privacy_params}, tables,
-                             info)
+            return RunResult(rows, final, state, timings,
+                             {**params, **privacy_params, **self.derived}, tables, info)
         finally:
             self.backend.release(self._handles)
 
@@ -410,6 +436,7 @@ class DecentralizedEngine(Engine):
                              data.vocabulary, role="server")
         self._handles = [*self.workers, self.mixer]
         self._x0 = b.call(self.mixer, "params")
+        self._keep_faster_trainer(self._x0)
         self._state: list[Any] | None = None  # result refs holding the peers' current models
         # the peer_step arguments that made _state (None: the Mixer's gossip made it), to
         # make it again when a worker holding part of it is lost

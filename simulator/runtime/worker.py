@@ -102,13 +102,8 @@ class ClientWorker:
         self.num_classes = num_classes
         self.model = build_model(scenario.model, input_shape, num_classes, self.seed,
                                  vocabulary).to(self.device)
-        spec = scenario.trainer()
-        privacy = instantiate("privacy", scenario.privacy) if scenario.privacy else None
-        self.trainer: Trainer = instantiate("trainers", spec, model=self.model,
-                                            local=scenario.local,
-                                            task=instantiate("tasks", scenario.task),
-                                            rule=scenario.client_rule(), privacy=privacy)
-        self.train_clients = guarded("local.trainer", spec["name"], self.trainer.train)
+        self.scenario = scenario
+        self.use_trainer(scenario.trainer())
         self.state_dtype = {"float32": torch.float32,
                             "float16": torch.float16}[scenario.runtime.state_dtype]
         self.client_state = ClientStateStore(self.state_dtype)  # per-client state
@@ -119,6 +114,37 @@ class ClientWorker:
         self.local_buffers = scenario.server.buffers == "local" and self.buffer_dim > 0
         self.client_buffers = ClientStateStore(torch.float32)
         self.peer_x: dict[int, torch.Tensor] = {}  # D-SGD: the models of this worker's peers
+
+    def _trainer(self, spec: PluginSpec, local: Any = None) -> Trainer:
+        sc = self.scenario
+        privacy = instantiate("privacy", sc.privacy) if sc.privacy else None
+        return instantiate("trainers", spec, model=self.model, local=local or sc.local,
+                           task=instantiate("tasks", sc.task), rule=sc.client_rule(),
+                           privacy=privacy)
+
+    def use_trainer(self, spec: PluginSpec) -> None:
+        """Train with the trainer plugin ``spec`` from now on."""
+        self.trainer = self._trainer(spec)
+        self.train_clients = guarded("local.trainer", spec["name"], self.trainer.train)
+
+    def probe(self, specs: list[PluginSpec], clients: list[int], global_params: np.ndarray,
+              steps: int = 3) -> list[float]:
+        """Seconds each trainer of ``specs`` takes on ``clients`` (``steps`` minibatch steps
+        each, after one warm-up call) from ``global_params``: what the engine compares to
+        keep the faster of two trainers that give the same numbers."""
+        local = self.scenario.local.model_copy(update={"steps": steps, "epochs": None})
+        start = torch.from_numpy(np.array(global_params, dtype=np.float32)).to(self.device)
+        data = [self.client_data(0, c) for c in clients]
+        out = []
+        for spec in specs:
+            train = self._trainer(spec, local).train
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16,
+                                cache_enabled=False):
+                train(0, data, start)
+                t0 = time.perf_counter()
+                train(0, data, start)
+                out.append(time.perf_counter() - t0)
+        return out
 
     def client_data(self, round_: int, client: int, poison: Attack | None = None) -> ClientData:
         """Client ``client``'s samples (writable copies; labels poisoned by a data-poisoning

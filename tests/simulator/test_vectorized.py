@@ -77,3 +77,47 @@ def test_float16_client_state_halves_memory_and_stays_close(tmp_path):
     eng.workers[0].train(0, [0, 1], eng.server.params())
     states = eng.workers[0].client_states()
     assert states[0]["m"].dtype == torch.float16 and states[0]["m"].element_size() == 2
+
+
+@pytest.mark.parametrize("timings,kept", [((2.0, 1.0), "false"), ((1.0, 2.0), "true")],
+                         ids=["loop-faster", "vectorised-faster"])
+def test_vectorize_keeps_the_faster_trainer_and_says_so(tmp_path, monkeypatch, capsys, timings,
+                                                        kept):
+    """runtime.vectorize keeps the vectorised trainer only where the first worker timed it
+    faster than the loop; otherwise the run trains one client at a time (the loop's numbers,
+    bit for bit), prints one line, and its params say which ran."""
+    from simulator.runtime.worker import ClientWorker
+    from strategies.trainers import SGD, VectorizedSGD
+
+    asked = []
+
+    def probe(self, specs, clients, params, steps=3):
+        asked.append(([s["name"] for s in specs], list(clients)))
+        return list(timings)
+
+    monkeypatch.setattr(ClientWorker, "probe", probe)
+    eng = Engine(_scenario(tmp_path, "runtime.vectorize=true"), InlineBackend())
+    res = eng.run()
+    err = capsys.readouterr().err
+    assert asked == [(["vectorized_sgd", "sgd"], asked[0][1])] and len(asked[0][1]) == 8
+    assert res.params["vectorized"] == kept
+    trainer = eng.workers[0].trainer
+    if kept == "false":
+        assert isinstance(trainer, SGD) and not isinstance(trainer, VectorizedSGD)
+        assert "clients train one at a time" in err and "1.000 s against 2.000 s" in err
+        loop = Engine(_scenario(tmp_path), InlineBackend()).run()
+        np.testing.assert_array_equal(res.final_params, loop.final_params)
+    else:
+        assert isinstance(trainer, VectorizedSGD) and "one at a time" not in err
+
+
+def test_the_probe_times_both_trainers_and_changes_nothing(tmp_path):
+    eng = Engine(_scenario(tmp_path, "runtime.vectorize=true"), InlineBackend())
+    eng._spawn()
+    worker, x0 = eng.workers[0], eng.server.params()
+    before = worker.train(0, [0, 1, 2], x0)
+    seconds = worker.probe([{"name": "vectorized_sgd"}, {"name": "sgd"}], [0, 1, 2], x0)
+    assert len(seconds) == 2 and all(s > 0 for s in seconds)
+    after = worker.train(0, [0, 1, 2], x0)
+    for key in ("updates", "losses"):
+        np.testing.assert_array_equal(before[key], after[key])
