@@ -103,8 +103,10 @@ def floor(workers: int, threads: int, rounds: int) -> float:
     return wall / rounds
 
 
-def fedray(workers: int, threads: int, rounds: int, backend: str = "ray") -> tuple[float, float]:
-    """(steady-state seconds per round, final accuracy) of the workload in fedray."""
+def fedray(workers: int, threads: int, rounds: int, backend: str = "ray"
+           ) -> tuple[float, float, dict[str, float]]:
+    """(steady-state seconds per round, final accuracy, the medians of the engine's round
+    timings: the slowest worker's training, the server's step, the whole round)."""
     from simulator.config import load
     from simulator.engine import make_engine
     from simulator.runtime.backend import InlineBackend, RayBackend
@@ -121,7 +123,9 @@ def fedray(workers: int, threads: int, rounds: int, backend: str = "ray") -> tup
     finally:
         be.shutdown()
     gaps = [b - a for a, b in itertools.pairwise(ends[3:-1])]  # no eval, no start
-    return statistics.median(gaps), res.final("test_accuracy")
+    parts = {k: statistics.median(t[k] for t in res.timings[3:-1])
+             for k in ("slowest_worker_seconds", "server_seconds", "round_seconds")}
+    return statistics.median(gaps), res.final("test_accuracy"), parts
 
 
 def profile(rounds: int) -> None:
@@ -131,7 +135,7 @@ def profile(rounds: int) -> None:
 
     prof = cProfile.Profile()
     prof.enable()
-    per_round, _ = fedray(1, os.cpu_count() or 1, rounds, backend="inline")
+    per_round, _, _ = fedray(1, os.cpu_count() or 1, rounds, backend="inline")
     prof.disable()
     print(f"\ninline backend, 1 worker x {os.cpu_count()} threads: {per_round:.3f} s per round")
     stats = pstats.Stats(prof)
@@ -157,9 +161,14 @@ def main() -> None:
         print(f"floor  {w} process(es) x {t} thread(s): {s:.4f} s per round")
     best = min(floors.values())
     for w, t in shapes:
-        s, acc = fedray(w, t, args.rounds)
+        s, acc, parts = fedray(w, t, args.rounds)
         print(f"fedray {w} worker(s)  x {t} thread(s): {s:.4f} s per round (accuracy {acc:.4f}): "
               f"{best / s:.2f} of the floor")
+        slow, server, whole = (parts[k] for k in ("slowest_worker_seconds", "server_seconds",
+                                                  "round_seconds"))
+        print(f"  a round: slowest worker trains {slow:.4f} s, server step {server:.4f} s, "
+              f"the rest (Ray calls, transfers, driver) {whole - slow - server:.4f} s; "
+              f"between rounds {s - whole:.4f} s")
     if args.profile:
         profile(args.rounds)
 

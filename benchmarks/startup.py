@@ -69,24 +69,25 @@ def importtime(cmd: list[str], cwd: Path) -> list[tuple[int, int, str]]:
 
 
 def top_packages(rows: list[tuple[int, int, str]]) -> list[tuple[str, float, str]]:
-    """(package, seconds, the first fedray module on its import chain) for each top-level
-    package's first import, largest first."""
+    """(package, seconds, the fedray module that imports it) for each package's first
+    import (its outermost row: ``from mlflow.tracking import`` counts all of mlflow),
+    largest first."""
+    ours = ("fedray", "simulator", "strategies", "dashboards", "benchmarks")
+
+    def parent(i: int) -> int | None:
+        return next((j for j in range(i + 1, len(rows)) if rows[j][0] < rows[i][0]), None)
+
     out: dict[str, tuple[float, str]] = {}
-    for i, (depth, cum, name) in enumerate(rows):
+    for i, (_, _, name) in enumerate(rows):
         top = name.split(".")[0]
-        if name != top or top in out or top in ("fedray", "simulator", "strategies",
-                                                "dashboards"):
+        if top in out or top in ours:
             continue
-        # the importer: the next row of smaller depth, up to a fedray module
-        who, d = "", depth
-        for dj, _, nj in rows[i + 1:]:
-            if dj < d:
-                d = dj
-                if nj.split(".")[0] in ("fedray", "simulator", "strategies", "dashboards"):
-                    who = nj
-                    break
-        if depth == 0 or who:
-            out[top] = (cum / 1e6, who or "(a function's import)")
+        outer, j = i, parent(i)
+        while j is not None and rows[j][2].split(".")[0] == top:
+            outer, j = j, parent(j)
+        who = rows[j][2] if j is not None and rows[j][2].split(".")[0] in ours else \
+            "(a function's import)" if j is None else rows[j][2]
+        out[top] = (rows[outer][1] / 1e6, who)
     return sorted(((k, s, w) for k, (s, w) in out.items()), key=lambda r: -r[1])
 
 

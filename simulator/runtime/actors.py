@@ -85,6 +85,14 @@ class Adversary:
         return {"rows": rows, "buffers": buffers}
 
 
+def _timings(t0: float, results: tuple[dict, ...]) -> dict[str, float]:
+    """The round's times: the server's step since ``t0``, the workers' training summed and
+    the slowest worker's (a round waits for it)."""
+    seconds = [float(r["seconds"]) for r in results]
+    return {"server_seconds": time.perf_counter() - t0, "train_seconds": sum(seconds),
+            "slowest_worker_seconds": max(seconds, default=0.0)}
+
+
 class Server:
     """Owns the global model, the aggregation pipeline (pre-aggregators -> aggregator ->
     meta-aggregator), the server optimizer, and evaluation on the held-out data."""
@@ -164,8 +172,7 @@ class Server:
         if agg is None:  # nothing to aggregate: the model stays, the round is counted
             return {"aggregation_skipped": 1.0,
                     "client_loss": float(losses.mean()) if len(losses) else float("nan"),
-                    "server_seconds": time.perf_counter() - t0,
-                    "train_seconds": float(sum(r["seconds"] for r in results))}
+                    **_timings(t0, results)}
         if dp is not None:
             agg = dp.noise(agg, rows.shape[0], torch_generator(self.seed, "dp-noise", round_))
         honest_mean = honest.mean(dim=0)
@@ -189,8 +196,7 @@ class Server:
             "aggregation_skipped": 0.0,
             "client_loss": float(losses.mean()) if len(losses) else float("nan"),
             **buffer_metrics,
-            "server_seconds": time.perf_counter() - t0,
-            "train_seconds": float(sum(r["seconds"] for r in results)),
+            **_timings(t0, results),
         }
 
     def _load_model(self) -> None:
