@@ -28,16 +28,19 @@ from torch import nn
 def main() -> None:
     path, rounds, cohort = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     data = np.load(path)
-    x = data["x"].astype(np.float32) / 255.0  # fedray's workers scale uint8 images the same
+    def pixels(a: np.ndarray) -> np.ndarray:  # uint8 images to [0, 1], as fedray's workers
+        return a.astype(np.float32) / 255.0 if a.dtype == np.uint8 else a.astype(np.float32)
+
+    x = pixels(data["x"])
     y, offsets = data["y"].astype(np.int64), data["offsets"]
-    x_test = torch.from_numpy(data["x_test"].astype(np.float32) / 255.0)
+    x_test = torch.from_numpy(pixels(data["x_test"]))
     y_test = torch.from_numpy(data["y_test"].astype(np.int64))
     lr, server_lr, batch = float(data["lr"]), float(data["server_lr"]), int(data["batch"])
 
     from pfl.aggregate.simulate import SimulatedBackend
     from pfl.aggregate.weighting import WeightByUser
     from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
-    from pfl.callback import TrainingProcessCallback
+    from pfl.callback.base import TrainingProcessCallback
     from pfl.data.federated_dataset import FederatedDataset
     from pfl.data.sampling import get_user_sampler
     from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams
@@ -57,14 +60,14 @@ def main() -> None:
     def loss(self: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
              eval: bool = False) -> torch.Tensor:
         self.eval() if eval else self.train()
-        return nn.functional.cross_entropy(self(inputs), targets)
+        return nn.functional.cross_entropy(self(inputs), targets.long())
 
     @torch.no_grad()
     def metrics(self: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                 eval: bool = True) -> dict:
         self.eval() if eval else self.train()
         logits = self(inputs)
-        n = len(inputs)
+        n, targets = len(inputs), targets.long()
         return {"loss": Weighted(nn.functional.cross_entropy(logits, targets, reduction="sum")
                                  .item(), n),
                 "accuracy": Weighted((logits.argmax(1) == targets).sum().item(), n)}
@@ -73,7 +76,8 @@ def main() -> None:
 
     net.loss = types.MethodType(loss, net)
     net.metrics = types.MethodType(metrics, net)
-    users = {u: [x[offsets[u]:offsets[u + 1]], y[offsets[u]:offsets[u + 1]]]
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)  # as pfl's benchmark: tensors per user
+    users = {u: [xt[offsets[u]:offsets[u + 1]], yt[offsets[u]:offsets[u + 1]]]
              for u in range(len(offsets) - 1)}
     train = FederatedDataset.from_slices(users, get_user_sampler("random", list(users)))
     model = PyTorchModel(model=net, local_optimizer_create=torch.optim.SGD,

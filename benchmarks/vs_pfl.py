@@ -4,8 +4,10 @@ pfl's benchmarks/image_classification/configs/baseline.yaml: 1,000 users of 50 i
 a cohort of 50 a round, its simple CNN (``simple_cnn`` here, without dropout on both sides),
 one local epoch of batch 10 at lr 0.1, FedAvg with a server SGD of lr 1. The images are
 CIFAR-shaped (3 x 32 x 32 uint8, a class tints the mean colour: learnable), generated and
-written as Parquet; fedray reads the file, partitions it, and exports its partition and its
-model's initial weights to the pfl side, so both train the same users from the same model.
+written in CIFAR-10's own format (five pickled training batches and ``test_batch``, 5,000
+test images); fedray reads them with its ``cifar10`` data set (scaled to [0, 1]), partitions
+them, and exports its partition and its model's initial weights to the pfl side, so both
+train the same users from the same model on the same pixels.
 
 Both use the machine's cores: fedray with ``runtime.workers`` ClientWorkers on a fresh local
 Ray instance, each of ``runtime.threads`` threads; pfl with its single-process
@@ -36,15 +38,13 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 USERS, PER_USER, COHORT, TEST = 1000, 50, 50, 5000
 SCENARIO = """\
 name: vs-pfl
 rounds: {rounds}
 data:
-  dataset: {{name: parquet, path: {path}, shape: [3, 32, 32]}}
+  dataset: {{name: cifar10, root: {path}}}
   partitioner: {{name: iid}}
-  test_fraction: {test_fraction}
 model: {{name: simple_cnn}}
 clients: {{total: {users}, per_round: {cohort}}}
 local: {{epochs: 1, batch_size: 10, lr: 0.1}}
@@ -93,6 +93,26 @@ def export(scenario: str, path: Path, threads: int) -> None:
              **weights)
 
 
+def write_cifar_batches(folder: Path, n_train: int, n_test: int, seed: int = 0) -> None:
+    """CIFAR-shaped uint8 images whose class tints the mean colour (learnable), in
+    CIFAR-10's published layout: ``data_batch_1..5`` and ``test_batch``, pickled dicts of
+    ``data`` (N x 3072, channel-major) and ``labels``."""
+    import pickle
+
+    rng = np.random.default_rng(seed)
+    tint = rng.integers(0, 256, (10, 3, 1, 1))
+    folder.mkdir(parents=True)
+
+    def batch(n: int) -> dict:
+        labels = rng.integers(0, 10, n)
+        x = np.clip(rng.normal(tint[labels], 60.0, (n, 3, 32, 32)), 0, 255).astype(np.uint8)
+        return {b"data": x.reshape(n, 3072), b"labels": labels.tolist()}
+
+    for i in range(1, 6):
+        (folder / f"data_batch_{i}").write_bytes(pickle.dumps(batch(n_train // 5), protocol=2))
+    (folder / "test_batch").write_bytes(pickle.dumps(batch(n_test), protocol=2))
+
+
 def run(cmd: list[str]) -> dict:
     out = subprocess.run(cmd, capture_output=True, text=True, check=False,
                          env={**os.environ, "RAY_ADDRESS": ""})
@@ -112,15 +132,12 @@ def main() -> None:
     if args.fedray_side:
         fedray_side(args.fedray_side)
         return
-    from gpu import write_images
-
     with tempfile.TemporaryDirectory() as tmp:
-        images = Path(tmp) / "images.parquet"
-        write_images(images, USERS * PER_USER + TEST)
+        write_cifar_batches(Path(tmp) / "cifar-10-batches-py", USERS * PER_USER, TEST)
         scen = Path(tmp) / "vs-pfl.yaml"
-        scen.write_text(SCENARIO.format(
-            rounds=args.rounds, path=images, test_fraction=TEST / (USERS * PER_USER + TEST),
-            users=USERS, cohort=COHORT, workers=args.workers, threads=args.threads))
+        scen.write_text(SCENARIO.format(rounds=args.rounds, path=tmp, users=USERS,
+                                        cohort=COHORT, workers=args.workers,
+                                        threads=args.threads))
         data = Path(tmp) / "data.npz"
         export(str(scen), data, threads=os.cpu_count() or 1)
         fed = run([sys.executable, __file__, "--fedray-side", str(scen)])
