@@ -31,6 +31,9 @@ class LogisticRegression(Model):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
+    def chain(self) -> nn.Sequential:
+        return self.net
+
 
 class MLP(Model):
     """Fully connected network with ReLU hidden layers of the given widths."""
@@ -52,6 +55,9 @@ class MLP(Model):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+    def chain(self) -> nn.Sequential:
+        return self.net
 
 
 def norm_layer(norm: str, channels: int, groups: int) -> list[nn.Module]:
@@ -104,6 +110,9 @@ class CNN(Model):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
+    def chain(self) -> nn.Sequential:
+        return self.net
+
 
 class FemnistCNN(Model):
     """LEAF's FEMNIST model (Caldas et al., 2018, models/femnist/cnn.py): two 5x5 "same"
@@ -122,6 +131,9 @@ class FemnistCNN(Model):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+    def chain(self) -> nn.Sequential:
+        return self.net
 
 
 class SimpleCNN(Model):
@@ -144,6 +156,9 @@ class SimpleCNN(Model):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+    def chain(self) -> nn.Sequential:
+        return self.net
 
 
 class _Block(nn.Module):

@@ -444,6 +444,13 @@ class Model(nn.Module, Plugin):
     traits = Traits(context=("input_shape", "num_classes"))
     TOKENS: ClassVar[bool] = False  # takes integer token ids (an embedding), not values
 
+    def chain(self) -> nn.Sequential | None:
+        """The layers ``forward`` applies one after another, when it is only that and the
+        module holds no other parameters: the vectorised trainer then runs many clients'
+        copies of them as batched kernels (bmm, grouped convolutions). None (the default):
+        ``forward`` is something else, and the vectorised trainer takes ``torch.func.vmap``."""
+        return None
+
 
 # ---------------------------------------------------------------------------- tasks
 

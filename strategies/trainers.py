@@ -37,6 +37,7 @@ from strategies.protocols import (
     ClientData,
     ClientRule,
     LocalSettings,
+    Model,
     Privacy,
     Task,
     Trainer,
@@ -154,6 +155,123 @@ class SGD(Trainer):
 # ---------------------------------------------------------------------------- vectorised
 
 
+Step = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, int]]
+
+
+def _flatten_step(m: nn.Flatten) -> Step | None:
+    if (m.start_dim, m.end_dim) != (1, -1):
+        return None
+    return lambda w, h, at: (h.reshape(h.shape[0], h.shape[1], -1), at)
+
+
+def _relu_step(m: nn.ReLU) -> Step:
+    return lambda w, h, at: (torch.relu(h), at)
+
+
+def _pool_step(m: nn.MaxPool2d) -> Step:
+    from torch.nn import functional as F
+
+    def pool(w: torch.Tensor, h: torch.Tensor, at: int) -> tuple[torch.Tensor, int]:
+        k, b = h.shape[:2]
+        out = F.max_pool2d(h.reshape(k * b, *h.shape[2:]), m.kernel_size, m.stride,
+                           m.padding, m.dilation, m.ceil_mode)
+        return out.reshape(k, b, *out.shape[1:]), at
+    return pool
+
+
+def _linear_step(m: nn.Linear) -> Step:
+    def linear(w: torch.Tensor, h: torch.Tensor, at: int) -> tuple[torch.Tensor, int]:
+        k, n_out, n_in = w.shape[0], m.out_features, m.in_features
+        weight = w[:, at : at + n_out * n_in].view(k, n_out, n_in).transpose(1, 2)
+        at += n_out * n_in
+        if m.bias is None:
+            return torch.bmm(h, weight), at
+        return torch.baddbmm(w[:, at : at + n_out].unsqueeze(1), h, weight), at + n_out
+    return linear
+
+
+def _conv_step(m: nn.Conv2d) -> Step | None:
+    from torch.nn import functional as F
+
+    if m.groups != 1 or m.padding_mode != "zeros" or isinstance(m.padding, str):
+        return None
+
+    def conv(w: torch.Tensor, h: torch.Tensor, at: int) -> tuple[torch.Tensor, int]:
+        k, b, c, hh, ww = h.shape
+        size = m.weight.numel()
+        weight = w[:, at : at + size].reshape(k * m.out_channels, *m.weight.shape[1:])
+        at += size
+        bias = None
+        if m.bias is not None:
+            bias = w[:, at : at + m.out_channels].reshape(-1)
+            at += m.out_channels
+        out = F.conv2d(h.transpose(0, 1).reshape(b, k * c, hh, ww), weight, bias, m.stride,
+                       m.padding, m.dilation, groups=k)
+        return out.view(b, k, m.out_channels, *out.shape[2:]).transpose(0, 1), at
+    return conv
+
+
+# each layer type's batched kernel over k copies (its builder: None for a setting it lacks)
+STACKED: dict[type, Callable[[Any], Step | None]] = {
+    nn.Flatten: _flatten_step, nn.ReLU: _relu_step, nn.MaxPool2d: _pool_step,
+    nn.Linear: _linear_step, nn.Conv2d: _conv_step}
+
+
+def stacked_forward(model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """``f(w, x)``: the outputs ``(k, b, ...)`` of ``k`` copies of ``model``, copy ``i`` with the
+    flat parameters ``w[i]`` on its own batch ``x[i]`` (``x``: ``(k, b, *input)``), as batched
+    kernels (``STACKED``): a Linear of every copy is one ``baddbmm``, a Conv2d one convolution
+    of ``k`` groups, so autograd differentiates plain tensor ops (what vmap of grad adds per
+    op is gone). For a model whose ``chain()`` is a Sequential of those layers holding all its
+    parameters; None for any other (the caller takes vmap)."""
+    chain = model.chain() if isinstance(model, Model) else None
+    if chain is None or [id(p) for p in chain.parameters()] != \
+            [id(p) for p in model.parameters()]:
+        return None
+    steps = [STACKED[type(layer)](layer) if type(layer) in STACKED else None for layer in chain]
+    if any(step is None for step in steps):
+        return None
+
+    def forward(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        h, at = x, 0
+        for step in steps:
+            assert step is not None
+            h, at = step(w, h, at)
+        return h
+
+    return forward
+
+
+def _stacked_sgd(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                 w: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor, ms: torch.Tensor,
+                 active: torch.Tensor, local: LocalSettings, task: Task
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The SGD steps of :func:`vectorized_sgd` with ``forward`` (:func:`stacked_forward`):
+    each copy's masked mean loss, summed, differentiated by autograd at once."""
+    k, width = xs.shape[1], xs.shape[2]
+    buf = torch.zeros_like(w)
+    loss_sum = torch.zeros(k, dtype=torch.float64, device=w.device)
+    for s in range(xs.shape[0]):
+        wl = w.detach().requires_grad_(True)
+        xb, yb, mb = xs[s], ys[s], ms[s]
+        out = forward(wl, xb)
+        flat_x = xb.reshape(k * width, *xb.shape[2:])
+        per = task.losses(out.reshape(k * width, *out.shape[2:]),
+                          task.target(flat_x, yb.reshape(k * width, *yb.shape[2:])))
+        loss = (per.view(k, width) * mb).sum(1) / mb.sum(1).clamp_min(1.0)
+        (g,) = torch.autograd.grad(loss.sum(), wl)
+        live = active[s][:, None]
+        with torch.no_grad():
+            if local.weight_decay:
+                g = g + local.weight_decay * w
+            if local.momentum:
+                buf = torch.where(live, local.momentum * buf + g, buf)
+                g = buf
+            w = torch.where(live, w - local.lr * g, w)
+            loss_sum += torch.where(active[s], loss.detach().double(), torch.zeros_like(loss_sum))
+    return w, loss_sum
+
+
 def vectorized_sgd(model: nn.Module, start: torch.Tensor, clients: Sequence[ClientData],
                    local: LocalSettings, task: Task = CLASSIFICATION
                    ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,12 +307,17 @@ def vectorized_sgd(model: nn.Module, start: torch.Tensor, clients: Sequence[Clie
     active = torch.zeros(steps * k, dtype=torch.bool, device=dev)
     active[torch.tensor(on, device=dev)] = True
     active = active.view(steps, k)
+    model.train()
+    w = start.expand(k, d).clone()
+    counts = torch.tensor([len(b) for b in plans], dtype=torch.float64, device=dev).clamp_min(1)
+    forward = stacked_forward(model)
+    if forward is not None:
+        w, loss_sum = _stacked_sgd(forward, w, xs, ys, ms, active, local, task)
+        return (w - start).detach(), loss_sum / counts
     _, masked_loss = _flat_loss(model, task)
     step_fn = vmap(grad_and_value(masked_loss))
-    w = start.expand(k, d).clone()
     buf = torch.zeros_like(w)
     loss_sum = torch.zeros(k, dtype=torch.float64, device=dev)
-    model.train()
     for s in range(steps):
         g, loss = step_fn(w, xs[s], ys[s], ms[s])
         live = active[s][:, None]
@@ -205,7 +328,6 @@ def vectorized_sgd(model: nn.Module, start: torch.Tensor, clients: Sequence[Clie
             g = buf
         w = torch.where(live, w - local.lr * g, w)
         loss_sum += torch.where(active[s], loss.double(), torch.zeros_like(loss_sum))
-    counts = torch.tensor([len(b) for b in plans], dtype=torch.float64, device=dev).clamp_min(1)
     return (w - start).detach(), loss_sum / counts
 
 

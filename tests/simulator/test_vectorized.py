@@ -121,3 +121,38 @@ def test_the_probe_times_both_trainers_and_changes_nothing(tmp_path):
     after = worker.train(0, [0, 1, 2], x0)
     for key in ("updates", "losses"):
         np.testing.assert_array_equal(before[key], after[key])
+
+
+@pytest.mark.parametrize("name,shape,keys", [
+    ("logreg", (1, 8, 8), {}), ("mlp", (60,), {"hidden": [32, 16]}),
+    ("cnn", (1, 8, 8), {"channels": [4, 6], "hidden": 16}), ("simple_cnn", (3, 12, 10), {}),
+    ("femnist_cnn", (1, 12, 12), {}),
+])
+def test_the_stacked_forward_is_each_copy_on_its_own_batch(name, shape, keys):
+    """k copies of a chain model as batched kernels (bmm, grouped convolutions) give what
+    each copy gives alone, with its own parameters on its own batch."""
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+    from simulator.models import build_model
+    from strategies.trainers import stacked_forward
+
+    model = build_model({"name": name, **keys}, shape, 5, 0)
+    forward = stacked_forward(model)
+    assert forward is not None
+    g = torch.Generator().manual_seed(0)
+    d = parameters_to_vector(model.parameters()).numel()
+    w = torch.randn(3, d, generator=g) * 0.1
+    x = torch.randn(3, 4, *shape, generator=g)
+    out = forward(w, x)
+    for i in range(3):
+        vector_to_parameters(w[i].clone(), model.parameters())
+        torch.testing.assert_close(out[i], model(x[i]), atol=1e-5, rtol=1e-5)
+
+
+def test_models_that_are_not_a_plain_chain_take_vmap():
+    from simulator.models import build_model
+    from strategies.trainers import stacked_forward
+
+    assert stacked_forward(build_model({"name": "resnet20", "norm": "group"}, (3, 8, 8), 4, 0)) is None
+    assert stacked_forward(build_model({"name": "cnn", "norm": "group"}, (1, 8, 8), 4, 0)) is None
+    assert stacked_forward(torch.nn.Sequential(torch.nn.Linear(3, 2))) is None  # not a Model
