@@ -28,7 +28,7 @@ from typing import Annotated, Any
 
 import numpy as np
 import torch
-from annotated_types import Ge
+from annotated_types import Ge, Gt
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch.optim.sgd import sgd as sgd_step
@@ -155,38 +155,38 @@ class SGD(Trainer):
 # ---------------------------------------------------------------------------- vectorised
 
 
-Step = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, int]]
+# a layer over k copies: (the copies' parameters (k, *shape) in order, input, the index of the
+# layer's first parameter) -> (output, the index after its parameters)
+Step = Callable[[list[torch.Tensor], torch.Tensor, int], tuple[torch.Tensor, int]]
 
 
 def _flatten_step(m: nn.Flatten) -> Step | None:
     if (m.start_dim, m.end_dim) != (1, -1):
         return None
-    return lambda w, h, at: (h.reshape(h.shape[0], h.shape[1], -1), at)
+    return lambda ps, h, i: (h.reshape(h.shape[0], h.shape[1], -1), i)
 
 
 def _relu_step(m: nn.ReLU) -> Step:
-    return lambda w, h, at: (torch.relu(h), at)
+    return lambda ps, h, i: (torch.relu(h), i)
 
 
 def _pool_step(m: nn.MaxPool2d) -> Step:
     from torch.nn import functional as F
 
-    def pool(w: torch.Tensor, h: torch.Tensor, at: int) -> tuple[torch.Tensor, int]:
+    def pool(ps: list[torch.Tensor], h: torch.Tensor, i: int) -> tuple[torch.Tensor, int]:
         k, b = h.shape[:2]
         out = F.max_pool2d(h.reshape(k * b, *h.shape[2:]), m.kernel_size, m.stride,
                            m.padding, m.dilation, m.ceil_mode)
-        return out.reshape(k, b, *out.shape[1:]), at
+        return out.reshape(k, b, *out.shape[1:]), i
     return pool
 
 
 def _linear_step(m: nn.Linear) -> Step:
-    def linear(w: torch.Tensor, h: torch.Tensor, at: int) -> tuple[torch.Tensor, int]:
-        k, n_out, n_in = w.shape[0], m.out_features, m.in_features
-        weight = w[:, at : at + n_out * n_in].view(k, n_out, n_in).transpose(1, 2)
-        at += n_out * n_in
+    def linear(ps: list[torch.Tensor], h: torch.Tensor, i: int) -> tuple[torch.Tensor, int]:
+        weight = ps[i].transpose(1, 2)  # (k, in, out)
         if m.bias is None:
-            return torch.bmm(h, weight), at
-        return torch.baddbmm(w[:, at : at + n_out].unsqueeze(1), h, weight), at + n_out
+            return torch.bmm(h, weight), i + 1
+        return torch.baddbmm(ps[i + 1].unsqueeze(1), h, weight), i + 2
     return linear
 
 
@@ -196,18 +196,14 @@ def _conv_step(m: nn.Conv2d) -> Step | None:
     if m.groups != 1 or m.padding_mode != "zeros" or isinstance(m.padding, str):
         return None
 
-    def conv(w: torch.Tensor, h: torch.Tensor, at: int) -> tuple[torch.Tensor, int]:
+    def conv(ps: list[torch.Tensor], h: torch.Tensor, i: int) -> tuple[torch.Tensor, int]:
         k, b, c, hh, ww = h.shape
-        size = m.weight.numel()
-        weight = w[:, at : at + size].reshape(k * m.out_channels, *m.weight.shape[1:])
-        at += size
-        bias = None
-        if m.bias is not None:
-            bias = w[:, at : at + m.out_channels].reshape(-1)
-            at += m.out_channels
+        weight = ps[i].reshape(k * m.out_channels, *m.weight.shape[1:])
+        bias = ps[i + 1].reshape(-1) if m.bias is not None else None
         out = F.conv2d(h.transpose(0, 1).reshape(b, k * c, hh, ww), weight, bias, m.stride,
                        m.padding, m.dilation, groups=k)
-        return out.view(b, k, m.out_channels, *out.shape[2:]).transpose(0, 1), at
+        return (out.view(b, k, m.out_channels, *out.shape[2:]).transpose(0, 1),
+                i + (2 if m.bias is not None else 1))
     return conv
 
 
@@ -216,10 +212,13 @@ STACKED: dict[type, Callable[[Any], Step | None]] = {
     nn.Flatten: _flatten_step, nn.ReLU: _relu_step, nn.MaxPool2d: _pool_step,
     nn.Linear: _linear_step, nn.Conv2d: _conv_step}
 
+StackedForward = Callable[[list[torch.Tensor], torch.Tensor], torch.Tensor]
 
-def stacked_forward(model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
-    """``f(w, x)``: the outputs ``(k, b, ...)`` of ``k`` copies of ``model``, copy ``i`` with the
-    flat parameters ``w[i]`` on its own batch ``x[i]`` (``x``: ``(k, b, *input)``), as batched
+
+def stacked_forward(model: nn.Module) -> StackedForward | None:
+    """``f(ps, x)``: the outputs ``(k, b, ...)`` of ``k`` copies of ``model``, copy ``i`` with the
+    parameters ``p[i]`` of each ``p`` in ``ps`` (``split_rows``: ``(k, *shape)`` each, in
+    ``parameters()`` order) on its own batch ``x[i]`` (``x``: ``(k, b, *input)``), as batched
     kernels (``STACKED``): a Linear of every copy is one ``baddbmm``, a Conv2d one convolution
     of ``k`` groups, so autograd differentiates plain tensor ops (what vmap of grad adds per
     op is gone). For a model whose ``chain()`` is a Sequential of those layers holding all its
@@ -232,43 +231,62 @@ def stacked_forward(model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], 
     if any(step is None for step in steps):
         return None
 
-    def forward(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        h, at = x, 0
+    def forward(ps: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        h, i = x, 0
         for step in steps:
             assert step is not None
-            h, at = step(w, h, at)
+            h, i = step(ps, h, i)
         return h
 
     return forward
 
 
-def _stacked_sgd(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+def split_rows(model: nn.Module, w: torch.Tensor) -> list[torch.Tensor]:
+    """Rows of flat parameters ``w`` (k, d) as views ``(k, *shape)``, one per parameter of
+    ``model`` in ``parameters()`` order."""
+    shapes = [p.shape for p in model.parameters()]
+    parts = torch.split(w, [math.prod(s) for s in shapes], dim=1)
+    return [part.reshape(len(w), *s) for part, s in zip(parts, shapes, strict=True)]
+
+
+def _stacked_sgd(model: nn.Module, forward: StackedForward,
                  w: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor, ms: torch.Tensor,
                  active: torch.Tensor, local: LocalSettings, task: Task
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """The SGD steps of :func:`vectorized_sgd` with ``forward`` (:func:`stacked_forward`):
-    each copy's masked mean loss, summed, differentiated by autograd at once."""
+    each copy's masked mean loss, summed, differentiated by autograd at once with respect to
+    each parameter's rows. A step computes only the copies that still have a batch (the
+    others are not padded with empty batches): clients of a chunk that run out of batches
+    cost nothing more."""
     k, width = xs.shape[1], xs.shape[2]
     buf = torch.zeros_like(w)
     loss_sum = torch.zeros(k, dtype=torch.float64, device=w.device)
     for s in range(xs.shape[0]):
-        wl = w.detach().requires_grad_(True)
-        xb, yb, mb = xs[s], ys[s], ms[s]
-        out = forward(wl, xb)
-        flat_x = xb.reshape(k * width, *xb.shape[2:])
-        per = task.losses(out.reshape(k * width, *out.shape[2:]),
-                          task.target(flat_x, yb.reshape(k * width, *yb.shape[2:])))
-        loss = (per.view(k, width) * mb).sum(1) / mb.sum(1).clamp_min(1.0)
-        (g,) = torch.autograd.grad(loss.sum(), wl)
-        live = active[s][:, None]
+        on = active[s].nonzero().squeeze(1)
+        n = len(on)
+        if n == 0:
+            continue
+        every = n == k
+        w_on = w if every else w[on]
+        leaves = [p.detach().requires_grad_(True) for p in split_rows(model, w_on)]
+        xb, yb, mb = (xs[s], ys[s], ms[s]) if every else (xs[s][on], ys[s][on], ms[s][on])
+        out = forward(leaves, xb)
+        per = task.losses(out.reshape(n * width, *out.shape[2:]),
+                          task.target(xb.reshape(n * width, *xb.shape[2:]),
+                                      yb.reshape(n * width, *yb.shape[2:])))
+        loss = (per.reshape(n, width) * mb).sum(1) / mb.sum(1).clamp_min(1.0)
+        grads = torch.autograd.grad(loss.sum(), leaves)
         with torch.no_grad():
+            g = torch.cat([gp.reshape(n, -1) for gp in grads], dim=1)
             if local.weight_decay:
-                g = g + local.weight_decay * w
+                g = g + local.weight_decay * w_on
             if local.momentum:
-                buf = torch.where(live, local.momentum * buf + g, buf)
-                g = buf
-            w = torch.where(live, w - local.lr * g, w)
-            loss_sum += torch.where(active[s], loss.detach().double(), torch.zeros_like(loss_sum))
+                b_on = local.momentum * (buf if every else buf[on]) + g
+                g = b_on
+                buf = b_on if every else buf.index_copy(0, on, b_on)
+            step = w_on - local.lr * g
+            w = step if every else w.index_copy(0, on, step)
+            loss_sum.index_add_(0, on, loss.detach().double())
     return w, loss_sum
 
 
@@ -286,13 +304,21 @@ def vectorized_sgd(model: nn.Module, start: torch.Tensor, clients: Sequence[Clie
     steps = max(len(b) for b in plans)
     width = max((len(i) for b in plans for i in b), default=1)
     feat = tuple(clients[0].x.shape[1:])
-    xs_parts, ys_parts, slots, on = [], [], [], []
+    xs_parts: list[torch.Tensor] = []
+    ys_parts: list[torch.Tensor] = []
+    slots: list[np.ndarray] = []
+    on: list[int] = []
     for j, (c, batches) in enumerate(zip(clients, plans)):  # where each example goes
-        for s, idx in enumerate(batches):
-            xs_parts.append(c.x[idx])
-            ys_parts.append(c.y[idx])
-            slots.append((s * k + j) * width + np.arange(len(idx)))
-            on.append(s * k + j)
+        if not batches:
+            continue
+        idx = torch.cat(batches)  # one gather per client
+        xs_parts.append(c.x[idx])
+        ys_parts.append(c.y[idx])
+        lens = np.array([b.numel() for b in batches])
+        starts = np.cumsum(lens) - lens
+        step_of = np.repeat(np.arange(len(batches)), lens)
+        slots.append((step_of * k + j) * width + np.arange(lens.sum()) - np.repeat(starts, lens))
+        on.extend(s * k + j for s in range(len(batches)))
     dev = start.device
     slots_t = torch.from_numpy(np.concatenate(slots)).to(dev)
     xs = torch.zeros((steps * k * width, *feat), dtype=clients[0].x.dtype, device=dev)
@@ -312,7 +338,7 @@ def vectorized_sgd(model: nn.Module, start: torch.Tensor, clients: Sequence[Clie
     counts = torch.tensor([len(b) for b in plans], dtype=torch.float64, device=dev).clamp_min(1)
     forward = stacked_forward(model)
     if forward is not None:
-        w, loss_sum = _stacked_sgd(forward, w, xs, ys, ms, active, local, task)
+        w, loss_sum = _stacked_sgd(model, forward, w, xs, ys, ms, active, local, task)
         return (w - start).detach(), loss_sum / counts
     _, masked_loss = _flat_loss(model, task)
     step_fn = vmap(grad_and_value(masked_loss))
@@ -332,23 +358,45 @@ def vectorized_sgd(model: nn.Module, start: torch.Tensor, clients: Sequence[Clie
 
 
 class VectorizedSGD(Trainer):
-    """:func:`vectorized_sgd` over chunks of ``chunk`` clients of alike sizes (little
-    padding; the chunk bounds the stacked batches' memory). The same numbers as ``sgd`` up
-    to float rounding (not bit for bit across worker counts)."""
+    """:func:`vectorized_sgd` over chunks of clients of alike sizes (sorted by size: little
+    padding), at most ``chunk`` clients and ``memory_mib`` MiB of padded batches each. The
+    same numbers as ``sgd`` up to float rounding (not bit for bit across worker counts)."""
 
     traits = Traits(context=("model", "local", "task"))
 
     def __init__(self, model: nn.Module, local: LocalSettings, task: Task,
-                 chunk: Annotated[int, Ge(1)] = 32) -> None:
+                 chunk: Annotated[int, Ge(1)] = 128,
+                 memory_mib: Annotated[float, Gt(0)] = 64.0) -> None:
         self.model, self.local, self.task, self.chunk = model, local, task, chunk
+        self.memory_mib = memory_mib
+
+    def chunks(self, clients: Sequence[ClientData]) -> list[np.ndarray]:
+        """Positions of ``clients`` in chunks: by size, each within both bounds (a client
+        alone may exceed the memory one)."""
+        sizes = np.array([len(c.y) for c in clients])
+        order = np.argsort(sizes, kind="stable")
+        lc = self.local
+        bs = np.minimum(lc.batch_size, np.maximum(sizes, 1))
+        steps = np.full(len(sizes), lc.steps) if lc.steps else \
+            (lc.epochs or 1) * np.ceil(np.maximum(sizes, 1) / bs)
+        sample = 4 * math.prod(clients[0].x.shape[1:]) if clients else 4
+        budget = self.memory_mib * 2**20
+        out: list[list[int]] = []
+        for i in order:  # ascending sizes: the newest client sets the chunk's steps and width
+            cur = out[-1] if out else None
+            if cur is not None and len(cur) < self.chunk and \
+                    (len(cur) + 1) * steps[i] * bs[i] * sample <= budget:
+                cur.append(int(i))
+            else:
+                out.append([int(i)])
+        return [np.array(c) for c in out]
 
     def train(self, round_: int, clients: Sequence[ClientData], start: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
         updates = torch.empty((len(clients), start.numel()))  # host memory
         losses = torch.empty(len(clients), dtype=torch.float64)
-        order = np.argsort([len(c.y) for c in clients], kind="stable")
-        for lo in range(0, len(order), self.chunk):
-            pos = torch.from_numpy(order[lo : lo + self.chunk])
+        for chunk in self.chunks(clients):
+            pos = torch.from_numpy(chunk)
             u, ls = vectorized_sgd(self.model, start, [clients[i] for i in pos], self.local,
                                    self.task)
             updates[pos], losses[pos] = u.cpu(), ls.cpu()

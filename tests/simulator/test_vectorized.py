@@ -134,7 +134,7 @@ def test_the_stacked_forward_is_each_copy_on_its_own_batch(name, shape, keys):
     from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
     from simulator.models import build_model
-    from strategies.trainers import stacked_forward
+    from strategies.trainers import split_rows, stacked_forward
 
     model = build_model({"name": name, **keys}, shape, 5, 0)
     forward = stacked_forward(model)
@@ -143,7 +143,7 @@ def test_the_stacked_forward_is_each_copy_on_its_own_batch(name, shape, keys):
     d = parameters_to_vector(model.parameters()).numel()
     w = torch.randn(3, d, generator=g) * 0.1
     x = torch.randn(3, 4, *shape, generator=g)
-    out = forward(w, x)
+    out = forward(split_rows(model, w), x)
     for i in range(3):
         vector_to_parameters(w[i].clone(), model.parameters())
         torch.testing.assert_close(out[i], model(x[i]), atol=1e-5, rtol=1e-5)
