@@ -51,6 +51,7 @@ flower-venv:
 bench-flower: $(STAMP)
 	test -x .venv-flower/bin/python || $(MAKE) flower-venv
 	$(PY) benchmarks/vs_flower.py
+	$(PY) benchmarks/vs_flower.py --workload heavy --rounds 60
 
 # start-up: time to the first round against `import torch`, and what each command imports
 bench-startup: $(STAMP)

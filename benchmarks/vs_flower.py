@@ -5,8 +5,12 @@ one local epoch of batch 16, 20 rounds, FedAvg, both on Ray with one CPU per cli
 Reports the wall-time ratio, the peak-memory ratio (the whole process tree's resident set,
 sampled every 0.2 s) and both final accuracies.
 
+``--workload heavy``: 200 clients of 300 samples (IID), 20 per round, an MLP with 1,024 hidden
+units, where local training dominates a round (run it with ``--rounds 60``).
+
     make flower-venv                    # .venv-flower: flwr[simulation] (it pins ray 2.55.1)
-    python benchmarks/vs_flower.py [--rounds 20] [--flower-python .venv-flower/bin/python]
+    python benchmarks/vs_flower.py [--rounds 20] [--workload light|heavy]
+                                   [--flower-python .venv-flower/bin/python]
 """
 
 from __future__ import annotations
@@ -24,15 +28,23 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+# (samples, partitioner, hidden units, clients, per round) of each workload
+WORKLOADS = {
+    # 1,000 clients of a Dirichlet(1) split, 100 per round, MLP [64]
+    "light": (60000, "{name: dirichlet, alpha: 1.0}", 64, 1000, 100),
+    # 200 clients of 300 samples (IID), 20 per round, MLP [1024]: local training dominates
+    "heavy": (66667, "{name: iid}", 1024, 200, 20),
+}
 SCENARIO = """\
 name: vs-flower
 rounds: {rounds}
 data:
-  dataset: {{name: gaussian-mixture, samples: 60000, dimension: 60, classes: 10, separation: 0.5}}
-  partitioner: {{name: dirichlet, alpha: 1.0}}
+  dataset: {{name: gaussian-mixture, samples: {samples}, dimension: 60, classes: 10,
+             separation: 0.5}}
+  partitioner: {partitioner}
   test_fraction: 0.1
-model: {{name: mlp, hidden: [64]}}
-clients: {{total: 1000, per_round: 100}}
+model: {{name: mlp, hidden: [{hidden}]}}
+clients: {{total: {clients}, per_round: {per_round}}}
 local: {{epochs: 1, batch_size: 16, lr: 0.05}}
 evaluation: {{every: {rounds}}}
 runtime: {{backend: ray, workers: 2, vectorize: {vectorize}}}
@@ -109,7 +121,8 @@ def export(scenario: str, path: Path) -> None:
     weights = {f"w{i}": p.detach().numpy() for i, p in enumerate(model.parameters())}
     np.savez(path, x=np.asarray(x, np.float32).reshape(len(x), -1), y=np.asarray(y),
              offsets=data.offsets, x_test=data.x_test.reshape(len(data.x_test), -1),
-             y_test=data.y_test, hidden=64, classes=data.num_classes, lr=sc.local.lr,
+             y_test=data.y_test, hidden=sc.model["hidden"][0], classes=data.num_classes,
+             lr=sc.local.lr,
              batch=sc.local.batch_size, **weights)
     del torch
 
@@ -117,26 +130,33 @@ def export(scenario: str, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="light")
     ap.add_argument("--flower-python", default=str(ROOT / ".venv-flower" / "bin" / "python"))
     ap.add_argument("--fedray-side", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.fedray_side:
         fedray_side(args.fedray_side)
         return
+    samples, partitioner, hidden, clients, per_round = WORKLOADS[args.workload]
     with tempfile.TemporaryDirectory() as tmp:
         rows = []
         for vectorize in ("false", "true"):
             scen = Path(tmp) / f"s-{vectorize}.yaml"
-            scen.write_text(SCENARIO.format(rounds=args.rounds, vectorize=vectorize))
+            scen.write_text(SCENARIO.format(rounds=args.rounds, vectorize=vectorize,
+                                            samples=samples, partitioner=partitioner,
+                                            hidden=hidden, clients=clients,
+                                            per_round=per_round))
             out, wall, peak = measure([sys.executable, __file__, "--fedray-side", str(scen)],
                                       {"RAY_ADDRESS": ""})
             rows.append((f"fedray (vectorize: {vectorize})", out["accuracy"], wall, peak))
         data = Path(tmp) / "data.npz"
         export(str(Path(tmp) / "s-false.yaml"), data)
         out, wall, peak = measure([args.flower_python, str(ROOT / "benchmarks" / "flower_workload.py"),
-                                   str(data), str(args.rounds), "100"], {"RAY_ADDRESS": ""})
+                                   str(data), str(args.rounds), str(per_round)],
+                                  {"RAY_ADDRESS": ""})
         rows.append(("Flower 1.42 simulation", out["accuracy"], wall, peak))
-    print(f"1,000 clients, 100 per round, MLP [64], 1 local epoch, {args.rounds} rounds, 2 CPUs")
+    print(f"{clients:,} clients, {per_round} per round, MLP [{hidden}], 1 local epoch, "
+          f"{args.rounds} rounds, {os.cpu_count()} CPUs")
     print(f"{'':28s} {'accuracy':>9s} {'wall s':>8s} {'peak RSS GiB':>13s}")
     for name, acc, wall, peak in rows:
         print(f"{name:28s} {acc:9.4f} {wall:8.1f} {peak / 2**30:13.2f}")

@@ -202,3 +202,38 @@ def test_a_model_torch_export_cannot_capture_keeps_its_state_dict(tmp_path, mlfl
     assert len(ours) == 1 and ours[0].startswith(f"fedray: run {child}: the final model is "
                                                  "kept as model/model.pt only")
     assert "def forward" not in err
+
+
+def test_mlflow_opens_while_the_first_rounds_run_and_loses_none(tmp_path, mlflow_uri,
+                                                                 monkeypatch):
+    """The tracker, parent and child runs open on a background thread: with a store that
+    takes 1.5 s to open, the first rounds end before it is open, and MLflow still gets every
+    round once, in order."""
+    import time
+
+    import simulator.callbacks as cb
+    from simulator.callbacks import Callback
+
+    opened: list[float] = []
+
+    class SlowTracker(Tracker):
+        def __init__(self, *args, **kwargs):
+            time.sleep(1.5)
+            super().__init__(*args, **kwargs)
+            opened.append(time.perf_counter())
+
+    ends: list[float] = []
+
+    class Clock(Callback):
+        def on_round(self, run, round_, metrics):
+            ends.append(time.perf_counter())
+
+    monkeypatch.setattr(cb, "Tracker", SlowTracker)
+    p = tmp_path / "one.yaml"
+    p.write_text(SWEEP.replace("seeds: [0, 1]", "seeds: [0]").replace(
+        "sweep:\n  aggregator.name: [mean, median]\n", "").replace("rounds: 3", "rounds: 12"))
+    out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True, callbacks=[Clock()])
+    assert len(opened) == 1 and len(ends) == 12 and ends[0] < opened[0]
+    history = MlflowClient(mlflow_uri).get_metric_history(out["runs"][0]["run_id"],
+                                                          mlflow_name("client_loss"))
+    assert sorted(m.step for m in history) == list(range(12))

@@ -84,7 +84,9 @@ def _child(client: MlflowClient, experiment: str):
 
 def test_outage_mid_run_loses_nothing_and_sync_sends_it(server, tmp_path):
     p = tmp_path / "outage.yaml"
-    p.write_text(SLOW.format(name="outage", rounds=24))
+    # rounds enough that the outage falls mid-run: the rounds that end before the MLflow run
+    # is open (MLflow opens on its own thread) arrive together
+    p.write_text(SLOW.format(name="outage", rounds=60))
     env = {**os.environ, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
     run = subprocess.Popen([*FEDRAY, "run", str(p), "--quiet", "--tracking-uri", server.uri],
                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -118,7 +120,7 @@ def test_outage_mid_run_loses_nothing_and_sync_sends_it(server, tmp_path):
     for key in ("test_accuracy", "train_loss", "client_loss", "sampled"):
         steps = sorted(m.step for m in client.get_metric_history(child.info.run_id,
                                                                  mlflow_name(key)))
-        assert steps == list(range(24)), key  # every round, exactly once
+        assert steps == list(range(60)), key  # every round, exactly once
     names = {a.path for a in client.list_artifacts(child.info.run_id)}
     assert {"metrics.parquet", "scenario.yaml", "model"} <= names
     assert not pending.exists()  # the journal is emptied
