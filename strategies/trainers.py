@@ -92,6 +92,23 @@ def _flat_loss(model: nn.Module, task: Task = CLASSIFICATION) -> tuple[Callable[
 # ---------------------------------------------------------------------------- local SGD
 
 
+def _sgd_with_state(params: list[nn.Parameter], bufs: list[torch.Tensor | None], lr: float,
+                    momentum: float, weight_decay: float) -> None:
+    """One torch.optim.SGD step (momentum buffers in ``bufs``) of the parameters that have a
+    gradient, as SGD.step takes them."""
+    live, grads = [], []
+    for i, p in enumerate(params):
+        if p.grad is not None:
+            live.append(i)
+            grads.append(p.grad)
+    live_bufs = [bufs[i] for i in live]
+    with torch.no_grad():
+        sgd_step([params[i] for i in live], grads, live_bufs, weight_decay=weight_decay,
+                 momentum=momentum, lr=lr, dampening=0.0, nesterov=False, maximize=False)
+    for i, b in zip(live, live_bufs, strict=True):
+        bufs[i] = b
+
+
 def local_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
               batches: Sequence[torch.Tensor], lr: float, momentum: float = 0.0,
               weight_decay: float = 0.0, task: Task = CLASSIFICATION
@@ -114,18 +131,13 @@ def local_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.T
         xb, yb = x[idx].to(start.device), y[idx].to(start.device)
         loss = task.losses(model(xb), task.target(xb, yb)).mean()
         loss.backward()
-        live, grads = [], []  # the parameters with a gradient, as SGD.step takes them
-        for i, p in enumerate(params):
-            if p.grad is not None:
-                live.append(i)
-                grads.append(p.grad)
-        live_bufs = [bufs[i] for i in live]
-        with torch.no_grad():
-            sgd_step([params[i] for i in live], grads, live_bufs,
-                     weight_decay=weight_decay, momentum=momentum, lr=lr, dampening=0.0,
-                     nesterov=False, maximize=False)
-        for i, b in zip(live, live_bufs, strict=True):
-            bufs[i] = b
+        if momentum or weight_decay:
+            _sgd_with_state(params, bufs, lr, momentum, weight_decay)
+        else:  # what SGD's step does then, without its per-call overhead
+            with torch.no_grad():
+                for p in params:
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-lr)
         total += float(loss.detach())
     with torch.no_grad():
         update = parameters_to_vector(params) - start

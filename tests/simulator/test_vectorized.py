@@ -156,3 +156,33 @@ def test_models_that_are_not_a_plain_chain_take_vmap():
     assert stacked_forward(build_model({"name": "resnet20", "norm": "group"}, (3, 8, 8), 4, 0)) is None
     assert stacked_forward(build_model({"name": "cnn", "norm": "group"}, (1, 8, 8), 4, 0)) is None
     assert stacked_forward(torch.nn.Sequential(torch.nn.Linear(3, 2))) is None  # not a Model
+
+
+@pytest.mark.parametrize("momentum,weight_decay", [(0.0, 0.0), (0.9, 0.0), (0.9, 1e-3),
+                                                   (0.0, 1e-2)])
+def test_local_sgd_is_torch_optim_sgd_bit_for_bit(momentum, weight_decay):
+    """local_sgd takes SGD's step function (or, without momentum and weight decay, its
+    in-place update) without building the optimizer: the same bits as torch.optim.SGD, a
+    parameter without a gradient (a frozen layer) left as SGD leaves it."""
+    import copy
+
+    from torch import nn
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 5), nn.Linear(5, 5))
+    model[3].bias.requires_grad_(False)
+    x, y = torch.randn(100, 20), torch.randint(0, 5, (100,))
+    start = parameters_to_vector(model.parameters()).detach()
+    batches = [torch.randperm(100)[:16] for _ in range(10)]
+    update, _ = local_sgd(copy.deepcopy(model), start, x, y, batches, 0.1, momentum,
+                          weight_decay)
+    ref = copy.deepcopy(model)
+    params = list(ref.parameters())
+    vector_to_parameters(start.clone(), params)
+    opt = torch.optim.SGD(params, lr=0.1, momentum=momentum, weight_decay=weight_decay)
+    for idx in batches:
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(ref(x[idx]), y[idx]).backward()
+        opt.step()
+    assert torch.equal(update, parameters_to_vector(params).detach() - start)
