@@ -162,21 +162,23 @@ class Engine:
         if self.d_buffers and self.sc.server.buffers == "local":
             self.stateful_clients = True
 
-    PROBE_CLIENTS = 32  # the vectorised trainer's default chunk
+    PROBE_CLIENTS = 32  # the clients the vectorise-or-loop probe times (3 steps each)
 
     def _keep_faster_trainer(self, params_ref: Any) -> None:
         """``runtime.vectorize`` asks for the vectorised trainer, whose numbers equal the loop's
         to 1e-5; where the loop is faster (a model whose per-example arithmetic outweighs
-        the per-step overhead vmap saves, such as an MLP of 1,024 hidden units on a CPU), the
-        run keeps the loop and says so. The first worker times both on the first round's
-        first 32 clients, 3 steps each; the choice is in the run's params (``vectorized``)."""
+        the per-step overhead that batching saves, such as an MLP of 1,024 hidden units on a
+        CPU), the run keeps the loop and says so. The first worker times both on the first
+        round's first 32 clients, 3 steps each, before the first round; the choice is in the
+        run's params (``vectorized``, ``vectorized.probe``)."""
         sc, b = self.sc, self.backend
-        if not sc.runtime.vectorize or sc.trainer()["name"] != "vectorized_sgd":
+        spec = sc.trainer()
+        if not sc.runtime.vectorize or spec["name"] != "vectorized_sgd":
             return
         ids = sample_clients(self.seed, 0, sc.clients.total, sc.clients.sampled).tolist()
         ids = ids[: self.PROBE_CLIENTS]
-        vec, loop = b.get(b.call(self.workers[0], "probe",
-                                 [{"name": "vectorized_sgd"}, {"name": "sgd"}], ids, params_ref))
+        vec, loop = b.get(b.call(self.workers[0], "probe", [spec, {"name": "sgd"}], ids,
+                                 params_ref))
         self.derived["vectorized"] = str(vec <= loop).lower()
         self.derived["vectorized.probe"] = f"vectorised {vec:.4f} s, loop {loop:.4f} s"
         if vec > loop:
