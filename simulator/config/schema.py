@@ -151,6 +151,10 @@ class Runtime(Strict):
     num_cpus: Annotated[float, Gt(0)] = 1.0
     num_gpus: Annotated[float, Ge(0)] | None = None
     threads: Annotated[int, Ge(1)] = 1
+    # torch threads of the server's (and D-SGD mixer's) evaluation, which runs while the
+    # workers wait: more is faster on a CPU; 1 (the default) gives the same test metrics on
+    # any machine, more may move a loss in its last digits (training is not affected)
+    eval_threads: Annotated[int, Ge(1)] = 1
     # fp32, or bf16 autocast of the clients' forward passes (updates stay float32)
     precision: Literal["fp32", "bf16"] = "fp32"
     # torch's deterministic algorithms (cuDNN included): bit-identical reruns on one GPU

@@ -30,6 +30,7 @@ from simulator.runtime.common import (
     resolve_device,
     single_thread,
     stack_updates,
+    torch_threads,
     vector_to_buffers,
 )
 from simulator.runtime.pipeline import Pipeline
@@ -100,6 +101,7 @@ class Server:
     def __init__(self, scenario: Scenario, input_shape: tuple[int, ...], num_classes: int,
                  eval_data: EvalData, vocabulary: int | None = None) -> None:
         single_thread()
+        self.eval_threads = scenario.runtime.eval_threads
         seed = scenario.seeds[0]
         self.model = build_model(scenario.model, input_shape, num_classes, seed, vocabulary)
         self.x = parameters_to_vector(self.model.parameters()).detach().clone()
@@ -206,8 +208,9 @@ class Server:
 
     def evaluate(self) -> dict[str, float]:
         self._load_model()
-        acc, loss, hits = evaluate_model(self.model, self.x_test, self.y_test, self.task)
-        _, train_loss, _ = evaluate_model(self.model, self.x_tr, self.y_tr, self.task)
+        with torch_threads(self.eval_threads):
+            acc, loss, hits = evaluate_model(self.model, self.x_test, self.y_test, self.task)
+            _, train_loss, _ = evaluate_model(self.model, self.x_tr, self.y_tr, self.task)
         per_client = (client_accuracy(hits, self.c_test)
                       if self.c_test is not None and hits is not None else {})
         return {**{f"test_{k}": v for k, v in self.task.metrics(loss, acc).items()},
@@ -241,6 +244,7 @@ class Mixer:
                  input_shape: tuple[int, ...], num_classes: int, eval_data: EvalData,
                  vocabulary: int | None = None) -> None:
         single_thread()
+        self.eval_threads = scenario.runtime.eval_threads
         assert scenario.topology is not None
         self.seed = scenario.seeds[0]
         self.n = scenario.clients.total
@@ -294,9 +298,10 @@ class Mixer:
 
     def _eval_vector(self, x: torch.Tensor, with_train: bool = True) -> tuple[float, float, float]:
         vector_to_parameters(x.clone(), self.model.parameters())
-        acc, loss, _ = evaluate_model(self.model, self.x_test, self.y_test, self.task)
-        train_loss = (evaluate_model(self.model, self.x_tr, self.y_tr, self.task)[1]
-                      if with_train else float("nan"))
+        with torch_threads(self.eval_threads):
+            acc, loss, _ = evaluate_model(self.model, self.x_test, self.y_test, self.task)
+            train_loss = (evaluate_model(self.model, self.x_tr, self.y_tr, self.task)[1]
+                          if with_train else float("nan"))
         return float("nan") if acc is None else acc, loss, train_loss
 
     def evaluate(self, *results: dict) -> dict[str, float]:

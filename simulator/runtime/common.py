@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 from torch import nn
@@ -16,6 +19,17 @@ def single_thread(threads: int = 1) -> None:
     results can differ in the last bits between thread counts (``runtime.threads``, 1 by
     default, gives a worker more)."""
     torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch runs ``threads`` threads inside the block, then as many as before."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def resolve_device(name: str) -> torch.device:

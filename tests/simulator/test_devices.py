@@ -81,6 +81,27 @@ def test_more_threads_per_worker(tmp_path):
                                rtol=1e-3)
 
 
+def test_evaluation_threads_leave_training_alone(tmp_path, monkeypatch):
+    """runtime.eval_threads: the server evaluates with that many torch threads and goes back
+    to one: the model trains bit for bit as with one, and the test metrics agree."""
+    from simulator.runtime import actors
+
+    seen: list[int] = []
+    real = actors.evaluate_model
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(actors, "evaluate_model", spy)
+    one, two = run(tmp_path), run(tmp_path, "runtime.eval_threads=2")
+    assert set(seen) == {1, 2} and torch.get_num_threads() == 1
+    np.testing.assert_array_equal(two.final_params, one.final_params)
+    for a, b in zip(one.metrics, two.metrics, strict=True):
+        assert a["test_accuracy"] == b["test_accuracy"]
+        assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-6)
+
+
 class _GPUs(InlineBackend):
     def __init__(self, gpus: float) -> None:
         self._gpus = gpus
