@@ -261,35 +261,48 @@ def split_rows(model: nn.Module, w: torch.Tensor) -> list[torch.Tensor]:
     return [part.reshape(len(w), *s) for part, s in zip(parts, shapes, strict=True)]
 
 
-def _stacked_sgd(model: nn.Module, forward: StackedForward,
-                 w: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor, ms: torch.Tensor,
-                 active: torch.Tensor, local: LocalSettings, task: Task
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The SGD steps of :func:`vectorized_sgd` with ``forward`` (:func:`stacked_forward`):
-    each copy's masked mean loss, summed, differentiated by autograd at once with respect to
-    each parameter's rows. A step computes only the copies that still have a batch (the
-    others are not padded with empty batches): clients of a chunk that run out of batches
-    cost nothing more."""
-    k, width = xs.shape[1], xs.shape[2]
-    buf = torch.zeros_like(w)
-    loss_sum = torch.zeros(k, dtype=torch.float64, device=w.device)
-    for s in range(xs.shape[0]):
-        on = active[s].nonzero().squeeze(1)
-        n = len(on)
-        if n == 0:
-            continue
-        every = n == k
-        w_on = w if every else w[on]
-        leaves = [p.detach().requires_grad_(True) for p in split_rows(model, w_on)]
-        xb, yb, mb = (xs[s], ys[s], ms[s]) if every else (xs[s][on], ys[s][on], ms[s][on])
+Grads = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+                 tuple[torch.Tensor, torch.Tensor]]
+
+
+def _stacked_grads(model: nn.Module, forward: StackedForward, task: Task) -> Grads:
+    """``(w, x, y, m) -> (g, loss)``: each copy's gradient ``(n, d)`` and masked mean loss
+    ``(n,)`` at its flat parameters ``w[i]`` on its batch, through ``forward``
+    (:func:`stacked_forward`): the copies' losses summed, differentiated by autograd at once
+    with respect to each parameter's rows."""
+    def grads(w: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, mb: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        n, width = xb.shape[:2]
+        leaves = [p.detach().requires_grad_(True) for p in split_rows(model, w)]
         out = forward(leaves, xb)
         per = task.losses(out.reshape(n * width, *out.shape[2:]),
                           task.target(xb.reshape(n * width, *xb.shape[2:]),
                                       yb.reshape(n * width, *yb.shape[2:])))
         loss = (per.reshape(n, width) * mb).sum(1) / mb.sum(1).clamp_min(1.0)
-        grads = torch.autograd.grad(loss.sum(), leaves)
+        gs = torch.autograd.grad(loss.sum(), leaves)
+        return torch.cat([gp.reshape(n, -1) for gp in gs], dim=1), loss.detach()
+    return grads
+
+
+def _masked_sgd(grads: Grads, w: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor,
+                ms: torch.Tensor, active: torch.Tensor, local: LocalSettings
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The SGD steps (weight decay, momentum) of the stacked clients ``w`` (k, d): step ``s``
+    takes ``grads`` of the clients that still have a batch (``active[s]``) and moves only
+    them, so clients of a chunk that run out of batches cost nothing more. Returns the final
+    ``w`` and each client's summed batch losses."""
+    k = xs.shape[1]
+    buf = torch.zeros_like(w)
+    loss_sum = torch.zeros(k, dtype=torch.float64, device=w.device)
+    for s in range(xs.shape[0]):
+        on = active[s].nonzero().squeeze(1)
+        if len(on) == 0:
+            continue
+        every = len(on) == k
+        w_on = w if every else w[on]
+        g, loss = grads(w_on, *((xs[s], ys[s], ms[s]) if every else
+                                (xs[s][on], ys[s][on], ms[s][on])))
         with torch.no_grad():
-            g = torch.cat([gp.reshape(n, -1) for gp in grads], dim=1)
             if local.weight_decay:
                 g = g + local.weight_decay * w_on
             if local.momentum:
@@ -346,26 +359,13 @@ def vectorized_sgd(model: nn.Module, start: torch.Tensor, clients: Sequence[Clie
     active[torch.tensor(on, device=dev)] = True
     active = active.view(steps, k)
     model.train()
-    w = start.expand(k, d).clone()
     counts = torch.tensor([len(b) for b in plans], dtype=torch.float64, device=dev).clamp_min(1)
     forward = stacked_forward(model)
-    if forward is not None:
-        w, loss_sum = _stacked_sgd(model, forward, w, xs, ys, ms, active, local, task)
-        return (w - start).detach(), loss_sum / counts
-    _, masked_loss = _flat_loss(model, task)
-    step_fn = vmap(grad_and_value(masked_loss))
-    buf = torch.zeros_like(w)
-    loss_sum = torch.zeros(k, dtype=torch.float64, device=dev)
-    for s in range(steps):
-        g, loss = step_fn(w, xs[s], ys[s], ms[s])
-        live = active[s][:, None]
-        if local.weight_decay:
-            g = g + local.weight_decay * w
-        if local.momentum:
-            buf = torch.where(live, local.momentum * buf + g, buf)
-            g = buf
-        w = torch.where(live, w - local.lr * g, w)
-        loss_sum += torch.where(active[s], loss.double(), torch.zeros_like(loss_sum))
+    if forward is not None:  # batched kernels
+        grads = _stacked_grads(model, forward, task)
+    else:  # any other model: vmap of grad
+        grads = vmap(grad_and_value(_flat_loss(model, task)[1]))
+    w, loss_sum = _masked_sgd(grads, start.expand(k, d).clone(), xs, ys, ms, active, local)
     return (w - start).detach(), loss_sum / counts
 
 

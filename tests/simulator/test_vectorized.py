@@ -36,7 +36,9 @@ def _scenario(tmp_path, *over):
     ["local={epochs: 2, batch_size: 16, lr: 0.1}"],  # uneven clients: different step counts
     ["model={name: mlp, hidden: [32]}", "local={steps: 5, batch_size: 8, lr: 0.1, momentum: 0.5}"],
     ["model={name: cnn, channels: [4], hidden: 16}", "local={steps: 3, batch_size: 8, lr: 0.1}"],
-], ids=["logreg", "momentum-wd", "epochs-uneven", "mlp", "cnn"])
+    ["model={name: cnn, channels: [4], hidden: 16, norm: group}",  # not a plain chain: vmap
+     "local={epochs: 1, batch_size: 8, lr: 0.1, momentum: 0.5}"],
+], ids=["logreg", "momentum-wd", "epochs-uneven", "mlp", "cnn", "vmap-groupnorm-uneven"])
 def test_train_many_equals_the_loop(tmp_path, over):
     eng = Engine(_scenario(tmp_path, *over), InlineBackend())
     eng._spawn()
