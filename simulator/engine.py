@@ -29,6 +29,7 @@ from simulator.runtime.common import stack_updates
 from simulator.runtime.worker import ClientWorker
 from simulator.sampling import byzantine_clients, missed_round, sample_clients
 from strategies.protocols import Privacy
+from strategies.trainers import step_counts
 
 RoundCallback = Callable[[int, dict[str, float]], None]
 CheckpointCallback = Callable[[int, dict[str, Any]], None]
@@ -84,10 +85,7 @@ class Engine:
         self.b_hat = int(b.value if b is not None and b.value is not None
                          else scenario.aggregator.get("f", 0) or 0)
         # each client's local work in minibatch steps (its simulated time at speed 1)
-        sizes = self.data.client_sizes()
-        lc = scenario.local
-        self.local_steps = (np.full(len(sizes), lc.steps, dtype=np.float64) if lc.steps else
-                            (lc.epochs or 1) * np.ceil(np.maximum(sizes, 1) / lc.batch_size))
+        self.local_steps = step_counts(self.data.client_sizes(), scenario.local)
         self._handles: list[Any] = []
         self._trained: set[int] = set()  # clients that have trained (and may hold state)
         # a gradient rule keeps per-client state in the worker that owns the client

@@ -48,7 +48,7 @@ from strategies.tasks import Classification
 CLASSIFICATION = Classification()  # the functional twins' default task
 
 __all__ = ["DPSGD", "SGD", "GradientRule", "VectorizedSGD", "dp_sgd", "local_sgd",
-           "minibatches", "vectorized_sgd"]
+           "minibatches", "step_counts", "vectorized_sgd"]
 
 
 def minibatches(n: int, local: LocalSettings, generator: torch.Generator) -> list[torch.Tensor]:
@@ -66,6 +66,14 @@ def minibatches(n: int, local: LocalSettings, generator: torch.Generator) -> lis
         perm = torch.randperm(n, generator=generator)
         out += [perm[i : i + bs] for i in range(0, n, bs)]
     return out
+
+
+def step_counts(sizes: np.ndarray, local: LocalSettings) -> np.ndarray:
+    """How many batches :func:`minibatches` gives clients of ``sizes`` samples in a round
+    (float64: a client's simulated time at speed 1)."""
+    if local.steps:
+        return np.full(len(sizes), local.steps, dtype=np.float64)
+    return (local.epochs or 1) * np.ceil(np.maximum(sizes, 1) / local.batch_size)
 
 
 def _flat_loss(model: nn.Module, task: Task = CLASSIFICATION) -> tuple[Callable[[torch.Tensor], dict[str, torch.Tensor]],
@@ -387,10 +395,8 @@ class VectorizedSGD(Trainer):
         alone may exceed the memory one)."""
         sizes = np.array([len(c.y) for c in clients])
         order = np.argsort(sizes, kind="stable")
-        lc = self.local
-        bs = np.minimum(lc.batch_size, np.maximum(sizes, 1))
-        steps = np.full(len(sizes), lc.steps) if lc.steps else \
-            (lc.epochs or 1) * np.ceil(np.maximum(sizes, 1) / bs)
+        bs = np.minimum(self.local.batch_size, np.maximum(sizes, 1))
+        steps = step_counts(sizes, self.local)
         sample = 4 * math.prod(clients[0].x.shape[1:]) if clients else 4
         budget = self.memory_mib * 2**20
         out: list[list[int]] = []

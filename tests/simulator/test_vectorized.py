@@ -188,3 +188,18 @@ def test_local_sgd_is_torch_optim_sgd_bit_for_bit(momentum, weight_decay):
         nn.functional.cross_entropy(ref(x[idx]), y[idx]).backward()
         opt.step()
     assert torch.equal(update, parameters_to_vector(params).detach() - start)
+
+
+@pytest.mark.parametrize("local", [{"batch_size": 16}, {"batch_size": 5, "epochs": 3},
+                                   {"batch_size": 8, "steps": 7}])
+def test_step_counts_are_the_batches_minibatches_gives(local):
+    """The engine's simulated local time and the vectorised trainer's chunk bound count the
+    batches as minibatches makes them."""
+    from types import SimpleNamespace
+
+    from strategies.trainers import step_counts
+
+    lc = SimpleNamespace(**{"steps": None, "epochs": None, **local})
+    sizes = np.array([1, 4, 5, 16, 17, 33, 100])
+    g = torch.Generator().manual_seed(0)
+    assert step_counts(sizes, lc).tolist() == [len(minibatches(int(n), lc, g)) for n in sizes]
