@@ -21,12 +21,11 @@ from torch import nn
 from strategies.protocols import Model, Traits
 
 
-class LogisticRegression(Model):
-    """Multinomial logistic regression: one linear layer on the flattened input."""
+class _Sequential(Model):
+    """A model that is its Sequential ``net``: ``forward`` applies it, and ``chain()`` says
+    so (the vectorised trainer's batched kernels)."""
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+    net: nn.Sequential
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -35,7 +34,15 @@ class LogisticRegression(Model):
         return self.net
 
 
-class MLP(Model):
+class LogisticRegression(_Sequential):
+    """Multinomial logistic regression: one linear layer on the flattened input."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+
+
+class MLP(_Sequential):
     """Fully connected network with ReLU hidden layers of the given widths."""
 
     def __init__(
@@ -52,12 +59,6 @@ class MLP(Model):
             width = h
         layers.append(nn.Linear(width, num_classes))
         self.net = nn.Sequential(*layers)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def chain(self) -> nn.Sequential:
-        return self.net
 
 
 def norm_layer(norm: str, channels: int, groups: int) -> list[nn.Module]:
@@ -81,7 +82,7 @@ def _image(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
     return c, h, w
 
 
-class CNN(Model):
+class CNN(_Sequential):
     """Convolution blocks (3x3, ``norm``, ReLU, 2x2 max-pool when the map is large enough),
     then a hidden fully connected layer. Needs image input ``(C, H, W)``."""
 
@@ -107,14 +108,8 @@ class CNN(Model):
         layers += [nn.Flatten(), nn.Linear(c * h * w, hidden), nn.ReLU(), nn.Linear(hidden, num_classes)]
         self.net = nn.Sequential(*layers)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
 
-    def chain(self) -> nn.Sequential:
-        return self.net
-
-
-class FemnistCNN(Model):
+class FemnistCNN(_Sequential):
     """LEAF's FEMNIST model (Caldas et al., 2018, models/femnist/cnn.py): two 5x5 "same"
     convolutions of 32 and 64 channels, each with ReLU and a 2x2 max-pool, a dense layer of
     2048 units and the class head; 6.6 M parameters on 28 x 28 images with 62 classes."""
@@ -129,14 +124,8 @@ class FemnistCNN(Model):
             nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
             nn.Linear(64 * (h // 4) * (w // 4), 2048), nn.ReLU(), nn.Linear(2048, num_classes))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
 
-    def chain(self) -> nn.Sequential:
-        return self.net
-
-
-class SimpleCNN(Model):
+class SimpleCNN(_Sequential):
     """pfl-research's CIFAR-10 benchmark CNN (``simple_cnn``, the Keras CIFAR-10 example's):
     two 3x3 valid convolutions of 32 and 64 channels with ReLU, one 2x2 max-pool, a dense
     layer of 128 units and the class head; 1,625,866 parameters on 3 x 32 x 32 images with 10
@@ -153,12 +142,6 @@ class SimpleCNN(Model):
             nn.Conv2d(c, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
             nn.Flatten(), nn.Linear(64 * ((h - 4) // 2) * ((w - 4) // 2), 128), nn.ReLU(),
             nn.Linear(128, num_classes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def chain(self) -> nn.Sequential:
-        return self.net
 
 
 class _Block(nn.Module):
