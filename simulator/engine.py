@@ -154,8 +154,9 @@ class Engine:
         self.omniscient = traits is not None and traits.omniscient
         self.poison = sc.attack if traits is not None and traits.data_poisoning else None
         self._handles = [*self.workers, self.server] + ([self.adversary] if self.adversary else [])
-        self._keep_faster_trainer(self.backend.call(self.server, "params"))
-        self.dim = len(self.backend.get(self.backend.call(self.server, "params")))
+        params_ref = self.backend.call(self.server, "params")
+        self._keep_faster_trainer(params_ref)
+        self.dim = len(self.backend.get(params_ref))
         self.d_buffers = len(self.backend.get(self.backend.call(self.server, "buffers")))
         if self.d_buffers and self.sc.server.buffers == "local":
             self.stateful_clients = True
