@@ -34,6 +34,9 @@ PING_TIMEOUT = 600.0  # seconds a live worker may take to finish its calls and a
 
 class Backend(Protocol):
     name: str
+    # calls run in the background (a ref comes back at once): the engine may submit the
+    # next round's training before it reads this round's results
+    pipelined: bool
 
     def spawn(self, cls: type, *args: Any, role: str,
               options: dict[str, Any] | None = None) -> Any: ...
@@ -52,6 +55,7 @@ class InlineBackend:
     """Everything in this process; calls run at once and "references" are the values."""
 
     name = "inline"
+    pipelined = False  # a call runs when it is made
 
     def spawn(self, cls: type, *args: Any, role: str,
               options: dict[str, Any] | None = None) -> Any:
@@ -91,6 +95,7 @@ class RayBackend:
     """Actors on Ray: a local instance started here, or an existing cluster by address."""
 
     name = "ray"
+    pipelined = True
 
     def __init__(self, address: str | None = None, **init_kwargs: Any) -> None:
         import ray

@@ -215,3 +215,73 @@ def test_a_round_with_too_few_clients_is_skipped_and_counted(tmp_path):
     for prev, m in zip([None, *res.metrics], res.metrics):
         if m["aggregation_skipped"] and prev is not None:
             assert m["test_accuracy"] == prev["test_accuracy"]  # the model did not move
+
+
+def test_stateless_clients_are_spread_evenly_and_stateful_ones_stay_with_their_worker(tmp_path):
+    """A round waits for its slowest worker: clients without state go, the most local steps
+    first, to the least loaded live worker; clients with state stay on worker k % W."""
+    over = ["clients.total=40", "clients.per_round=17", "data.partitioner={name: dirichlet, alpha: 0.3}",
+            "local.steps=null", "local.epochs=1", "local.batch_size=8"]
+    eng = Engine(point(tmp_path, overrides=over), InlineBackend(), workers=3)
+    steps = eng.local_steps
+    assert len(set(steps.tolist())) > 3  # clients of unequal sizes
+    for r in range(10):
+        clients = sample_clients(0, r, 40, 17).tolist()
+        per = eng._assign(clients)
+        assert sorted(c for _, ids in per for c in ids) == sorted(clients)
+        loads = [steps[ids].sum() for _, ids in per]
+        # longest-processing-time-first: the most loaded exceeds the least by at most one client
+        assert max(loads) - min(loads) <= steps[clients].max()
+        assert per == eng._assign(list(reversed(clients)))  # the same whatever the order
+    eng.live = [0, 2]  # worker 1 was lost: nothing goes to it
+    assert {w for w, _ in eng._assign(clients)} == {0, 2}
+    even = Engine(point(tmp_path, overrides=["clients.total=40", "clients.per_round=20"]),
+                  InlineBackend(), workers=2)
+    for r in range(10):  # equal clients: 10 each, where k % 2 gives 11.4 to the busier worker
+        per = even._assign(sample_clients(0, r, 40, 20).tolist())
+        assert [len(ids) for _, ids in per] == [10, 10]
+    momentum = Engine(point(tmp_path, overrides=[*over, "local.steps=1", "local.epochs=null",
+                                                 "local.optimizer={name: momentum}"]),
+                      InlineBackend(), workers=3)
+    per = momentum._assign(clients)
+    assert all(c % 3 == w for w, ids in per for c in ids)
+
+
+class _Pipelined(InlineBackend):
+    """Inline calls that record their order, as a backend that may be pipelined."""
+
+    pipelined = True
+
+    def __init__(self):
+        self.calls = []
+
+    def call(self, handle, method, *args):
+        self.calls.append((method, args[0] if method in ("train", "step") else None))
+        return super().call(handle, method, *args)
+
+
+def test_the_next_rounds_training_goes_out_before_this_rounds_results(tmp_path):
+    """On a pipelined backend round r+1's training is submitted right after round r's step
+    (before its evaluation), except before a checkpoint and for clients with state; the
+    numbers are those of the plain loop."""
+    over = ["rounds=5", "evaluation.every=1", "clients.byzantine=2", "attack={name: gaussian}",
+            "aggregator={name: median}"]
+    plain = Engine(point(tmp_path, overrides=over), InlineBackend(), workers=2).run()
+    backend = _Pipelined()
+    piped = Engine(point(tmp_path, overrides=[*over, "runtime.checkpoint_every=2"]), backend,
+                   workers=2).run(on_checkpoint=lambda r, s: None)
+    assert piped.metrics == plain.metrics
+    np.testing.assert_array_equal(piped.final_params, plain.final_params)
+    seq = [(m, r) for m, r in backend.calls if m in ("train", "step", "evaluate", "checkpoint")]
+    after = {}  # round r -> the call after its step
+    for i, (m, r) in enumerate(seq):
+        if m == "step":
+            after[r] = seq[i + 1]
+    # checkpoints after rounds 2 and 4 (indices 1 and 3); round 5 (index 4) is the last
+    assert after == {0: ("train", 1), 1: ("evaluate", None), 2: ("train", 3),
+                     3: ("evaluate", None), 4: ("evaluate", None)}
+    backend = _Pipelined()
+    Engine(point(tmp_path, overrides=[*over[:1], "local.steps=1",
+                                      "local.optimizer={name: momentum}"]), backend).run()
+    seq = [m for m, _ in backend.calls if m in ("train", "step", "evaluate")]
+    assert seq == ["train", "step", "evaluate"] * 5
