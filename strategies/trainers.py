@@ -292,34 +292,32 @@ def _stacked_grads(model: nn.Module, forward: StackedForward, task: Task) -> Gra
     return grads
 
 
-def _masked_sgd(grads: Grads, w: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor,
-                ms: torch.Tensor, active: torch.Tensor, local: LocalSettings
+def _suffix_sgd(grads: Grads, w: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor,
+                ms: torch.Tensor, first: np.ndarray, offsets: np.ndarray, local: LocalSettings
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The SGD steps (weight decay, momentum) of the stacked clients ``w`` (k, d): step ``s``
-    takes ``grads`` of the clients that still have a batch (``active[s]``) and moves only
-    them, so clients of a chunk that run out of batches cost nothing more. Returns the final
-    ``w`` and each client's summed batch losses."""
-    k = xs.shape[1]
-    buf = torch.zeros_like(w)
+    """The SGD steps (weight decay, momentum, as torch.optim.SGD) of the stacked clients
+    ``w`` (k, d), ordered by their number of batches: step ``s`` moves the clients
+    ``first[s]:`` (those that still have a batch), on the batches in rows
+    ``offsets[s]:offsets[s + 1]`` of ``xs``, ``ys`` and the mask ``ms`` (as many examples
+    for each client: the widest batch's). The moving clients are a slice, so a step reads and writes views: clients
+    that ran out of batches cost nothing. Returns the final ``w`` and each client's summed
+    batch losses."""
+    k = len(w)
+    buf = torch.zeros_like(w) if local.momentum else None
     loss_sum = torch.zeros(k, dtype=torch.float64, device=w.device)
-    for s in range(xs.shape[0]):
-        on = active[s].nonzero().squeeze(1)
-        if len(on) == 0:
-            continue
-        every = len(on) == k
-        w_on = w if every else w[on]
-        g, loss = grads(w_on, *((xs[s], ys[s], ms[s]) if every else
-                                (xs[s][on], ys[s][on], ms[s][on])))
+    for s in range(len(first)):
+        a, lo, hi = int(first[s]), int(offsets[s]), int(offsets[s + 1])
+        w_on = w[a:]
+        width = (hi - lo) // (k - a)
+        g, loss = grads(w_on, xs[lo:hi].view(k - a, width, *xs.shape[1:]),
+                        ys[lo:hi].view(k - a, width, *ys.shape[1:]), ms[lo:hi].view(k - a, width))
         with torch.no_grad():
             if local.weight_decay:
-                g = g + local.weight_decay * w_on
-            if local.momentum:
-                b_on = local.momentum * (buf if every else buf[on]) + g
-                g = b_on
-                buf = b_on if every else buf.index_copy(0, on, b_on)
-            step = w_on - local.lr * g
-            w = step if every else w.index_copy(0, on, step)
-            loss_sum.index_add_(0, on, loss.detach().double())
+                g = g.add(w_on, alpha=local.weight_decay)
+            if buf is not None:
+                g = buf[a:].mul_(local.momentum).add_(g)
+            w_on.add_(g, alpha=-local.lr)
+            loss_sum[a:] += loss.detach().double()
     return w, loss_sum
 
 
@@ -327,54 +325,57 @@ def vectorized_sgd(model: nn.Module, start: torch.Tensor, clients: Sequence[Clie
                    local: LocalSettings, task: Task = CLASSIFICATION
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`local_sgd` of several clients at once, the same batches and the same SGD rule
-    (momentum, weight decay): clients with fewer or smaller batches are padded and masked,
-    so each client's result equals the loop's up to rounding. Returns (updates (k, d), mean
-    losses (k,))."""
+    (momentum, weight decay): a batch smaller than the widest is padded and masked, so each
+    client's result equals the loop's up to rounding. The clients are stacked by their
+    number of batches, so step ``s`` computes only the ones that have an ``s``-th batch (a
+    suffix: no padded steps). Returns (updates (k, d), mean losses (k,)), rows following
+    ``clients``."""
     from torch.func import grad_and_value, vmap
 
-    plans = [minibatches(len(c.y), local, c.generator) for c in clients]
     k, d = len(clients), start.numel()
-    steps = max(len(b) for b in plans)
+    if not k:
+        return torch.empty((0, d), device=start.device), torch.empty(0, dtype=torch.float64)
+    plans = [minibatches(len(c.y), local, c.generator) for c in clients]
+    n_batches = np.array([len(b) for b in plans], dtype=np.int64)
+    order = np.argsort(n_batches, kind="stable")  # fewest batches first
+    # step s moves the clients first[s]: (of the order), on rows offsets[s]:offsets[s + 1]
+    first = np.searchsorted(n_batches[order], np.arange(n_batches.max()), side="right")
     width = max((len(i) for b in plans for i in b), default=1)
+    offsets = np.concatenate([[0], np.cumsum((k - first) * width)])
     feat = tuple(clients[0].x.shape[1:])
-    xs_parts: list[torch.Tensor] = []
-    ys_parts: list[torch.Tensor] = []
-    slots: list[np.ndarray] = []
-    on: list[int] = []
-    for j, (c, batches) in enumerate(zip(clients, plans)):  # where each example goes
-        if not batches:
-            continue
-        idx = torch.cat(batches)  # one gather per client
-        xs_parts.append(c.x[idx])
-        ys_parts.append(c.y[idx])
-        lens = np.array([b.numel() for b in batches])
-        starts = np.cumsum(lens) - lens
-        step_of = np.repeat(np.arange(len(batches)), lens)
-        slots.append((step_of * k + j) * width + np.arange(lens.sum()) - np.repeat(starts, lens))
-        on.extend(s * k + j for s in range(len(batches)))
+    # where each example goes, (step, client, position), computed for all batches at once
+    batches = [b for i in order for b in plans[i]]  # by client (in order), then step
+    lens = np.fromiter((b.numel() for b in batches), dtype=np.int64, count=len(batches))
+    per = n_batches[order]
+    client_of = np.repeat(np.arange(k), per)
+    step_of = np.arange(len(batches)) - np.repeat(np.cumsum(per) - per, per)
+    base = offsets[step_of] + (client_of - first[step_of]) * width
+    slots = np.repeat(base, lens) + np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens)
+    held = [i for i in order if plans[i]]  # the clients with a batch, in order
+    idx = [torch.cat(plans[i]) for i in held]  # one gather per client
+    xs_parts = [clients[i].x[j] for i, j in zip(held, idx, strict=True)]
+    ys_parts = [clients[i].y[j] for i, j in zip(held, idx, strict=True)]
     dev = start.device
-    slots_t = torch.from_numpy(np.concatenate(slots)).to(dev)
-    xs = torch.zeros((steps * k * width, *feat), dtype=clients[0].x.dtype, device=dev)
-    ys = torch.zeros((steps * k * width, *clients[0].y.shape[1:]), dtype=clients[0].y.dtype,
-                     device=dev)
-    ms = torch.zeros(steps * k * width, device=dev)
-    xs[slots_t] = torch.cat(xs_parts).to(dev)
-    ys[slots_t] = torch.cat(ys_parts).to(dev)
-    ms[slots_t] = 1.0
-    xs, ys, ms = (xs.view(steps, k, width, *feat), ys.view(steps, k, width, *ys.shape[1:]),
-                  ms.view(steps, k, width))
-    active = torch.zeros(steps * k, dtype=torch.bool, device=dev)
-    active[torch.tensor(on, device=dev)] = True
-    active = active.view(steps, k)
+    rows = int(offsets[-1])
+    xs = torch.zeros((rows, *feat), dtype=clients[0].x.dtype, device=dev)
+    ys = torch.zeros((rows, *clients[0].y.shape[1:]), dtype=clients[0].y.dtype, device=dev)
+    ms = torch.zeros(rows, device=dev)
+    if len(slots):
+        slots_t = torch.from_numpy(slots).to(dev)
+        xs[slots_t] = torch.cat(xs_parts).to(dev)
+        ys[slots_t] = torch.cat(ys_parts).to(dev)
+        ms[slots_t] = 1.0
     model.train()
-    counts = torch.tensor([len(b) for b in plans], dtype=torch.float64, device=dev).clamp_min(1)
     forward = stacked_forward(model)
     if forward is not None:  # batched kernels
         grads = _stacked_grads(model, forward, task)
     else:  # any other model: vmap of grad
         grads = vmap(grad_and_value(_flat_loss(model, task)[1]))
-    w, loss_sum = _masked_sgd(grads, start.expand(k, d).clone(), xs, ys, ms, active, local)
-    return (w - start).detach(), loss_sum / counts
+    w, loss_sum = _suffix_sgd(grads, start.expand(k, d).clone(), xs, ys, ms, first, offsets,
+                              local)
+    back = torch.from_numpy(np.argsort(order)).to(dev)  # the rows in the callers' order
+    counts = torch.from_numpy(np.maximum(n_batches, 1)).to(dev, torch.float64)
+    return (w - start).detach()[back], loss_sum[back] / counts
 
 
 class VectorizedSGD(Trainer):
