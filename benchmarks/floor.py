@@ -148,6 +148,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="alternations of floor and fedray (this machine's speed drifts by "
+                         "20-50 %% from minute to minute: each ratio is within one alternation)")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     cores = os.cpu_count() or 1
@@ -156,19 +159,25 @@ def main() -> None:
                                                if cores % w == 0]
     print(f"{CLIENTS} clients x {SAMPLES} samples, {PER_ROUND} per round, MLP [{HIDDEN}], "
           f"1 epoch of batch {BATCH}; {cores} cores")
-    floors = {s: floor(*s, rounds=args.rounds) for s in shapes}
-    for (w, t), s in floors.items():
-        print(f"floor  {w} process(es) x {t} thread(s): {s:.4f} s per round")
-    best = min(floors.values())
-    for w, t in shapes:
-        s, acc, parts = fedray(w, t, args.rounds)
-        print(f"fedray {w} worker(s)  x {t} thread(s): {s:.4f} s per round (accuracy {acc:.4f}): "
-              f"{best / s:.2f} of the floor")
-        slow, server, whole = (parts[k] for k in ("slowest_worker_seconds", "server_seconds",
-                                                  "round_seconds"))
-        print(f"  a round: slowest worker trains {slow:.4f} s, server step {server:.4f} s, "
-              f"the rest (Ray calls, transfers, driver) {whole - slow - server:.4f} s; "
-              f"between rounds {s - whole:.4f} s")
+    ratios: dict[tuple[int, int], list[float]] = {s: [] for s in shapes}
+    for rep in range(args.repeat):
+        print(f"alternation {rep + 1} of {args.repeat}")
+        floors = {s: floor(*s, rounds=args.rounds) for s in shapes}
+        for (w, t), s in floors.items():
+            print(f"  floor  {w} process(es) x {t} thread(s): {s:.4f} s per round")
+        best = min(floors.values())
+        for w, t in shapes:
+            s, acc, parts = fedray(w, t, args.rounds)
+            ratios[(w, t)].append(best / s)
+            print(f"  fedray {w} worker(s)  x {t} thread(s): {s:.4f} s per round (accuracy "
+                  f"{acc:.4f}): {best / s:.2f} of the floor")
+            slow, server, whole = (parts[k] for k in ("slowest_worker_seconds",
+                                                      "server_seconds", "round_seconds"))
+            print(f"    a round: slowest worker trains {slow:.4f} s, server step {server:.4f} "
+                  f"s, the rest (Ray calls, transfers, driver) {whole - slow - server:.4f} s")
+    for (w, t), rs in ratios.items():
+        print(f"fedray {w} worker(s) x {t} thread(s): {statistics.median(rs):.2f} of the floor "
+              f"(median of {len(rs)}; {min(rs):.2f}-{max(rs):.2f})")
     if args.profile:
         profile(args.rounds)
 
