@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -55,11 +56,16 @@ def test_worker_node_lost_mid_run_changes_no_number(tmp_path):
 
 class KillDuringTrain:
     """The shared Ray backend, except that right after submitting a worker's ``train`` call of
-    round 2 it kills that worker: the call is in flight when its actor dies."""
+    round 3 (index 2) it kills that worker: the call is in flight when its actor dies. On Ray
+    that call goes out while round 2 is still being finished (the prefetched round):
+    ``after_step`` first waits for round 2's step, so the loss is found in round 3; without
+    it the actor may die with round 2's training still running, found in round 2."""
 
-    def __init__(self, backend) -> None:
+    def __init__(self, backend, after_step: bool) -> None:
         self._b = backend
         self.killed = 0
+        self.after_step = after_step
+        self.last_step = None
 
     def __getattr__(self, name):
         return getattr(self._b, name)
@@ -68,25 +74,32 @@ class KillDuringTrain:
         import ray
 
         ref = self._b.call(handle, method, *args)
+        if method == "step":
+            self.last_step = ref
         if method == "train" and args[0] == 2 and not self.killed:
+            if self.after_step:
+                ray.wait([self.last_step], timeout=60)
             ray.kill(handle, no_restart=False)
             self.killed += 1
         return ref
 
 
+@pytest.mark.parametrize("after_step", [True, False], ids=["prefetched-call", "both-rounds"])
 def test_worker_actor_killed_mid_round_its_clients_move_to_a_live_worker(tmp_path, shared_ray,
-                                                                         capfd):
+                                                                         capfd, after_step):
     p = tmp_path / "s.yaml"
     p.write_text(SCENARIO)
     sc = load(p).points[0].scenario
     reference = Engine(sc, InlineBackend()).run()
-    backend = KillDuringTrain(shared_ray)
+    backend = KillDuringTrain(shared_ray, after_step)
     faulty = Engine(sc, backend, workers=2).run()
     assert backend.killed == 1
     assert faulty.metrics == reference.metrics
     np.testing.assert_array_equal(faulty.final_params, reference.final_params)
     err = capfd.readouterr().err
-    assert "round 3: ClientWorker(s) [0] lost" in err and "moved to 1 live worker(s)" in err
+    found = "round 3" if after_step else r"round [23]"
+    assert re.search(found + r": ClientWorker\(s\) \[0\] lost", err), err
+    assert "moved to 1 live worker(s)" in err
     assert "constructor arguments in the object store and max_restarts > 0" not in err
 
 
