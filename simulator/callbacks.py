@@ -75,7 +75,9 @@ class Callback:
 
     def on_end(self, run: PointRun, result: Any, status: str) -> None:
         """The run ended: ``status`` FINISHED (``result``, a RunResult), FAILED or KILLED
-        (``result`` None; ``run.rows`` holds what was computed). Before its status is set."""
+        (``result`` None; ``run.rows`` holds what was computed). Before its status is set.
+        After the last point of ``fedray run`` finished, the backend (Ray) is already
+        shutting down: an end uses the result, not the actors."""
 
 
 class MLflowMetrics(Callback):

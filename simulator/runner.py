@@ -15,6 +15,8 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -69,17 +71,22 @@ def sweep_key(loaded: LoadedScenario) -> str:
 
 
 def run_point(point: RunPoint, backend: Any, opening: Opening, tmp: Path,
-              callbacks: list[Callback], workers: int | None = None) -> dict[str, Any]:
+              callbacks: list[Callback], workers: int | None = None,
+              engine_done: Callable[[], None] | None = None) -> dict[str, Any]:
     """A new child run of the opening's parent for ``point``, run to its end; the child run
     opens on the opening's thread while the engine starts."""
     child = opening.open_child(point, point_key(point), backend, tmp)
-    return execute(PointRun(point, None, None, tmp, opening=child), backend, callbacks, workers)
+    return execute(PointRun(point, None, None, tmp, opening=child), backend, callbacks, workers,
+                   engine_done=engine_done)
 
 
 def execute(run: PointRun, backend: Any, callbacks: list[Callback], workers: int | None = None,
-            resume: dict | None = None) -> dict[str, Any]:
+            resume: dict | None = None, engine_done: Callable[[], None] | None = None
+            ) -> dict[str, Any]:
     """Run one point into its child run (from ``resume``, a checkpoint, when given), the
-    callbacks around it, then the run's final status. A failure keeps what was computed."""
+    callbacks around it, then the run's final status. A failure keeps what was computed.
+    ``engine_done`` is called when the engine has finished the point, before the callbacks'
+    ends (the final model, the figure)."""
     from simulator.engine import make_engine
 
     point, status, error = run.point, "FAILED", None
@@ -99,6 +106,8 @@ def execute(run: PointRun, backend: Any, callbacks: list[Callback], workers: int
         engine = make_engine(point.scenario, backend, workers)
         result = engine.run(on_round, on_checkpoint, resume)
         status = "FINISHED"
+        if engine_done is not None:
+            engine_done()
         return {"run_id": run.run_id, "label": point.label, "values": point.values,
                 "seed": point.seed, "final_test_accuracy": result.final("test_accuracy"),
                 "final_test_loss": result.final("test_loss"),
@@ -148,8 +157,19 @@ def run_loaded(
     uri = tracking_uri or default_uri()
     opening = Opening(uri, sc.name)  # MLflow opens on its own thread while Ray starts
     status, parent, error = "FAILED", None, None
+    stopping: Future[None] | None = None
     try:
         backend = make_backend(backend_name or sc.runtime.backend, address, **(ray_init or {}))
+
+        def stop_backend() -> None:
+            """Once the last point's engine is done, Ray shuts down on a thread while that
+            point's model and figure are logged: its shutdown is mostly waiting (1.0 of its
+            1.2-1.4 s is the autoscaler monitor's exit)."""
+            nonlocal stopping
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedray-shutdown")
+            stopping = pool.submit(backend.shutdown)
+            pool.shutdown(wait=False)
+
         try:
             trap_sigterm()
             if opening.tracker.done():  # a store that cannot be used stops it here
@@ -157,14 +177,19 @@ def run_loaded(
             cbs = default_callbacks(quiet) + list(callbacks or [])
             with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
                 opening.open_parent(loaded, backend, Path(tmp))
-                runs = [run_point(point, backend, opening, Path(tmp) / str(i), cbs, workers)
+                last = len(loaded.points) - 1
+                runs = [run_point(point, backend, opening, Path(tmp) / str(i), cbs, workers,
+                                  stop_backend if i == last else None)
                         for i, point in enumerate(loaded.points)]
                 parent = opening.parent.result() if opening.parent else None
             status = "FINISHED"
             return {"parent_run_id": parent, "experiment_id": opening.tracker.result().experiment_id,
                     "tracking_uri": uri, "runs": runs}
         finally:
-            backend.shutdown()
+            if stopping is None:
+                backend.shutdown()
+            else:
+                stopping.result()  # Ray's shutdown is over (its error, if it failed)
     except BaseException as e:
         error = e
         raise

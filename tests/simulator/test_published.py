@@ -221,8 +221,8 @@ def test_uint8_pixels_in_parquet_are_images_as_the_built_in_readers_give_them(tm
     assert from_pq.table.schema.field("x").type == pa.list_(pa.uint8(), 784)
     np.testing.assert_array_equal(from_pq.x_test, from_idx.x_test)
     runs = []
-    for data in ("{name: mnist, root: idx}", "{name: parquet, path: train.parquet, test_path: "
-                 "test.parquet, shape: [1, 28, 28]}"):
+    parquet = "{name: parquet, path: train.parquet, test_path: test.parquet, shape: [1, 28, 28]}"
+    for data in ("{name: mnist, root: idx}", parquet):
         p = tmp_path / "s.yaml"
         p.write_text(f"rounds: 4\ndata: {{dataset: {data}, partitioner: {{name: iid}}}}\n"
                      "model: {name: logreg}\nclients: {total: 4}\n"

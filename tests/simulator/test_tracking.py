@@ -237,3 +237,50 @@ def test_mlflow_opens_while_the_first_rounds_run_and_loses_none(tmp_path, mlflow
     history = MlflowClient(mlflow_uri).get_metric_history(out["runs"][0]["run_id"],
                                                           mlflow_name("client_loss"))
     assert sorted(m.step for m in history) == list(range(12))
+
+
+def test_the_backend_shuts_down_while_the_last_points_model_is_logged(tmp_path, mlflow_uri,
+                                                                        monkeypatch):
+    """Once the last point's engine is done, the backend shuts down on its own thread while
+    that point's ends (model, figure, artifacts) run; the command returns after both. When
+    the last engine fails, the backend shuts down as before, on the main thread."""
+    import threading
+    import time
+
+    from simulator.callbacks import Callback
+    from simulator.runtime import backend as backends
+
+    events: list[tuple[str, str]] = []
+
+    class Slow(backends.InlineBackend):
+        def shutdown(self):
+            events.append(("shutdown starts", threading.current_thread().name))
+            time.sleep(0.5)
+            events.append(("shutdown ends", threading.current_thread().name))
+
+    class Ends(Callback):
+        def on_end(self, run, result, status):
+            events.append((f"end of {run.point.label}", status))
+
+    monkeypatch.setattr(backends, "make_backend", lambda *a, **k: Slow())
+    p = tmp_path / "sweep.yaml"
+    p.write_text(SWEEP.replace("seeds: [0, 1]", "seeds: [0]"))
+    out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True, callbacks=[Ends()])
+    assert [r["label"] for r in out["runs"]] == ["mean seed=0", "median seed=0"]
+    names = [e[0] for e in events]
+    assert names == ["end of mean seed=0", "shutdown starts", "end of median seed=0",
+                     "shutdown ends"]
+    assert events[1][1].startswith("fedray-shutdown")
+    assert MlflowClient(mlflow_uri).get_run(out["runs"][1]["run_id"]).info.status == "FINISHED"
+
+    events.clear()
+    monkeypatch.setattr("simulator.engine.Engine.run_round", _boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        run_loaded(load(p, ["sweep={}"]), tracking_uri=mlflow_uri, quiet=True,
+                   callbacks=[Ends()])
+    assert events == [("end of seed=0", "FAILED"), ("shutdown starts", "MainThread"),
+                      ("shutdown ends", "MainThread")]
+
+
+def _boom(self, round_, prefetch=False):
+    raise RuntimeError("boom")
