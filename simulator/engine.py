@@ -223,8 +223,8 @@ class Engine:
         round over the live workers, the most local steps first (ties: the lower id), each
         to the least loaded worker (ties: the lower index), since a round waits for its
         slowest worker: with k % W, 20 of 200 clients sampled on 2 workers give the busier
-        one 11.4 clients a round on average instead of 10. A client's numbers are a pure function of (seed, round,
-        client), whichever worker computes them."""
+        one 11.4 clients a round on average instead of 10. A client's numbers are a pure
+        function of (seed, round, client), whichever worker computes them."""
         if self.stateful_clients:
             per: dict[int, list[int]] = {}
             for c in clients:

@@ -332,9 +332,9 @@ def _suffix_sgd(grads: Grads, w: torch.Tensor, xs: torch.Tensor, ys: torch.Tenso
     ``w`` (k, d), ordered by their number of batches: step ``s`` moves the clients
     ``first[s]:`` (those that still have a batch), on the batches in rows
     ``offsets[s]:offsets[s + 1]`` of ``xs``, ``ys`` and the mask ``ms`` (as many examples
-    for each client: the widest batch's). The moving clients are a slice, so a step reads and writes views: clients
-    that ran out of batches cost nothing. Returns the final ``w`` and each client's summed
-    batch losses."""
+    for each client: the widest batch's). The moving clients are a slice, so a step reads
+    and writes views: clients that ran out of batches cost nothing. Returns the final ``w``
+    and each client's summed batch losses."""
     k = len(w)
     buf = torch.zeros_like(w) if local.momentum else None
     loss_sum = torch.zeros(k, dtype=torch.float64, device=w.device)
