@@ -61,7 +61,7 @@ class KillDuringTrain:
     ``after_step`` first waits for round 2's step, so the loss is found in round 3; without
     it the actor may die with round 2's training still running, found in round 2."""
 
-    def __init__(self, backend, after_step: bool) -> None:
+    def __init__(self, backend, after_step: bool = False) -> None:
         self._b = backend
         self.killed = 0
         self.after_step = after_step
@@ -244,11 +244,13 @@ def test_workers_that_cannot_start_stop_the_run_in_one_line(tmp_path, shared_ray
     import simulator.engine as engine_module
     from simulator.errors import WorkerLost
 
-    monkeypatch.setattr(engine_module, "PLACE_TIMEOUT", 5.0)
+    # long enough for the two that fit to start beside the server and the adversary (four
+    # processes importing torch on two cores)
+    monkeypatch.setattr(engine_module, "PLACE_TIMEOUT", 20.0)
     p = tmp_path / "s.yaml"
     p.write_text(SCENARIO)
     engine = Engine(load(p).points[0].scenario, shared_ray, workers=4)  # the session has 2 CPUs
-    with pytest.raises(WorkerLost, match=r"2 of 4 ClientWorkers did not start within 5 s \(each "
+    with pytest.raises(WorkerLost, match=r"2 of 4 ClientWorkers did not start within 20 s \(each "
                        r"needs 1 CPU; the cluster has 2 CPUs\); use fewer workers"):
         engine.run()
     import ray
