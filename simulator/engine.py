@@ -189,29 +189,32 @@ class Engine:
 
     PREFETCH = True  # whether a round's training may be submitted before the last one ends
 
-    PROBE_CLIENTS = 32  # the clients the vectorise-or-loop probe times (3 steps each)
+    PROBE_CLIENTS = 128  # at most (the vectorised trainer's default chunk)
 
     def _keep_faster_trainer(self, params_ref: Any) -> None:
         """``runtime.vectorize`` asks for the vectorised trainer, whose numbers equal the loop's
         to 1e-5; where the loop is faster (a model whose per-example arithmetic outweighs
-        the per-step overhead that batching saves, such as an MLP of 1,024 hidden units on a
-        CPU), the run keeps the loop and says so. The first worker times both on the first
-        round's first 32 clients, 3 steps each, before the first round; the choice is in the
-        run's params (``vectorized``, ``vectorized.probe``)."""
+        the per-step overhead that batching saves, such as an MLP of 1,024 hidden units on
+        a CPU), the run keeps the loop and says so. The first worker times both on its share
+        of the first round's clients (at most 128: as many as it stacks in a round, since
+        the vectorised trainer's cost per client grows with the stack for a large model),
+        2 steps each, the faster of 2 timings in turns, before the first round; the choice
+        is in the run's params (``vectorized``, ``vectorized.probe``)."""
         sc, b = self.sc, self.backend
         spec = sc.trainer()
         if not sc.runtime.vectorize or spec["name"] != "vectorized_sgd":
             return
-        ids = sample_clients(self.seed, 0, sc.clients.total, sc.clients.sampled).tolist()
+        first = sample_clients(self.seed, 0, sc.clients.total, sc.clients.sampled).tolist()
+        prober, ids = self._assign(first)[0]
         ids = ids[: self.PROBE_CLIENTS]
-        vec, loop = b.get(b.call(self.workers[0], "probe", [spec, {"name": "sgd"}], ids,
+        vec, loop = b.get(b.call(self.workers[prober], "probe", [spec, {"name": "sgd"}], ids,
                                  params_ref))
         self.derived["vectorized"] = str(vec <= loop).lower()
         self.derived["vectorized.probe"] = f"vectorised {vec:.4f} s, loop {loop:.4f} s"
         if vec > loop:
             print(f"fedray: runtime.vectorize: clients train one at a time, which is faster for "
                   f"this model here ({loop:.3f} s against {vec:.3f} s vectorised for "
-                  f"{len(ids)} clients x 3 steps); the numbers are the same to 1e-5",
+                  f"{len(ids)} clients x 2 steps); the numbers are the same to 1e-5",
                   file=sys.stderr)
             b.get([b.call(w, "use_trainer", {"name": "sgd"}) for w in self.workers])
 

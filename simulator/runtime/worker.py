@@ -8,6 +8,7 @@ argument in place.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -128,23 +129,26 @@ class ClientWorker:
         self.train_clients = guarded("local.trainer", spec["name"], self.trainer.train)
 
     def probe(self, specs: list[PluginSpec], clients: list[int], global_params: np.ndarray,
-              steps: int = 3) -> list[float]:
+              steps: int = 2, repeat: int = 2) -> list[float]:
         """Seconds each trainer of ``specs`` takes on ``clients`` (``steps`` minibatch steps
-        each, after one warm-up call) from ``global_params``: what the engine compares to
-        keep the faster of two trainers that give the same numbers."""
+        each) from ``global_params``: the fastest of ``repeat`` timings, taken in turns after
+        one warm-up call of each (a machine whose speed drifts moves both alike). What the
+        engine compares to keep the faster of two trainers that give the same numbers."""
         local = self.scenario.local.model_copy(update={"steps": steps, "epochs": None})
         start = torch.from_numpy(np.array(global_params, dtype=np.float32)).to(self.device)
         data = [self.client_data(0, c) for c in clients]
-        out = []
-        for spec in specs:
-            train = self._trainer(spec, local).train
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16,
-                                cache_enabled=False):
+        trains = [self._trainer(spec, local).train for spec in specs]
+        best = [math.inf] * len(trains)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16,
+                            cache_enabled=False):
+            for train in trains:
                 train(0, data, start)
-                t0 = time.perf_counter()
-                train(0, data, start)
-                out.append(time.perf_counter() - t0)
-        return out
+            for _ in range(repeat):
+                for i, train in enumerate(trains):
+                    t0 = time.perf_counter()
+                    train(0, data, start)
+                    best[i] = min(best[i], time.perf_counter() - t0)
+        return best
 
     def client_data(self, round_: int, client: int, poison: Attack | None = None) -> ClientData:
         """Client ``client``'s samples (writable copies; labels poisoned by a data-poisoning
