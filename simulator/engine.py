@@ -195,11 +195,10 @@ class Engine:
         """``runtime.vectorize`` asks for the vectorised trainer, whose numbers equal the loop's
         to 1e-5; where the loop is faster (a model whose per-example arithmetic outweighs
         the per-step overhead that batching saves, such as an MLP of 1,024 hidden units on
-        a CPU), the run keeps the loop and says so. The first worker times both on its share
-        of the first round's clients (at most 128: as many as it stacks in a round, since
-        the vectorised trainer's cost per client grows with the stack for a large model),
-        2 steps each, the faster of 2 timings in turns, before the first round; the choice
-        is in the run's params (``vectorized``, ``vectorized.probe``)."""
+        a CPU), the run keeps the loop and says so. Before the first round the first worker
+        times both (``ClientWorker.probe``) on its share of that round's clients (at most
+        128: as many as it stacks in a round), 2 steps each; the choice is in the run's
+        params (``vectorized``, ``vectorized.probe``)."""
         sc, b = self.sc, self.backend
         spec = sc.trainer()
         if not sc.runtime.vectorize or spec["name"] != "vectorized_sgd":
@@ -210,12 +209,12 @@ class Engine:
         vec, loop = b.get(b.call(self.workers[prober], "probe", [spec, {"name": "sgd"}], ids,
                                  params_ref))
         self.derived["vectorized"] = str(vec <= loop).lower()
-        self.derived["vectorized.probe"] = f"vectorised {vec:.4f} s, loop {loop:.4f} s"
+        self.derived["vectorized.probe"] = (f"a client of 2 steps: vectorised {vec:.5f} s, "
+                                            f"loop {loop:.5f} s")
         if vec > loop:
             print(f"fedray: runtime.vectorize: clients train one at a time, which is faster for "
-                  f"this model here ({loop:.3f} s against {vec:.3f} s vectorised for "
-                  f"{len(ids)} clients x 2 steps); the numbers are the same to 1e-5",
-                  file=sys.stderr)
+                  f"this model here ({1e3 * loop:.2f} ms against {1e3 * vec:.2f} ms vectorised "
+                  "a client of 2 steps); the numbers are the same to 1e-5", file=sys.stderr)
             b.get([b.call(w, "use_trainer", {"name": "sgd"}) for w in self.workers])
 
     def _assign(self, clients: list[int]) -> list[tuple[int, list[int]]]:

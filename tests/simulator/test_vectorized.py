@@ -106,7 +106,7 @@ def test_vectorize_keeps_the_faster_trainer_and_says_so(tmp_path, monkeypatch, c
     trainer = eng.workers[0].trainer
     if kept == "false":
         assert isinstance(trainer, SGD) and not isinstance(trainer, VectorizedSGD)
-        assert "clients train one at a time" in err and "1.000 s against 2.000 s" in err
+        assert "clients train one at a time" in err and "1000.00 ms against 2000.00 ms" in err
         loop = Engine(_scenario(tmp_path), InlineBackend()).run()
         np.testing.assert_array_equal(res.final_params, loop.final_params)
     else:
@@ -123,6 +123,44 @@ def test_the_probe_times_both_trainers_and_changes_nothing(tmp_path):
     after = worker.train(0, [0, 1, 2], x0)
     for key in ("updates", "losses"):
         np.testing.assert_array_equal(before[key], after[key])
+
+
+@pytest.mark.parametrize("per_client,stages", [
+    ((4.0, 1.0), [8, 8]),  # the loop 4x faster on 8 clients (warm-up, timing): decided
+    ((1.0, 3.0), [8, 8]),  # vectorised 3x faster: decided there
+    ((1.2, 1.0), [8, 8, 12, 12, 12]),  # close: all 12, warm-up and the faster of 2 timings
+], ids=["loop-clear", "vectorised-clear", "close-call"])
+def test_the_probe_compares_on_8_clients_first_and_on_all_only_when_close(
+        tmp_path, monkeypatch, per_client, stages):
+    """A clock the fake trainers advance: per-client seconds come back, and the whole
+    share is timed only when the first comparison is within 2x."""
+    import types
+
+    import simulator.runtime.worker as worker_module
+
+    clock = [0.0]
+    calls: list[int] = []
+
+    class Fake:
+        def __init__(self, cost):
+            self.cost = cost
+
+        def train(self, round_, data, start):
+            clock[0] += self.cost * len(data)
+            if self.cost == per_client[0]:
+                calls.append(len(data))
+
+    monkeypatch.setattr(worker_module, "time",
+                        types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    eng = Engine(_scenario(tmp_path), InlineBackend())
+    eng._spawn()
+    worker = eng.workers[0]
+    fakes = iter([Fake(per_client[0]), Fake(per_client[1])])
+    monkeypatch.setattr(worker, "_trainer", lambda spec, local=None: next(fakes))
+    got = worker.probe([{"name": "vectorized_sgd"}, {"name": "sgd"}], list(range(12)),
+                       eng.server.params())
+    assert got == pytest.approx(list(per_client))
+    assert calls == stages
 
 
 @pytest.mark.parametrize("name,shape,keys", [
