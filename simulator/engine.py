@@ -217,6 +217,14 @@ class Engine:
                   "a client of 2 steps); the numbers are the same to 1e-5", file=sys.stderr)
             b.get([b.call(w, "use_trainer", {"name": "sgd"}) for w in self.workers])
 
+    def _by_owner(self, clients: list[int]) -> list[tuple[int, list[int]]]:
+        """(worker index, its clients) by owner: client k on worker k % W, unless moved off
+        a lost one."""
+        per: dict[int, list[int]] = {}
+        for c in clients:
+            per.setdefault(self.worker_of(c), []).append(c)
+        return sorted(per.items())
+
     def _assign(self, clients: list[int]) -> list[tuple[int, list[int]]]:
         """(worker index, its clients) of the workers that train some of ``clients``.
 
@@ -228,10 +236,7 @@ class Engine:
         one 11.4 clients a round on average instead of 10. A client's numbers are a pure
         function of (seed, round, client), whichever worker computes them."""
         if self.stateful_clients:
-            per: dict[int, list[int]] = {}
-            for c in clients:
-                per.setdefault(self.worker_of(c), []).append(c)
-            return sorted(per.items())
+            return self._by_owner(clients)
         heap = [(0.0, w) for w in self.live]
         mine: dict[int, list[int]] = {}
         for c in sorted(clients, key=lambda c: (-self.local_steps[c], c)):
@@ -534,11 +539,8 @@ class DecentralizedEngine(Engine):
             self._state = self._peer_step(*self._made_by)
 
     def _peer_step(self, round_: int, mixed: Any, train: bool) -> list[Any]:
-        per: dict[int, list[int]] = {}
-        for c in self.honest:
-            per.setdefault(self.worker_of(c), []).append(c)
         return [self.backend.call(self.workers[w], "peer_step", round_, ids, self._x0, mixed, train)
-                for w, ids in sorted(per.items())]
+                for w, ids in self._by_owner(self.honest)]
 
     PREFETCH = False  # a round's training starts from the last round's gossip
 
