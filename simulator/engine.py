@@ -189,7 +189,7 @@ class Engine:
 
     PREFETCH = True  # whether a round's training may be submitted before the last one ends
 
-    PROBE_CLIENTS = 128  # at most (the vectorised trainer's default chunk)
+    PROBE_STEPS = 2  # the minibatch steps a client takes in the vectorise-or-loop probe
 
     def _keep_faster_trainer(self, params_ref: Any) -> None:
         """``runtime.vectorize`` asks for the vectorised trainer, whose numbers equal the loop's
@@ -197,24 +197,26 @@ class Engine:
         the per-step overhead that batching saves, such as an MLP of 1,024 hidden units on
         a CPU), the run keeps the loop and says so. Before the first round the first worker
         times both (``ClientWorker.probe``) on its share of that round's clients (at most
-        128: as many as it stacks in a round), 2 steps each; the choice is in the run's
-        params (``vectorized``, ``vectorized.probe``)."""
+        the trainer's ``chunk``: as many as it stacks at once), ``PROBE_STEPS`` steps each;
+        the choice is in the run's params (``vectorized``, ``vectorized.probe``)."""
         sc, b = self.sc, self.backend
         spec = sc.trainer()
         if not sc.runtime.vectorize or spec["name"] != "vectorized_sgd":
             return
         first = sample_clients(self.seed, 0, sc.clients.total, sc.clients.sampled).tolist()
         prober, ids = self._assign(first)[0]
-        ids = ids[: self.PROBE_CLIENTS]
+        ids = ids[: spec.get("chunk", registry.keys("trainers", spec["name"])["chunk"])]
+        steps = self.PROBE_STEPS
         vec, loop = b.get(b.call(self.workers[prober], "probe", [spec, {"name": "sgd"}], ids,
-                                 params_ref))
+                                 params_ref, steps))
         self.derived["vectorized"] = str(vec <= loop).lower()
-        self.derived["vectorized.probe"] = (f"a client of 2 steps: vectorised {vec:.5f} s, "
-                                            f"loop {loop:.5f} s")
+        self.derived["vectorized.probe"] = (f"a client of {steps} steps: vectorised "
+                                            f"{vec:.5f} s, loop {loop:.5f} s")
         if vec > loop:
             print(f"fedray: runtime.vectorize: clients train one at a time, which is faster for "
                   f"this model here ({1e3 * loop:.2f} ms against {1e3 * vec:.2f} ms vectorised "
-                  "a client of 2 steps); the numbers are the same to 1e-5", file=sys.stderr)
+                  f"a client of {steps} steps); the numbers are the same to 1e-5",
+                  file=sys.stderr)
             b.get([b.call(w, "use_trainer", {"name": "sgd"}) for w in self.workers])
 
     def _by_owner(self, clients: list[int]) -> list[tuple[int, list[int]]]:

@@ -130,6 +130,13 @@ class ClientWorker:
 
     PROBE_FIRST = 8  # the clients of the probe's first, cheap comparison
 
+    def _autocast(self) -> Any:
+        """bf16 autocast of the forward passes when ``runtime.precision`` asks for it. No
+        weight cache: a trainer changes the weights between the forward passes of one call,
+        and autocast's cache would keep casting the first ones."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16,
+                              cache_enabled=False)
+
     def probe(self, specs: list[PluginSpec], clients: list[int], global_params: np.ndarray,
               steps: int = 2, repeat: int = 2) -> list[float]:
         """Seconds per client each trainer of ``specs`` takes (``steps`` minibatch steps a
@@ -147,8 +154,7 @@ class ClientWorker:
         def fastest(ids: list[int], times: int) -> list[float]:
             data = [self.client_data(0, c) for c in ids]
             best = [math.inf] * len(trains)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16,
-                                cache_enabled=False):
+            with self._autocast():
                 for train in trains:
                     train(0, data, start)
                 for _ in range(times):
@@ -178,10 +184,7 @@ class ClientWorker:
     def _run(self, round_: int, clients: list[ClientData], start: torch.Tensor
              ) -> tuple[np.ndarray, np.ndarray]:
         """The trainer on ``clients``; the state it leaves is kept (in ``state_dtype``)."""
-        # no weight cache: the trainer changes the weights between the forward passes of
-        # one call, and autocast's cache would keep casting the first ones
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16,
-                            cache_enabled=False):
+        with self._autocast():
             updates, losses = self.train_clients(round_, clients, start.to(self.device))
         for c in clients:
             if c.state:
