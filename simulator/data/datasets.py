@@ -48,6 +48,11 @@ def _numeric(values: np.ndarray) -> np.ndarray:
     return values if values.dtype == np.uint8 else np.asarray(values, dtype=np.float32)
 
 
+def unit_pixels(x: np.ndarray) -> np.ndarray:
+    """uint8 pixels, 0..255, as the float32 values in [0, 1] that a model sees."""
+    return np.asarray(x, dtype=np.float32) / np.float32(255.0)
+
+
 def feature_block(columns: list[np.ndarray]) -> np.ndarray:
     """The samples' features from :func:`feature_matrix` columns, side by side. uint8 values
     are pixels, 0..255, and the model sees them in [0, 1], as it sees the built-in image
@@ -56,8 +61,8 @@ def feature_block(columns: list[np.ndarray]) -> np.ndarray:
     into the float32 block here."""
     if all(c.dtype == np.uint8 for c in columns):
         return np.concatenate(columns, axis=1)
-    return np.concatenate([c.astype(np.float32) / np.float32(255.0) if c.dtype == np.uint8
-                           else c for c in columns], axis=1)
+    return np.concatenate([unit_pixels(c) if c.dtype == np.uint8 else c for c in columns],
+                          axis=1)
 
 
 def pa_is_float(values: object) -> bool:

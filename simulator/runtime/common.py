@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from simulator.data.datasets import unit_pixels
 from strategies.protocols import Task
 
 EVAL_BATCH = 4096
@@ -107,7 +108,7 @@ def model_input(x: np.ndarray) -> torch.Tensor:
     if x.dtype == np.int32:
         return torch.from_numpy(np.asarray(x, dtype=np.int64))
     if x.dtype == np.uint8:
-        return torch.from_numpy(np.asarray(x, dtype=np.float32) / np.float32(255.0))
+        return torch.from_numpy(unit_pixels(x))
     return torch.from_numpy(np.array(x, dtype=np.float32))  # a copy: ray views are read-only
 
 
