@@ -24,7 +24,7 @@ from simulator.errors import (
     UsageError,
     WorkerLost,
 )
-from simulator.runner import SIGNALS, UNFINISHED, trap_sigterm
+from simulator.interrupts import SIGNALS, UNFINISHED, trap_sigterm
 
 EXIT_INVALID = 2
 

@@ -13,8 +13,9 @@ import yaml
 from simulator.callbacks import Callback, Opening, PointRun, default_callbacks
 from simulator.config import RunPoint, Scenario, expand
 from simulator.errors import FedrayError
+from simulator.interrupts import UNFINISHED, end_status, trap_sigterm
 from simulator.metric_names import mlflow_name
-from simulator.runner import UNFINISHED, end_status, execute, point_key, run_point, trap_sigterm
+from simulator.runner import execute, point_key, run_point
 from simulator.tracking import Tracker, default_uri, journaled_steps, sync
 
 

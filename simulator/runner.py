@@ -2,8 +2,8 @@
 ClientWorker pool (``run_loaded``) or several at once as single-process Ray tasks
 (``run_sweep``), with a list of callbacks around each point (``simulator.callbacks``).
 
-What the process leaves unfinished (a failure, an interrupt) is recorded in ``UNFINISHED``
-for the one-line report of the command; SIGTERM ends a run like Ctrl-C (``trap_sigterm``).
+What the process leaves unfinished (a failure, an interrupt) is recorded in
+``simulator.interrupts.UNFINISHED`` for the one-line report of the command.
 """
 
 from __future__ import annotations
@@ -11,10 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import signal
 import sys
 import tempfile
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -30,30 +28,8 @@ from simulator.callbacks import (
     open_parent,
 )
 from simulator.config import LoadedScenario, RunPoint, Scenario
-from simulator.errors import Terminated
+from simulator.interrupts import UNFINISHED, end_status, trap_sigterm
 from simulator.tracking import Tracker, default_uri
-
-# Runs this process ended without finishing them: (run_id, label, status), for the one-line
-# report of a failure or an interrupt.
-UNFINISHED: list[tuple[str, str, str]] = []
-
-SIGNALS: list[int] = []  # the signals received (Ray's get re-raises a bare KeyboardInterrupt)
-
-
-def _raise_terminated(signum: int, frame: Any) -> None:
-    SIGNALS.append(signum)
-    raise Terminated(signum)
-
-
-def trap_sigterm() -> None:
-    """SIGTERM ends a run like Ctrl-C: runs marked KILLED, the resume command printed. Called
-    again after ray.init, which installs its own SIGTERM handler. Only the main thread can."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise_terminated)
-
-
-def end_status(status: str, error: BaseException | None) -> str:
-    return "KILLED" if isinstance(error, KeyboardInterrupt) else status
 
 
 def _digest(obj: Any) -> str:

@@ -33,6 +33,21 @@ def test_validate_exit_codes_and_every_error_printed():
         assert any(line.startswith(f"{f}:") for line in lines)
 
 
+def test_commands_that_run_nothing_import_neither_ray_nor_mlflow():
+    """validate, show and list load no runner, tracking store, Ray or MLflow; list no torch
+    either (a kind's keys, validate and show load the plugins, whose contracts are torch's)."""
+    quick = str(ROOT / "scenarios" / "quickstart.yaml")
+    code = ("import sys\nfrom fedray.cli import main\n"
+            "assert main(sys.argv[1:]) == 0\n"
+            "heavy = ('ray', 'mlflow', 'torch', 'simulator.runner', 'simulator.tracking')\n"
+            "print('imported:', *(m for m in heavy if m in sys.modules))")
+    for args, allowed in ((["validate", quick], ["torch"]), (["show", quick], ["torch"]),
+                          (["list"], []), (["list", "-v", "aggregators"], ["torch"])):
+        out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                             text=True, check=True, timeout=120).stdout.strip().splitlines()
+        assert out[-1].split() == ["imported:", *allowed], args
+
+
 def test_list_kinds(capsys):
     assert main(["list", "partitioners"]) == 0
     assert capsys.readouterr().out.splitlines() == [
