@@ -139,7 +139,9 @@ class Server:
         by ``server.buffers``' rule; non-finite results leave them as they were."""
         d_b = int(self.b.numel())
         honest = torch.from_numpy(stack_updates(honest_order, results, d_b, key="buffers"))
-        rows = honest if byzantine is None else torch.cat([honest, torch.from_numpy(byzantine)])
+        # np.array: a copy, since the adversary's rows arrive as read-only views of Ray's store
+        rows = honest if byzantine is None else torch.cat(
+            [honest, torch.from_numpy(np.array(byzantine, dtype=np.float32))])
         new = combine_buffers(rows, self.buffer_rule)
         finite = bool(torch.isfinite(new).all())
         if finite:
@@ -159,7 +161,7 @@ class Server:
         honest = torch.from_numpy(stack_updates(honest_order, results, self.dim))
         byz = byzantine["rows"] if byzantine is not None and len(byzantine["rows"]) else None
         rows = honest if byz is None else torch.cat(
-            [honest, torch.from_numpy(np.asarray(byz, dtype=np.float32))]
+            [honest, torch.from_numpy(np.array(byz, dtype=np.float32))]  # writable, as above
         )
         losses = stack_updates(honest_order, results, 0, key="losses")
         dp = self.dp
