@@ -8,7 +8,8 @@ differences against a baseline paired by seed.
 
 (also ``python -m dashboards.tables ...``). ``--by`` names params (``clients.per_round``,
 ``aggregator.name``, ``spectral_gap``) or tags (``meta``, ``preaggregators``, ``attack``,
-``topology``). ``--metrics`` lists ``metric:how``, how one of ``final`` (the last value),
+``topology``); the runs of one row must differ only in their seed (a swept key left out of
+``--by`` is named, never merged). ``--metrics`` lists ``metric:how``, how one of ``final`` (the last value),
 ``lastK`` (the mean of the last K logged values: the last K evaluations, as papers average
 them), ``mean`` (over rounds), ``sum`` or ``param`` (a numeric run param such as
 ``spectral_gap``); one metric may appear with several hows, each its own column, never
@@ -151,18 +152,36 @@ def collect_rows(experiment: str, by: Sequence[str], metrics: Sequence[tuple[str
     uri = tracking_uri or default_uri()
     client = MlflowClient(uri)
     rows: dict[tuple[str, ...], Row] = {}
+    seen: dict[tuple[tuple[str, ...], str], Any] = {}  # (row, seed) -> its run
     needs = {m for m, h in metrics if h not in ("final", "param")}
     for run in _children(client, experiment, parent_run_id, uri):
         key = tuple(_value(run, k) for k in by)
         row = rows.setdefault(key, Row(dict(zip(by, key))))
-        hist = _histories(client, run, needs)
         seed = run.data.tags.get("seed") or run.data.params.get("seed") or run.info.run_id
+        other = seen.setdefault((key, seed), run)
+        if other is not run:
+            raise ValueError(_mixed(by, key, seed, other, run))
+        hist = _histories(client, run, needs)
         row.by_seed[seed] = {
             column(m, h): run_summary(hist.get(m, []), h,
                                       float(run.data.metrics.get(mlflow_name(m), math.nan)),
                                       run.data.params.get(m))
             for m, h in metrics}
     return list(rows.values())
+
+
+def _mixed(by: Sequence[str], key: tuple[str, ...], seed: str, a: Any, b: Any) -> str:
+    """Why two runs of one seed fall in one row: the params they differ in (a swept key
+    left out of ``--by``), which would otherwise be silently merged."""
+    pa, pb = a.data.params, b.data.params
+    differ = sorted(k for k in pa.keys() | pb.keys() if pa.get(k) != pb.get(k))
+    row = ", ".join(f"{k}={v}" for k, v in zip(by, key))
+    if not differ:
+        return (f"--by: runs {a.info.run_id} and {b.info.run_id} are the same point ({row}, "
+                f"seed {seed}); pass --parent to choose one scenario run")
+    shown = ", ".join(f"{k} ({pa.get(k, '-')}, {pb.get(k, '-')})" for k in differ[:3])
+    return (f"--by: the row {row} holds two runs of seed {seed} that differ in {shown}"
+            f"{' and more' if len(differ) > 3 else ''}; add {differ[0]} to --by")
 
 
 @dataclass(frozen=True)

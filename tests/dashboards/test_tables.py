@@ -117,3 +117,17 @@ def test_fedray_table_prints_markdown_latex_and_csv(runs, capsys):
     with pytest.raises(SystemExit):
         main([*args[:-2], "--paired", "aggregator.name=krum"])
     assert "no run has aggregator.name=krum; values: mean, median" in capsys.readouterr().err
+
+
+def test_a_swept_key_left_out_of_by_is_named_instead_of_merging_runs(runs, capsys):
+    """--by attack: every row would hold a mean run and a median run of each seed; the
+    table refuses in one line naming the swept key to add, rather than keep one of them."""
+    uri, _ = runs
+    assert main(["table", "table-test", "--by", "attack", "--tracking-uri", uri]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fedray table: --by: the row attack=sign_flip holds two runs of seed ")
+    assert "differ in aggregator.name (mean, median)" in err and \
+        err.endswith("add aggregator.name to --by")
+    assert len(err.splitlines()) == 1
+    with pytest.raises(ValueError, match="add aggregator.name to --by"):
+        collect_rows("table-test", ["attack"], parse_metrics(["test_accuracy"]), uri)
