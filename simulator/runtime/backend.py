@@ -115,6 +115,7 @@ class RayBackend:
             else:
                 kwargs.pop("include_dashboard", None)
                 try:
+                    _check_listening(address)
                     ray.init(address=address, **kwargs)
                 except ConnectionError as e:
                     raise ClusterUnreachable(
@@ -201,6 +202,36 @@ class RayBackend:
     def shutdown(self) -> None:
         if self._owns and self.ray.is_initialized():
             self.ray.shutdown()
+
+
+CONNECT_TIMEOUT = 10.0  # seconds to open a TCP connection to a cluster's head
+
+
+def _check_listening(address: str) -> None:
+    """Raise ConnectionError unless something accepts connections at a ``host:port`` address,
+    where ``ray.init`` would connect. Against a head that is not there, ``ray.init`` retries
+    for about 15 minutes (20 attempts of ~45 s in Ray 2.60), then raises a RuntimeError.
+    A loopback host is where Ray takes this node's address instead, as ray.init does.
+    ``auto`` and ``ray://`` addresses are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or address.startswith("ray://"):
+        return
+    import ipaddress
+    import socket
+
+    import ray
+
+    try:
+        ip = socket.gethostbyname(host.strip("[]"))
+    except OSError as e:
+        raise ConnectionError(f"{host}: {e.strerror or e}") from None
+    if ipaddress.ip_address(ip).is_loopback:
+        ip = ray.util.get_node_ip_address()
+    try:
+        socket.create_connection((ip, int(port)), timeout=CONNECT_TIMEOUT).close()
+    except OSError as e:
+        raise ConnectionError(f"nothing answers at {ip}:{port}: "
+                              f"{e.strerror or type(e).__name__}") from None
 
 
 class _DefaultAuthNotice(logging.Filter):

@@ -66,7 +66,8 @@ def _statuses(uri: str, experiment: str) -> dict[str, str]:
 def test_run_starts_its_own_ray_beside_a_ray_start_cluster_live_or_dead(tmp_path):
     """`ray start --head` records its address on the machine; a bare ray.init() joined it
     (and hung once its head was dead). fedray starts a local instance unless --address is
-    given; an --address it cannot join (token auth without the token) is one line."""
+    given; an --address it cannot join (token auth without the token, or a head that is
+    gone: ray.init retried that for 15 minutes) is one line."""
     ray_tmp = tempfile.mkdtemp(prefix="fr", dir="/tmp")  # short: Ray's socket paths
     env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     env.pop("RAY_ADDRESS", None)
@@ -107,6 +108,13 @@ def test_run_starts_its_own_ray_beside_a_ray_start_cluster_live_or_dead(tmp_path
                           capture_output=True, text=True, timeout=120, check=False)
     assert dead.returncode == 0, dead.stderr[-2000:]
     assert dead.stdout.startswith("nodes 1 ") and f":{port}" not in dead.stdout
+    gone = subprocess.run([*FEDRAY, *run, "--address", f"127.0.0.1:{port}"], cwd=tmp_path,
+                          env={**env, "RAY_AUTH_MODE": "disabled"}, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert gone.returncode == 1
+    ours = [line for line in gone.stderr.splitlines() if line.startswith("fedray")]
+    assert len(ours) == 1 and f"--address 127.0.0.1:{port}: cannot connect" in ours[0]
+    assert f":{port}: Connection refused" in ours[0] and "Traceback" not in gone.stderr
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
