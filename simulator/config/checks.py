@@ -148,7 +148,7 @@ def _check_data_and_model(sc: Scenario, problems: list[Problem]) -> None:
     samples and gives one score per class, and that fits in this machine's memory."""
     c = sc.clients
     try:
-        info = _describe(json.dumps(sc.data.dataset, sort_keys=True), c.total, sc.seeds[0],
+        info = _describe(json.dumps(sc.data.dataset, sort_keys=True), c.total, (sc.seeds or [0])[0],
                          sc.data.test_fraction)
     except (DataError, ValueError) as e:
         problems.append(Problem(("data", "dataset") + param_loc(e), strip_param(e)))
