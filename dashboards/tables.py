@@ -9,11 +9,11 @@ differences against a baseline paired by seed.
 (also ``python -m dashboards.tables ...``). ``--by`` names params (``clients.per_round``,
 ``aggregator.name``, ``spectral_gap``) or tags (``meta``, ``preaggregators``, ``attack``,
 ``topology``); the runs of one row must differ only in their seed (a swept key left out of
-``--by`` is named, never merged). ``--metrics`` lists ``metric:how``, how one of ``final`` (the last value),
-``lastK`` (the mean of the last K logged values: the last K evaluations, as papers average
-them), ``mean`` (over rounds), ``sum`` or ``param`` (a numeric run param such as
-``spectral_gap``); one metric may appear with several hows, each its own column, never
-merged. By default a run is summarised by its final ``test_accuracy``, the mean over rounds
+``--by`` is named, never merged). ``--metrics`` lists ``metric:how``, how one of ``final``
+(the last value), ``lastK`` (the mean of the last K logged values: the last K
+evaluations, as papers average them), ``mean`` (over rounds), ``sum`` or ``param`` (a
+numeric run param such as ``spectral_gap``); one metric may appear with several hows, each
+its own column, never merged. By default a run is summarised by its final ``test_accuracy``, the mean over rounds
 of ``relative_aggregation_error`` and its number of rounds with ``byzantine_exceeded``.
 
 ``--paired KEY=VALUE`` adds, per metric, the difference of each row from the row with

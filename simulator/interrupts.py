@@ -1,6 +1,6 @@
 """What a command leaves unfinished and the signals that end it: the state the CLI reports
 in one line. Kept apart from the runner so that commands that run nothing (``validate``,
-``list``, ``show``) import neither it nor MLflow's and pyarrow's modules."""
+``list``, ``show``) import neither it nor MLflow's tracking modules."""
 
 from __future__ import annotations
 

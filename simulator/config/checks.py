@@ -148,7 +148,8 @@ def _check_data_and_model(sc: Scenario, problems: list[Problem]) -> None:
     samples and gives one score per class, and that fits in this machine's memory."""
     c = sc.clients
     try:
-        info = _describe(json.dumps(sc.data.dataset, sort_keys=True), c.total, (sc.seeds or [0])[0],
+        seed = sc.seeds[0] if sc.seeds else 0  # no seeds: reported by cross_field
+        info = _describe(json.dumps(sc.data.dataset, sort_keys=True), c.total, seed,
                          sc.data.test_fraction)
     except (DataError, ValueError) as e:
         problems.append(Problem(("data", "dataset") + param_loc(e), strip_param(e)))

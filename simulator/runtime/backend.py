@@ -222,7 +222,7 @@ def _check_listening(address: str) -> None:
     import ray
 
     try:
-        ip = socket.gethostbyname(host.strip("[]"))
+        ip = str(socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)[0][4][0])
     except OSError as e:
         raise ConnectionError(f"{host}: {e.strerror or e}") from None
     if ipaddress.ip_address(ip).is_loopback:
