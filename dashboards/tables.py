@@ -13,8 +13,9 @@ differences against a baseline paired by seed.
 (the last value), ``lastK`` (the mean of the last K logged values: the last K
 evaluations, as papers average them), ``mean`` (over rounds), ``sum`` or ``param`` (a
 numeric run param such as ``spectral_gap``); one metric may appear with several hows, each
-its own column, never merged. By default a run is summarised by its final ``test_accuracy``, the mean over rounds
-of ``relative_aggregation_error`` and its number of rounds with ``byzantine_exceeded``.
+its own column, never merged. By default a run is summarised by its final
+``test_accuracy``, the mean over rounds of ``relative_aggregation_error`` and its number of
+rounds with ``byzantine_exceeded``.
 
 ``--paired KEY=VALUE`` adds, per metric, the difference of each row from the row with
 ``KEY=VALUE`` and the same other ``--by`` values, computed seed by seed (runs paired by
