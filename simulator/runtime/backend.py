@@ -211,22 +211,24 @@ def _check_listening(address: str) -> None:
     """Raise ConnectionError unless something accepts connections at a ``host:port`` address,
     where ``ray.init`` would connect. Against a head that is not there, ``ray.init`` retries
     for about 15 minutes (20 attempts of ~45 s in Ray 2.60), then raises a RuntimeError.
-    A loopback host is where Ray takes this node's address instead, as ray.init does.
-    ``auto`` and ``ray://`` addresses are left to Ray."""
+    For ``localhost``, ``127.0.0.1`` and ``::1`` Ray connects to this node's address
+    (``ray.util.get_node_ip_address``) instead, and so does this check. ``auto`` and
+    ``ray://`` addresses are left to Ray."""
     host, sep, port = address.rpartition(":")
+    host = host.strip("[]")
     if not sep or not port.isdigit() or address.startswith("ray://"):
         return
-    import ipaddress
     import socket
 
     import ray
 
-    try:
-        ip = str(socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)[0][4][0])
-    except OSError as e:
-        raise ConnectionError(f"{host}: {e.strerror or e}") from None
-    if ipaddress.ip_address(ip).is_loopback:
+    if host in ("localhost", "127.0.0.1", "::1"):
         ip = ray.util.get_node_ip_address()
+    else:
+        try:
+            ip = str(socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0][4][0])
+        except OSError as e:
+            raise ConnectionError(f"{host}: {e.strerror or e}") from None
     try:
         socket.create_connection((ip, int(port)), timeout=CONNECT_TIMEOUT).close()
     except OSError as e:
