@@ -34,8 +34,8 @@ def test_validate_exit_codes_and_every_error_printed():
 
 
 def test_commands_that_run_nothing_import_neither_ray_nor_mlflow():
-    """validate, show and list load no runner, tracking store, Ray or MLflow; list no torch
-    either (a kind's keys, validate and show load the plugins, whose contracts are torch's)."""
+    """validate, show and list import no runner, tracking module, Ray or MLflow; a bare list
+    not even torch (validate, show and a kind's keys load plugin classes: torch's)."""
     quick = str(ROOT / "scenarios" / "quickstart.yaml")
     code = ("import sys\nfrom fedray.cli import main\n"
             "assert main(sys.argv[1:]) == 0\n"
