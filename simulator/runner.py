@@ -288,6 +288,7 @@ def run_sweep(
     cbs = [MLflowArtifacts(), *(callbacks or [])]
     out: dict[str, Any] = {"tracking_uri": uri, "skipped": [], "runs": [], "failed": []}
     pending: dict[Any, tuple[RunPoint, str]] = {}
+    collecting: tuple[RunPoint, str] | None = None  # a finished task being logged
     parent, status = None, ""
     try:
         with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
@@ -308,13 +309,18 @@ def run_sweep(
                     task = remote.options(**_task_resources(point.scenario, backend.gpus(), cap))
                     pending[task.remote(point.scenario, point.label)] = (point, run_id)
                 ready, _ = ray.wait(list(pending), num_returns=1)
-                _collect(ray, ready[0], *pending.pop(ready[0]), tracker, Path(tmp), cbs, out,
-                         len(todo))
+                collecting = pending.pop(ready[0])
+                _collect(ray, ready[0], *collecting, tracker, Path(tmp), cbs, out, len(todo))
+                collecting = None
         return out
     except KeyboardInterrupt:
-        for point, run_id in pending.values():  # the points in flight
-            tracker.end(run_id, "KILLED")
-            UNFINISHED.append((run_id, point.label, "KILLED"))
+        logged = {r["run_id"] for r in out["runs"]}
+        # the points in flight, and one whose result was being logged (its model, figure and
+        # status take a second or two): not FINISHED, so the next sweep runs it again
+        for point, run_id in [*pending.values(), *([collecting] if collecting else [])]:
+            if run_id not in logged:
+                tracker.end(run_id, "KILLED")
+                UNFINISHED.append((run_id, point.label, "KILLED"))
         status = "KILLED"
         raise
     finally:

@@ -65,3 +65,31 @@ def test_parallel_sweep_then_resume_runs_only_unfinished_points(tmp_path, mlflow
     other = run_sweep(load(p, ["rounds=2"]), tracking_uri=mlflow_uri, parallel=2)
     assert other["parent_run_id"] != parent and len(other["runs"]) == 4
     assert other["skipped"] == []
+
+
+def test_an_interrupt_while_a_finished_point_is_logged_marks_it_killed(tmp_path, mlflow_uri,
+                                                                       shared_ray):
+    """Ctrl-C (or SIGTERM) while the sweep logs a finished point's model and figure (a second
+    or two a point): that point is marked KILLED and named beside the points in flight, not
+    left RUNNING; the next sweep runs it again."""
+    from simulator.callbacks import Callback
+    from simulator.interrupts import UNFINISHED
+
+    class CtrlC(Callback):
+        def on_end(self, run, result, status):
+            raise KeyboardInterrupt
+
+    p = tmp_path / "sweep.yaml"
+    p.write_text(SWEEP.replace("seeds: [0, 1]", "seeds: [0]"))
+    UNFINISHED.clear()
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(load(p), tracking_uri=mlflow_uri, parallel=1, callbacks=[CtrlC()])
+    client = MlflowClient(mlflow_uri)
+    runs = client.search_runs([client.get_experiment_by_name("par-sweep").experiment_id])
+    status = {r.data.tags["mlflow.runName"]: r.info.status for r in runs}
+    assert status == {"mean seed=0": "KILLED", "par-sweep": "KILLED"}  # median never opened
+    assert [(label, s) for _, label, s in UNFINISHED] == [("mean seed=0", "KILLED"),
+                                                          ("sweep parent", "KILLED")]
+    UNFINISHED.clear()
+    again = run_sweep(load(p), tracking_uri=mlflow_uri, parallel=1)
+    assert [r["label"] for r in again["runs"]] == ["mean seed=0", "median seed=0"]
