@@ -102,8 +102,8 @@ def _close(run: PointRun, callbacks: list[Callback], result: Any, status: str) -
     try:
         for cb in callbacks:
             cb.on_end(run, result if status == "FINISHED" else None, status)
-    except BaseException:
-        status = "FAILED" if status == "FINISHED" else status
+    except BaseException as e:  # an end that failed fails the run; Ctrl-C there kills it
+        status = end_status("FAILED", e) if status == "FINISHED" else status
         raise
     finally:
         run.tracker.end(run.run_id, status)
