@@ -383,3 +383,29 @@ def test_a_checkpoint_that_does_not_load_is_one_line(tmp_path, mlflow_uri, monke
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "cannot be read" in err[0] and "weights_only" not in err[0]
     np.testing.assert_equal(ckpt.exists(), True)  # nothing was removed
+
+
+def test_an_interrupt_in_a_run_points_end_marks_it_killed(tmp_path, mlflow_uri):
+    """`fedray run`: Ctrl-C while a finished point's end is logged marks it KILLED (an end
+    that raises an error marks it FAILED), and the command names it."""
+    from simulator.callbacks import Callback
+    from simulator.interrupts import UNFINISHED
+
+    class Ends(Callback):
+        def __init__(self, error):
+            self.error = error
+
+        def on_end(self, run, result, status):
+            raise self.error
+
+    p = tmp_path / "one.yaml"
+    p.write_text(TWO_POINTS.replace("sweep:\n  aggregator.name: [mean, median]\n", ""))
+    client = MlflowClient(mlflow_uri)
+    for error, status in ((KeyboardInterrupt(), "KILLED"), (RuntimeError("end"), "FAILED")):
+        UNFINISHED.clear()
+        with pytest.raises(type(error)):
+            run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True, callbacks=[Ends(error)])
+        (run_id, label, said), *_ = UNFINISHED
+        assert (label, said) == ("seed=0", status)
+        assert client.get_run(run_id).info.status == status
+    UNFINISHED.clear()

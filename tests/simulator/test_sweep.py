@@ -93,31 +93,3 @@ def test_an_interrupt_while_a_finished_point_is_logged_marks_it_killed(tmp_path,
     UNFINISHED.clear()
     again = run_sweep(load(p), tracking_uri=mlflow_uri, parallel=1)
     assert [r["label"] for r in again["runs"]] == ["mean seed=0", "median seed=0"]
-
-
-def test_an_interrupt_in_a_run_points_end_marks_it_killed(tmp_path, mlflow_uri):
-    """`fedray run`: Ctrl-C while a finished point's end is logged marks it KILLED (an end
-    that raises an error marks it FAILED), and the command names it."""
-    from simulator.callbacks import Callback
-    from simulator.interrupts import UNFINISHED
-    from simulator.runner import run_loaded
-
-    class Ends(Callback):
-        def __init__(self, error):
-            self.error = error
-
-        def on_end(self, run, result, status):
-            raise self.error
-
-    p = tmp_path / "one.yaml"
-    p.write_text(SWEEP.replace("seeds: [0, 1]", "seeds: [0]").replace(
-        "sweep:\n  aggregator.name: [mean, median]\n", "runtime: {backend: inline}\n"))
-    client = MlflowClient(mlflow_uri)
-    for error, status in ((KeyboardInterrupt(), "KILLED"), (RuntimeError("end"), "FAILED")):
-        UNFINISHED.clear()
-        with pytest.raises(type(error)):
-            run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True, callbacks=[Ends(error)])
-        (run_id, label, said), *_ = UNFINISHED
-        assert (label, said) == ("seed=0", status)
-        assert client.get_run(run_id).info.status == status
-    UNFINISHED.clear()
