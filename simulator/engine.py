@@ -22,7 +22,7 @@ import numpy as np
 from simulator import data as fdata
 from simulator import registry
 from simulator.config import Scenario
-from simulator.errors import ClientStateLost, DeviceUnavailable, WorkerLost
+from simulator.errors import ClientStateLost, DeviceUnavailable, UsageError, WorkerLost
 from simulator.registry import instantiate
 from simulator.runtime.actors import Adversary, Mixer, Server
 from simulator.runtime.backend import PING_TIMEOUT, PLACE_TIMEOUT, Backend, gpu_share
@@ -143,6 +143,7 @@ class Engine:
         other actors; ``_await_workers`` waits for them."""
         b, sc, data = self.backend, self.sc, self.data
         self.worker_options, self.server_options = self.actor_options()
+        self._check_fits()
         table_ref = b.put(data.table)
         self.workers = [
             b.spawn(ClientWorker, table_ref, data.offsets, data.input_shape, data.num_classes,
@@ -150,6 +151,26 @@ class Engine:
             for _ in range(self.n_workers)
         ]
         self._handles = list(self.workers)
+
+    def _check_fits(self) -> None:
+        """On a Ray instance whose resources cannot grow (a local one this run started),
+        workers that cannot all be placed are refused before any starts, in one line; on a
+        cluster the engine waits for them (``_await_workers``), since nodes may join."""
+        b = self.backend
+        if not b.fixed:
+            return
+        n, w, s = self.n_workers, self.worker_options, self.server_options
+        for key, have, what in (("num_cpus", float(b.default_workers()), "CPU"),
+                                ("num_gpus", b.gpus(), "GPU")):
+            each = float(w.get(key, 0.0))
+            need = n * each + float(s.get(key, 0.0))
+            if need > have + 1e-9:
+                fit = int((have - float(s.get(key, 0.0))) // each + 1e-9)
+                fewer = f"--workers {fit} or fewer, " if fit >= 1 else ""
+                raise UsageError(
+                    f"runtime.workers: {n} ClientWorkers need {need:g} {what}s ({each:g} each, "
+                    f"runtime.{key}), and this machine's Ray instance has {have:g}; use "
+                    f"{fewer}a smaller runtime.{key}, or --address a cluster")
 
     def _await_workers(self) -> None:
         """Wait until every ClientWorker has started; one that finds no resources within

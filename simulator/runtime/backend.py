@@ -37,6 +37,9 @@ class Backend(Protocol):
     # calls run in the background (a ref comes back at once): the engine may submit the
     # next round's training before it reads this round's results
     pipelined: bool
+    # its resources cannot grow (a local Ray instance this process started): workers that do
+    # not fit are refused at once rather than waited for (a cluster may gain nodes)
+    fixed: bool
 
     def spawn(self, cls: type, *args: Any, role: str,
               options: dict[str, Any] | None = None) -> Any: ...
@@ -56,6 +59,7 @@ class InlineBackend:
 
     name = "inline"
     pipelined = False  # a call runs when it is made
+    fixed = False  # no resources to run out of
 
     def spawn(self, cls: type, *args: Any, role: str,
               options: dict[str, Any] | None = None) -> Any:
@@ -102,6 +106,7 @@ class RayBackend:
 
         self.ray = ray
         self._owns = False
+        self.fixed = False
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
             kwargs.update(init_kwargs)
@@ -124,6 +129,7 @@ class RayBackend:
                         "run with RAY_AUTH_MODE=token and its token in ~/.ray/auth_token "
                         "(README: On a Ray cluster)") from None
             self._owns = True
+            self.fixed = address is None
         self._classes: dict[tuple[Any, ...], Any] = {}
 
     def spawn(self, cls: type, *args: Any, role: str,

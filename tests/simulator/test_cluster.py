@@ -238,18 +238,42 @@ def test_a_worker_lost_while_checkpointing_sends_the_run_back(tmp_path, shared_r
     assert "goes back to its start and computes rounds 1-2" in capfd.readouterr().err
 
 
+class _Cluster:
+    """The shared local instance as a cluster joined by --address looks: nodes may join, so
+    workers that do not fit yet are waited for."""
+
+    fixed = False
+
+    def __init__(self, backend) -> None:
+        self._b = backend
+
+    def __getattr__(self, name):
+        return getattr(self._b, name)
+
+
 def test_workers_that_cannot_start_stop_the_run_in_one_line(tmp_path, shared_ray, monkeypatch):
-    """More workers than CPUs: Ray queues the extra actors for ever; the engine waits a
-    bounded time, releases what it started and says why."""
+    """More workers than CPUs: on a local instance (its CPUs are all it will have) refused
+    before any worker starts; on a cluster Ray queues the extra actors for ever, so the
+    engine waits a bounded time, releases what it started and says why."""
     import simulator.engine as engine_module
-    from simulator.errors import WorkerLost
+    from simulator.errors import UsageError, WorkerLost
+
+    p = tmp_path / "s.yaml"
+    p.write_text(SCENARIO)
+    sc = load(p).points[0].scenario
+    with pytest.raises(UsageError, match=r"^runtime.workers: 4 ClientWorkers need 4 CPUs \(1 "
+                       r"each, runtime.num_cpus\), and this machine's Ray instance has 2; use "
+                       r"--workers 2 or fewer, a smaller runtime.num_cpus, or --address"):
+        Engine(sc, shared_ray, workers=4).run()
+    three = sc.model_copy(update={"runtime": sc.runtime.model_copy(update={"num_cpus": 3.0})})
+    with pytest.raises(UsageError, match=r"need 3 CPUs \(3 each.*has 2; use a smaller "
+                       r"runtime.num_cpus, or"):
+        Engine(three, shared_ray, workers=1).run()
 
     # long enough for the two that fit to start beside the server and the adversary (four
     # processes importing torch on two cores)
     monkeypatch.setattr(engine_module, "PLACE_TIMEOUT", 20.0)
-    p = tmp_path / "s.yaml"
-    p.write_text(SCENARIO)
-    engine = Engine(load(p).points[0].scenario, shared_ray, workers=4)  # the session has 2 CPUs
+    engine = Engine(sc, _Cluster(shared_ray), workers=4)  # the session has 2 CPUs
     with pytest.raises(WorkerLost, match=r"2 of 4 ClientWorkers did not start within 20 s \(each "
                        r"needs 1 CPU; the cluster has 2 CPUs\); use fewer workers"):
         engine.run()
