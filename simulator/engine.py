@@ -165,7 +165,7 @@ class Engine:
             each = float(w.get(key, 0.0))
             need = n * each + float(s.get(key, 0.0))
             if need > have + 1e-9:
-                fit = int((have - float(s.get(key, 0.0))) // each + 1e-9)
+                fit = int((have - float(s.get(key, 0.0))) // each + 1e-9) if each else 0
                 fewer = f"--workers {fit} or fewer, " if fit >= 1 else ""
                 raise UsageError(
                     f"runtime.workers: {n} ClientWorkers need {need:g} {what}s ({each:g} each, "
