@@ -218,12 +218,16 @@ def _check_listening(address: str) -> None:
     where ``ray.init`` would connect. Against a head that is not there, ``ray.init`` retries
     for about 15 minutes (20 attempts of ~45 s in Ray 2.60), then raises a RuntimeError.
     For ``localhost``, ``127.0.0.1`` and ``::1`` Ray connects to this node's address
-    (``ray.util.get_node_ip_address``) instead, and so does this check. ``auto`` and
-    ``ray://`` addresses are left to Ray."""
+    (``ray.util.get_node_ip_address``) instead, and so does this check. ``auto``, ``local``
+    and ``ray://`` addresses are left to Ray; any other form is a UsageError (Ray raised a
+    ValueError with its traceback)."""
+    if address in ("auto", "local") or address.startswith("ray://"):
+        return
     host, sep, port = address.rpartition(":")
     host = host.strip("[]")
-    if not sep or not port.isdigit() or address.startswith("ray://"):
-        return
+    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+        raise UsageError(f"--address {address}: expected HOST:PORT (the head's port, 6379 "
+                         "unless `ray start --port` said otherwise), auto, or ray://HOST:PORT")
     import socket
 
     import ray

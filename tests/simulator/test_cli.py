@@ -9,6 +9,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from fedray.cli import main, ui_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -262,3 +264,22 @@ def test_a_sweep_point_reports_its_progress(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("mean seed=0: round 1/2 acc ") and "elapsed" in err[0]
     assert err[1].startswith("mean seed=0: round 2/2 acc ") and "rounds/s" in err[1]
+
+
+def test_a_malformed_address_is_one_line_before_ray_starts():
+    """--address that is not HOST:PORT, auto or ray://: Ray raised a ValueError with its
+    traceback; now one line, exit 2. The port is checked too (0 < port < 65536)."""
+    from simulator.errors import UsageError
+    from simulator.runtime.backend import _check_listening
+
+    quick = str(ROOT / "scenarios" / "quickstart.yaml")
+    r = fedray("run", quick, "--address", "127.0.0.1:notaport", "--set", "rounds=1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        "fedray run: --address 127.0.0.1:notaport: expected HOST:PORT (the head's port, 6379 "
+        "unless `ray start --port` said otherwise), auto, or ray://HOST:PORT")
+    for bad in ("somehost", ":6379", "127.0.0.1:0", "127.0.0.1:70000", "[::1]:x"):
+        with pytest.raises(UsageError, match=r"expected HOST:PORT"):
+            _check_listening(bad)
+    for left_to_ray in ("auto", "local", "ray://127.0.0.1:10001"):
+        _check_listening(left_to_ray)  # no probe, no error
