@@ -186,13 +186,11 @@ def _commit() -> str:
     return _COMMIT[0]
 
 
-def tags(sc: Any, backend: Any) -> dict[str, str]:
-    """The tags of every run of a scenario (the report and MLflow's search read them)."""
-    return {**scenario_tags(sc), **run_tags(backend)}
-
-
 def run_tags(backend: Any) -> dict[str, str]:
-    """The tags of where a run ran: fedray's version, the commit, the backend, its nodes."""
+    """The tags of where a run ran: fedray's version, the commit, the backend, its nodes.
+    Read on the thread that drives the backend, while it runs: the MLflow runs open on a
+    thread of their own (``Opening``), which may get to them only after the last point's end
+    has shut Ray down (a one-round run beside a slow new store)."""
     return {"fedray.version": simulator.__version__, "mlflow.source.git.commit": _commit(),
             "backend": backend.name, "ray_nodes": str(backend.num_nodes())}
 
@@ -226,11 +224,12 @@ def common_params(loaded: LoadedScenario) -> dict[str, str]:
     return {k: v for k, v in flats[0].items() if all(f.get(k) == v for f in flats[1:])}
 
 
-def common_tags(loaded: LoadedScenario, backend: Any) -> dict[str, str]:
-    """The tags every point of the scenario shares (a swept aggregator is no parent tag)."""
+def common_tags(loaded: LoadedScenario, where: dict[str, str]) -> dict[str, str]:
+    """The tags every point of the scenario shares (a swept aggregator is no parent tag), and
+    ``where`` it runs (``run_tags``)."""
     per = [scenario_tags(p.scenario) for p in loaded.points]
     shared = {k: v for k, v in per[0].items() if all(t.get(k) == v for t in per[1:])}
-    return {**shared, **run_tags(backend)}  # the backend asked once, not once per point
+    return {**shared, **where}
 
 
 def run_name(point: RunPoint) -> str:
@@ -241,13 +240,13 @@ def run_name(point: RunPoint) -> str:
     return f"{point.scenario.name} {point.label}"
 
 
-def open_parent(loaded: LoadedScenario, backend: Any, tracker: Tracker, tmp: Path,
+def open_parent(loaded: LoadedScenario, where: dict[str, str], tracker: Tracker, tmp: Path,
                 final_tags: dict[str, str] | None = None) -> str:
     """The parent run of a scenario: tags, the resolved scenario as params, the scenario file
     as given and resolved as artifacts; ``final_tags`` are set last, once all that is logged
     (a sweep finds its parent by them). A failure marks the run FAILED and is raised."""
     sc = loaded.scenario
-    parent = tracker.create_run(sc.name, {**common_tags(loaded, backend),
+    parent = tracker.create_run(sc.name, {**common_tags(loaded, where),
                                           "fedray.kind": "scenario",
                                           "sweep": ",".join(sc.sweep) or "none"},
                                 description=sc.description)
@@ -271,7 +270,7 @@ def open_parent(loaded: LoadedScenario, backend: Any, tracker: Tracker, tmp: Pat
     return parent
 
 
-def open_child(point: RunPoint, key: str, backend: Any, tracker: Tracker, parent: str,
+def open_child(point: RunPoint, key: str, where: dict[str, str], tracker: Tracker, parent: str,
                tmp: Path) -> str:
     """A point's child run: tags, params and, from the start, the resolved scenario as the
     ``scenario.yaml`` artifact (what ``fedray resume`` rebuilds the run from); ``key`` is
@@ -279,7 +278,7 @@ def open_child(point: RunPoint, key: str, backend: Any, tracker: Tracker, parent
     sc = point.scenario
     desc = sc.description + (f"\n\nSweep point: {point.values}" if point.values else "") + \
         f"\nSeed: {point.seed}"
-    run_id = tracker.create_run(run_name(point), {**tags(sc, backend), "seed": str(point.seed),
+    run_id = tracker.create_run(run_name(point), {**scenario_tags(sc), **where, "seed": str(point.seed),
                                               "fedray.kind": "point",
                                               "fedray.point_key": key},
                                 parent_id=parent, description=desc.strip())
@@ -403,17 +402,19 @@ class Opening:
         return opening
 
     def open_parent(self, loaded: LoadedScenario, backend: Any, tmp: Path) -> None:
+        where = run_tags(backend)  # here, while the backend runs (see run_tags)
         self.parent = self._pool.submit(
-            lambda: open_parent(loaded, backend, self.tracker.result(), tmp))
+            lambda: open_parent(loaded, where, self.tracker.result(), tmp))
 
     def open_child(self, point: RunPoint, key: str, backend: Any, tmp: Path
                    ) -> Future[tuple[Tracker, str]]:
         parent = self.parent
         assert parent is not None, "open_parent first"
+        where = run_tags(backend)
 
         def child() -> tuple[Tracker, str]:
             tracker = self.tracker.result()
-            return tracker, open_child(point, key, backend, tracker, parent.result(), tmp)
+            return tracker, open_child(point, key, where, tracker, parent.result(), tmp)
 
         return self._pool.submit(child)
 

@@ -26,6 +26,7 @@ from simulator.callbacks import (
     default_callbacks,
     open_child,
     open_parent,
+    run_tags,
 )
 from simulator.config import LoadedScenario, RunPoint, Scenario
 from simulator.interrupts import UNFINISHED, end_status, trap_sigterm
@@ -214,7 +215,8 @@ def _sweep_parent(loaded: LoadedScenario, backend: Any, tracker: Tracker, tmp: P
     parent = None if fresh else tracker.find_run({"fedray.sweep_key": key, "fedray.kind": "scenario"})
     done: set[str] = set()
     if parent is None:
-        return open_parent(loaded, backend, tracker, tmp, {"fedray.sweep_key": key}), done
+        return open_parent(loaded, run_tags(backend), tracker, tmp,
+                           {"fedray.sweep_key": key}), done
     tracker.reopen(parent)
     for child in tracker.children(parent):
         if child.info.status == "FINISHED":
@@ -304,7 +306,7 @@ def run_sweep(
             while queue or pending:
                 while queue and len(pending) < cap:
                     point = queue.pop(0)
-                    run_id = open_child(point, point_key(point), backend, tracker, parent,
+                    run_id = open_child(point, point_key(point), run_tags(backend), tracker, parent,
                                         Path(tmp) / "open")
                     task = remote.options(**_task_resources(point.scenario, backend.gpus(), cap))
                     pending[task.remote(point.scenario, point.label)] = (point, run_id)

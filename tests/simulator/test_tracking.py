@@ -284,3 +284,45 @@ def test_the_backend_shuts_down_while_the_last_points_model_is_logged(tmp_path, 
 
 def _boom(self, round_, prefetch=False):
     raise RuntimeError("boom")
+
+
+def test_a_run_that_ends_before_mlflow_opens_tags_where_it_ran(tmp_path, mlflow_uri,
+                                                               monkeypatch):
+    """A one-round run beside a slow new store: the engine is done and the backend shut down
+    before the MLflow thread opens the parent and child runs. Their ``backend`` and
+    ``ray_nodes`` tags are read while the backend runs (Ray's ``ray.nodes()`` after its
+    shutdown raised "Ray has not been started yet" on the MLflow thread and failed the run;
+    seen once in CI)."""
+    import time
+
+    import simulator.callbacks as cb
+    from simulator.runtime import backend as backends
+
+    class SlowTracker(Tracker):
+        def __init__(self, *args, **kwargs):
+            time.sleep(1.5)
+            super().__init__(*args, **kwargs)
+
+    class GoneAfterShutdown(backends.InlineBackend):
+        name = "gone"
+        down = False
+
+        def num_nodes(self):
+            if self.down:
+                raise RuntimeError("not started")
+            return 3
+
+        def shutdown(self):
+            self.down = True
+
+    monkeypatch.setattr(cb, "Tracker", SlowTracker)
+    monkeypatch.setattr(backends, "make_backend", lambda *a, **k: GoneAfterShutdown())
+    p = tmp_path / "one.yaml"
+    p.write_text(SWEEP.replace("seeds: [0, 1]", "seeds: [0]").replace(
+        "sweep:\n  aggregator.name: [mean, median]\n", "").replace("rounds: 3", "rounds: 1"))
+    out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True)
+    client = MlflowClient(mlflow_uri)
+    for run_id in (out["parent_run_id"], out["runs"][0]["run_id"]):
+        run = client.get_run(run_id)
+        assert run.info.status == "FINISHED"
+        assert (run.data.tags["backend"], run.data.tags["ray_nodes"]) == ("gone", "3")
