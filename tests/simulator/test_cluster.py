@@ -73,15 +73,25 @@ class KillDuringTrain:
     def call(self, handle, method, *args):
         import ray
 
+        target = method == "train" and args[0] == 2 and not self.killed
+        if target:
+            if self.after_step:
+                ray.wait([self.last_step], timeout=60)
+            # ray.kill is asynchronous: an idle worker could finish the few ms of training
+            # before the kill lands (the loss then shows in round 4; seen once in CI). Queued
+            # behind a call that sleeps, the train call is surely still in flight.
+            handle.__ray_call__.remote(_sleep)
         ref = self._b.call(handle, method, *args)
         if method == "step":
             self.last_step = ref
-        if method == "train" and args[0] == 2 and not self.killed:
-            if self.after_step:
-                ray.wait([self.last_step], timeout=60)
+        if target:
             ray.kill(handle, no_restart=False)
             self.killed += 1
         return ref
+
+
+def _sleep(actor) -> None:
+    time.sleep(30)
 
 
 @pytest.mark.parametrize("after_step", [True, False], ids=["prefetched-call", "both-rounds"])
