@@ -416,7 +416,15 @@ class Dataset(Plugin, ABC):
 
 
 class Partitioner(Plugin, ABC):
-    """Splits the training samples over clients. ``check(n)``: ``n`` clients."""
+    """Splits the training samples over clients. ``check(n)``: ``n`` clients;
+    ``check_data(n, info)``: the same split against the dataset's description, before it
+    loads (validation calls it when the dataset can describe itself)."""
+
+    def check_data(self, num_clients: int, info: DatasetInfo) -> None:
+        """Raise ``ValueError("key: ...")`` when ``num_clients`` clients cannot be split from
+        the data ``info`` describes (more classes per client than the data names, more
+        samples than it has); ``__call__`` still checks the loaded labels. By default,
+        nothing to check."""
 
     @abstractmethod
     def __call__(self, y: np.ndarray, num_clients: int, rng: np.random.Generator,

@@ -144,7 +144,8 @@ def _describe(dataset: str, total: int, seed: int, test_fraction: float) -> Any:
 
 def _check_data_and_model(sc: Scenario, problems: list[Problem]) -> None:
     """What the data and the model say before anything runs: enough training samples for
-    the clients, labels and features a model can learn from, a model that takes the data's
+    the clients and for the partitioner's split (``check_data``: classes per client, samples
+    per client), labels and features a model can learn from, a model that takes the data's
     samples and gives one score per class, and that fits in this machine's memory."""
     c = sc.clients
     try:
@@ -156,7 +157,8 @@ def _check_data_and_model(sc: Scenario, problems: list[Problem]) -> None:
         return
     if info is None:
         return  # a dataset that cannot say before loading: checked when it loads
-    if info.train_samples < c.total:
+    split = info.train_samples >= c.total  # each client can have a sample
+    if not split:
         problems.append(Problem(("clients", "total"), f"more clients ({c.total}) than training "
                                 f"samples ({info.train_samples}); each client needs one at least"))
     task = registry.get("tasks", sc.task["name"])
@@ -166,16 +168,21 @@ def _check_data_and_model(sc: Scenario, problems: list[Problem]) -> None:
             if task.TARGETS == "classes" else
             "real values; the data's targets are class labels: use task classification")))
         return
-    if info.targets == "values":
-        partitioner = sc.data.partitioner["name"]
-        if registry.get("partitioners", partitioner).traits.by_label:
-            problems.append(Problem(("data", "partitioner"), f"{partitioner} splits by class "
-                                    "label; the data's targets are real values: use iid, "
-                                    "shards, sizes or natural"))
-    elif info.num_classes < 2:
+    partitioner = sc.data.partitioner["name"]
+    if info.targets == "values" and registry.get("partitioners", partitioner).traits.by_label:
+        problems.append(Problem(("data", "partitioner"), f"{partitioner} splits by class "
+                                "label; the data's targets are real values: use iid, "
+                                "shards, sizes or natural"))
+        split = False
+    elif info.targets == "classes" and info.num_classes < 2:
         problems.append(Problem(("data", "dataset"), f"the labels name {info.num_classes} class; "
                                 "a classifier needs 2 at least"))
         return
+    if split:
+        try:
+            instantiate("partitioners", sc.data.partitioner).check_data(c.total, info)
+        except ValueError as e:
+            problems.append(Problem(("data", "partitioner") + param_loc(e), strip_param(e)))
     _check_model(sc, info, problems)
 
 

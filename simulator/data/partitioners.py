@@ -11,7 +11,24 @@ import numpy as np
 from annotated_types import Ge, Gt
 
 from simulator.errors import DataError
-from strategies.protocols import Partitioner, Traits
+from strategies.protocols import DatasetInfo, Partitioner, Traits
+
+WHERE = "data.partitioner."  # a loaded split's errors name the scenario key in full
+
+
+def _enough_samples(key: str, num_clients: int, per_client: int, samples: int,
+                    where: str = "") -> None:
+    """``num_clients`` x ``per_client`` samples must exist (DataError is a ValueError:
+    validation reports it at ``key``, a load at ``data.partitioner.key``)."""
+    if per_client * num_clients > samples:
+        raise DataError(f"{where}{key}: {num_clients} clients x {per_client} needs "
+                        f"{per_client * num_clients} training samples, the data set has "
+                        f"{samples}")
+
+
+def _enough_classes(k: int, classes: int, where: str = "") -> None:
+    if k > classes:
+        raise DataError(f"{where}k: {k} classes per client, the data has {classes}")
 
 
 class IID(Partitioner):
@@ -32,13 +49,12 @@ class Dirichlet(Partitioner):
     def __init__(self, alpha: Annotated[float, Gt(0)] = 0.5, min_size: Annotated[int, Ge(1)] = 1) -> None:
         self.alpha, self.min_size = alpha, min_size
 
+    def check_data(self, num_clients: int, info: DatasetInfo) -> None:
+        _enough_samples("min_size", num_clients, self.min_size, info.train_samples)
+
     def __call__(self, y: np.ndarray, num_clients: int, rng: np.random.Generator,
                  clients: np.ndarray | None = None) -> list[np.ndarray]:
-        if len(y) < self.min_size * num_clients:
-            raise DataError(
-                f"data.partitioner.min_size: {num_clients} clients x {self.min_size} needs "
-                f"{self.min_size * num_clients} samples, the dataset has {len(y)}"
-            )
+        _enough_samples("min_size", num_clients, self.min_size, len(y), WHERE)
         classes = np.unique(y)
         for _ in range(100):
             parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
@@ -65,11 +81,13 @@ class Shards(Partitioner):
     def __init__(self, k: Annotated[int, Ge(1)] = 2) -> None:
         self.k = k
 
+    def check_data(self, num_clients: int, info: DatasetInfo) -> None:
+        _enough_samples("k", num_clients, self.k, info.train_samples)  # a sample per shard
+
     def __call__(self, y: np.ndarray, num_clients: int, rng: np.random.Generator,
                  clients: np.ndarray | None = None) -> list[np.ndarray]:
+        _enough_samples("k", num_clients, self.k, len(y), WHERE)
         n_shards = self.k * num_clients
-        if n_shards > len(y):
-            raise DataError(f"data.partitioner.k: {n_shards} shards exceed the {len(y)} samples")
         order = np.lexsort((rng.random(len(y)), y))
         shards = np.array_split(order, n_shards)
         assign = rng.permutation(n_shards).reshape(num_clients, self.k)
@@ -114,12 +132,13 @@ class Pathological(Partitioner):
     def __init__(self, k: Annotated[int, Ge(1)] = 2) -> None:
         self.k = k
 
+    def check_data(self, num_clients: int, info: DatasetInfo) -> None:
+        _enough_classes(self.k, info.num_classes)
+
     def __call__(self, y: np.ndarray, num_clients: int, rng: np.random.Generator,
                  clients: np.ndarray | None = None) -> list[np.ndarray]:
         classes = np.unique(y)
-        if self.k > len(classes):
-            raise DataError(f"data.partitioner.k: {self.k} classes per client, the data has "
-                            f"{len(classes)}")
+        _enough_classes(self.k, len(classes), WHERE)
         for _ in range(100):
             held = [rng.choice(classes, self.k, replace=False) for _ in range(num_clients)]
             parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
@@ -146,14 +165,14 @@ class Sizes(Partitioner):
                  min_size: Annotated[int, Ge(1)] = 1) -> None:
         self.alpha, self.min_size = alpha, min_size
 
+    def check_data(self, num_clients: int, info: DatasetInfo) -> None:
+        _enough_samples("min_size", num_clients, self.min_size, info.train_samples)
+
     def __call__(self, y: np.ndarray, num_clients: int, rng: np.random.Generator,
                  clients: np.ndarray | None = None) -> list[np.ndarray]:
         n = len(y)
+        _enough_samples("min_size", num_clients, self.min_size, n, WHERE)
         spare = n - self.min_size * num_clients
-        if spare < 0:
-            raise DataError(f"data.partitioner.min_size: {num_clients} clients x "
-                            f"{self.min_size} needs {self.min_size * num_clients} samples, the "
-                            f"data set has {n}")
         share = rng.dirichlet(np.full(num_clients, self.alpha))
         extra = np.floor(share * spare).astype(np.int64)
         extra[np.argsort(-(share * spare - extra))[: spare - int(extra.sum())]] += 1

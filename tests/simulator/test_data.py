@@ -183,5 +183,5 @@ def test_sizes_skews_the_client_sizes_and_keeps_every_sample():
         assert sorted(flat.tolist()) == list(range(1000))
     assert max(map(len, even)) - min(map(len, even)) < 30  # ~100 each
     assert min(map(len, skew)) >= 5 and max(map(len, skew)) > 300
-    with pytest.raises(ValueError, match="min_size: 10 clients x 200 needs 2000 samples"):
+    with pytest.raises(ValueError, match="data.partitioner.min_size: 10 clients x 200 needs 2000 training samples, the data set has 1000"):
         Sizes(min_size=200)(y, 10, np.random.default_rng(0))
