@@ -268,8 +268,10 @@ def test_the_backend_shuts_down_while_the_last_points_model_is_logged(tmp_path, 
     out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True, callbacks=[Ends()])
     assert [r["label"] for r in out["runs"]] == ["mean seed=0", "median seed=0"]
     names = [e[0] for e in events]
-    assert names == ["end of mean seed=0", "shutdown starts", "end of median seed=0",
-                     "shutdown ends"]
+    # the last point's ends run while the backend shuts down; which of the two is done first
+    # depends on the machine (the model and figure take 0.3-2 s, the shutdown here 0.5 s)
+    assert names[:2] == ["end of mean seed=0", "shutdown starts"]
+    assert sorted(names[2:]) == ["end of median seed=0", "shutdown ends"]
     assert events[1][1].startswith("fedray-shutdown")
     assert MlflowClient(mlflow_uri).get_run(out["runs"][1]["run_id"]).info.status == "FINISHED"
 
