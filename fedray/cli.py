@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import simulator
@@ -302,6 +303,24 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer from ``low`` (to ``high``), else argparse's one-line
+    usage error naming the option (``--workers -1`` failed with an IndexError traceback,
+    ``--workers 0`` silently meant the default, ``ui --port 99999`` an OverflowError)."""
+    allowed = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {value}")
+        return value
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedray", description=__doc__)
     p.add_argument("--version", action="version", version=f"fedray {simulator.__version__}")
@@ -316,14 +335,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///./mlflow.db)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field by dotted path, e.g. --set rounds=50 (repeatable)")
-    r.add_argument("--workers", type=int, default=None, help="number of ClientWorker actors")
+    r.add_argument("--workers", type=_bounded_int(1), default=None,
+                   help="number of ClientWorker actors")
     r.add_argument("--quiet", action="store_true", help="plain progress lines, no bar")
     r.set_defaults(func=cmd_run)
 
     w = sub.add_parser("sweep", help="run a scenario's sweep points in parallel on Ray; "
                        "resumes a partly finished sweep of the same scenario")
     w.add_argument("scenario")
-    w.add_argument("--parallel", type=int, default=None,
+    w.add_argument("--parallel", type=_bounded_int(1), default=None,
                    help="simulations at once (default: the Ray cluster's CPUs)")
     w.add_argument("--fresh", action="store_true",
                    help="start a new parent run instead of resuming the last sweep")
@@ -338,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--backend", choices=["ray", "inline"], default=None)
     rs.add_argument("--address", default=None)
     rs.add_argument("--tracking-uri", default=None)
-    rs.add_argument("--workers", type=int, default=None)
+    rs.add_argument("--workers", type=_bounded_int(1), default=None)
     rs.add_argument("--quiet", action="store_true")
     rs.set_defaults(func=cmd_resume)
 
@@ -392,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("ui", help="the MLflow UI over the tracking store")
     u.add_argument("--tracking-uri", default=None)
     u.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only)")
-    u.add_argument("--port", type=int, default=5000)
+    u.add_argument("--port", type=_bounded_int(1, 65535), default=5000)
     u.set_defaults(func=cmd_ui)
     return p
 

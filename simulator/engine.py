@@ -90,6 +90,8 @@ class Engine:
     def __init__(self, scenario: Scenario, backend: Backend, workers: int | None = None) -> None:
         if len(scenario.seeds) != 1 or scenario.sweep:
             raise ValueError("Engine runs one point: expand the sweep and seeds first")
+        if workers is not None and workers < 1:  # the CLI refuses it; here for the API
+            raise UsageError(f"workers: must be an integer >= 1, got {workers}")
         self.sc = scenario
         self.backend = backend
         self.seed = scenario.seeds[0]

@@ -29,6 +29,7 @@ from simulator.callbacks import (
     run_tags,
 )
 from simulator.config import LoadedScenario, RunPoint, Scenario
+from simulator.errors import UsageError
 from simulator.interrupts import UNFINISHED, end_status, trap_sigterm
 from simulator.tracking import Tracker, default_uri
 
@@ -282,6 +283,8 @@ def run_sweep(
     """
     from simulator.runtime.backend import RayBackend
 
+    if parallel is not None and parallel < 1:  # the CLI refuses it; here for the API
+        raise UsageError(f"parallel: must be an integer >= 1, got {parallel}")
     uri = tracking_uri or default_uri()
     tracker = Tracker(uri, loaded.scenario.name)  # before Ray: a store that cannot be used stops it
     backend = RayBackend(address, **(ray_init or {}))

@@ -283,3 +283,38 @@ def test_a_malformed_address_is_one_line_before_ray_starts():
             _check_listening(bad)
     for left_to_ray in ("auto", "local", "ray://127.0.0.1:10001"):
         _check_listening(left_to_ray)  # no probe, no error
+
+
+@pytest.mark.parametrize("args, line", [
+    (["run", "Q", "--workers", "-1"], "run: error: argument --workers: must be {n}, got -1"),
+    (["run", "Q", "--workers", "0"], "run: error: argument --workers: must be {n}, got 0"),
+    (["run", "Q", "--workers", "two"], "run: error: argument --workers: must be {n}, got 'two'"),
+    (["sweep", "Q", "--parallel", "0"], "sweep: error: argument --parallel: must be {n}, got 0"),
+    (["resume", "abc", "--workers", "-2"], "resume: error: argument --workers: must be {n}, got -2"),
+    (["ui", "--port", "99999"], "ui: error: argument --port: must be {port}, got 99999"),
+])
+def test_counts_and_ports_out_of_range_are_one_line_exit_2(args, line, tmp_path, capsys):
+    """--workers -1 died in an IndexError traceback after MLflow runs were opened, --workers 0
+    (and --parallel 0) silently meant the default, ui --port 99999 an OverflowError."""
+    quick = str(ROOT / "scenarios" / "quickstart.yaml")
+    with pytest.raises(SystemExit) as e:
+        main([quick if a == "Q" else a for a in args])
+    assert e.value.code == 2
+    expected = "fedray " + line.format(n="an integer >= 1", port="an integer from 1 to 65535")
+    assert capsys.readouterr().err.strip().splitlines()[-1] == expected
+
+
+def test_the_api_refuses_worker_and_parallel_counts_below_one(tmp_path):
+    from simulator.config import load
+    from simulator.engine import Engine
+    from simulator.errors import UsageError
+    from simulator.runner import run_sweep
+    from simulator.runtime.backend import InlineBackend
+
+    loaded = load(ROOT / "scenarios" / "quickstart.yaml", ["rounds=1"])
+    for bad in (0, -1):
+        with pytest.raises(UsageError, match=f"workers: must be an integer >= 1, got {bad}"):
+            Engine(loaded.points[0].scenario, InlineBackend(), workers=bad)
+        with pytest.raises(UsageError, match=f"parallel: must be an integer >= 1, got {bad}"):
+            run_sweep(loaded, tracking_uri=f"sqlite:///{tmp_path}/m.db", parallel=bad)
+    assert not (tmp_path / "m.db").exists()  # refused before the store opened
