@@ -63,10 +63,20 @@ def collect(target: str, tracking_uri: str | None = None) -> tuple[str, str | No
     exp = client.get_experiment_by_name(target)
     if exp is not None:
         parents = client.search_runs([exp.experiment_id], "tags.`fedray.kind` = 'scenario'",
-                                     order_by=["attributes.start_time DESC"], max_results=1)
+                                     order_by=["attributes.start_time DESC"], max_results=1000)
         if not parents:
             raise ValueError(f"experiment {target!r} has no fedray scenario run")
         parent = parents[0]
+        children = _children(client, parent)
+        if not any(r.data.metrics for r in children):  # a failed last attempt: no round
+            logged = next((p for p in parents[1:]
+                           if any(r.data.metrics for r in _children(client, p))), None)
+            raise ValueError(
+                f"the latest scenario run of {target!r}, {parent.info.run_id} "
+                f"({parent.info.status}), logged no round; " +
+                (f"the latest that did: fedray report {logged.info.run_id}" if logged else
+                 "no earlier one did either"))
+        return parent.info.run_name, parent.info.run_id, [_load(client, r) for r in children]
     else:
         try:
             run = client.get_run(target)
@@ -75,10 +85,15 @@ def collect(target: str, tracking_uri: str | None = None) -> tuple[str, str | No
         if run.data.tags.get("fedray.kind") != "scenario":
             return run.info.run_name, None, [_load(client, run)]
         parent = run
-    children = client.search_runs(
-        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
-        order_by=["attributes.start_time ASC"], max_results=50_000)
+    children = _children(client, parent)
     return parent.info.run_name, parent.info.run_id, [_load(client, r) for r in children]
+
+
+def _children(client: Any, parent: Any) -> list[Any]:
+    """Every child run of a scenario run, whatever its status, oldest first."""
+    return list(client.search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+        order_by=["attributes.start_time ASC"], max_results=50_000))
 
 
 def _load(client: Any, run: Any) -> RunData:

@@ -123,29 +123,76 @@ def _histories(client: Any, run: Any, metrics: set[str]) -> dict[str, list[float
     return out
 
 
-def _children(client: Any, experiment: str, parent_run_id: str | None,
-              uri: str) -> list[Any]:
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        raise ValueError(f"no experiment {experiment!r} in {uri}")
-    if parent_run_id is None:
-        parents = client.search_runs([exp.experiment_id], "tags.`fedray.kind` = 'scenario'",
-                                     order_by=["attributes.start_time DESC"], max_results=1)
-        if not parents:
-            raise ValueError(f"experiment {experiment!r} has no fedray scenario run")
-        parent_run_id = parents[0].info.run_id
+def _finished_children(client: Any, experiment_id: str, parent_run_id: str) -> list[Any]:
     return list(client.search_runs(
-        [exp.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}' and "
+        [experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}' and "
         "attributes.status = 'FINISHED'", order_by=["attributes.start_time ASC"],
         max_results=50_000))
 
 
+def _children(client: Any, experiment: str, parent_run_id: str | None,
+              uri: str) -> list[Any]:
+    """The FINISHED children of the scenario run (default: the latest); none is an error
+    naming the latest scenario run that has some (a failed last attempt printed an empty
+    table)."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise ValueError(f"no experiment {experiment!r} in {uri}")
+    if parent_run_id is not None:
+        children = _finished_children(client, exp.experiment_id, parent_run_id)
+        if not children:
+            raise ValueError(f"--parent {parent_run_id}: no FINISHED point of experiment "
+                             f"{experiment!r} has this parent run")
+        return children
+    parents = client.search_runs([exp.experiment_id], "tags.`fedray.kind` = 'scenario'",
+                                 order_by=["attributes.start_time DESC"], max_results=1000)
+    if not parents:
+        raise ValueError(f"experiment {experiment!r} has no fedray scenario run")
+    for i, parent in enumerate(parents):
+        children = _finished_children(client, exp.experiment_id, parent.info.run_id)
+        if children and i == 0:
+            return children
+        if children:
+            latest = parents[0].info
+            raise ValueError(f"the latest scenario run of {experiment!r}, {latest.run_id} "
+                             f"({latest.status}), has no FINISHED point; the latest that has: "
+                             f"--parent {parent.info.run_id}")
+    raise ValueError(f"no scenario run of {experiment!r} has a FINISHED point")
+
+
+def _check_columns(runs: list[Any], by: Sequence[str], metrics: Sequence[tuple[str, str]],
+                   user_metrics: bool) -> None:
+    """A ``--by`` key no run has as a tag or param, or a ``--metrics`` metric (param) no run
+    logged, is refused naming what there is (they printed a column of ? or nan)."""
+    for key in by:
+        if not any(key in r.data.tags or key in r.data.params for r in runs):
+            params = {k: {r.data.params.get(k) for r in runs}
+                      for r in runs for k in r.data.params}
+            differ = sorted(k for k, v in params.items() if len(v) > 1 and k not in ("seed", "seeds"))
+            tags = sorted({k for r in runs for k in r.data.tags
+                           if not k.startswith(("mlflow.", "fedray."))})
+            raise ValueError(f"--by {key}: no run has this param or tag; the runs differ in: "
+                             f"{', '.join(differ) or 'no param but the seed'} (tags: "
+                             f"{', '.join(tags)})")
+    if not user_metrics:
+        return
+    for metric, how in metrics:
+        if how == "param":
+            if not any(metric in r.data.params for r in runs):
+                raise ValueError(f"--metrics {metric}:param: no run has the param {metric}")
+        elif not any(mlflow_name(metric) in r.data.metrics for r in runs):
+            logged = sorted({plain_name(k) for r in runs for k in r.data.metrics})
+            raise ValueError(f"--metrics {metric}: no run logged it; logged: "
+                             f"{', '.join(logged)}")
+
+
 def collect_rows(experiment: str, by: Sequence[str], metrics: Sequence[tuple[str, str]],
                  tracking_uri: str | None = None,
-                 parent_run_id: str | None = None) -> list[Row]:
+                 parent_run_id: str | None = None, user_metrics: bool = True) -> list[Row]:
     """The FINISHED children of ``parent_run_id`` (default: the experiment's most recent
     scenario run) grouped by ``by``, in the order the runs were created; each run summarised
-    per ``metrics`` column."""
+    per ``metrics`` column. ``user_metrics``: the metrics were asked for (each must have been
+    logged by some run), not the defaults."""
     from mlflow.tracking import MlflowClient
 
     from simulator.tracking import default_uri
@@ -155,7 +202,9 @@ def collect_rows(experiment: str, by: Sequence[str], metrics: Sequence[tuple[str
     rows: dict[tuple[str, ...], Row] = {}
     seen: dict[tuple[tuple[str, ...], str], Any] = {}  # (row, seed) -> its run
     needs = {m for m, h in metrics if h not in ("final", "param")}
-    for run in _children(client, experiment, parent_run_id, uri):
+    runs = _children(client, experiment, parent_run_id, uri)
+    _check_columns(runs, by, metrics, user_metrics)
+    for run in runs:
         key = tuple(_value(run, k) for k in by)
         row = rows.setdefault(key, Row(dict(zip(by, key))))
         seed = run.data.tags.get("seed") or run.data.params.get("seed") or run.info.run_id
@@ -334,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.pivot and args.pivot not in args.by:
         p.error(f"--pivot: must be one of the --by keys ({', '.join(args.by)}), got {args.pivot!r}")
     try:
-        rows = collect_rows(args.experiment, args.by, metrics, args.tracking_uri, args.parent)
+        rows = collect_rows(args.experiment, args.by, metrics, args.tracking_uri, args.parent,
+                            user_metrics=bool(args.metrics))
     except ValueError as e:
         print(f"fedray table: {e}", file=__import__("sys").stderr)
         return 2

@@ -8,6 +8,7 @@ import math
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -317,3 +318,29 @@ def test_one_report_across_experiments(report):
                                     order_by=["attributes.start_time DESC"])[0]
         assert [a.path for a in client.list_artifacts(parent.info.run_id, "report")] == \
             ["report/report.html"]
+
+
+def test_a_latest_run_that_logged_no_round_names_the_one_that_did(report, tmp_path, capsys):
+    """A last attempt that failed before its first round (a bad --set, a device it did not
+    have) made `fedray report EXPERIMENT` write an empty report; now one line naming the
+    latest scenario run with rounds, which a report of its id shows."""
+    from fedray.cli import main
+
+    db = tmp_path / "m.db"
+    shutil.copy(report["uri"].removeprefix("sqlite:///"), db)
+    uri = f"sqlite:///{db}"
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("report-test").experiment_id
+    failed = client.create_run(exp, tags={"fedray.kind": "scenario"}).info.run_id
+    child = client.create_run(exp, tags={"fedray.kind": "point",
+                                         "mlflow.parentRunId": failed}).info.run_id
+    client.set_terminated(child, "FAILED")
+    client.set_terminated(failed, "FAILED")
+    assert main(["report", "report-test", "--tracking-uri", uri, "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"fedray report: the latest scenario run of 'report-test', {failed} (FAILED), logged "
+        f"no round; the latest that did: fedray report {report['parent']}")
+    assert main(["report", report["parent"], "--tracking-uri", uri, "--out",
+                 str(tmp_path)]) == 0
+    page = Path(capsys.readouterr().out.strip().removeprefix("report: ")).read_text()
+    assert page.count('<rect class="cell"') == 4

@@ -131,3 +131,42 @@ def test_a_swept_key_left_out_of_by_is_named_instead_of_merging_runs(runs, capsy
     assert len(err.splitlines()) == 1
     with pytest.raises(ValueError, match="add aggregator.name to --by"):
         collect_rows("table-test", ["attack"], parse_metrics(["test_accuracy"]), uri)
+
+
+def test_what_no_run_has_is_named_instead_of_an_empty_table(runs, tmp_path, capsys):
+    """A latest scenario run without a FINISHED point (a failed last attempt), a --by key no
+    run has and a metric no run logged printed a table of no rows, or of ? and nan, exit 0;
+    each is now one line naming what there is, exit 2."""
+    import shutil
+
+    uri, _ = runs
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("table-test")
+    (done,) = client.search_runs([exp.experiment_id], "tags.`fedray.kind` = 'scenario'")
+    copy = tmp_path / "m.db"
+    shutil.copy(uri.removeprefix("sqlite:///"), copy)
+    later = f"sqlite:///{copy}"
+    failed = MlflowClient(later).create_run(exp.experiment_id,
+                                            tags={"fedray.kind": "scenario"}).info.run_id
+    MlflowClient(later).set_terminated(failed, "FAILED")
+    assert main(["table", "table-test", "--by", "aggregator.name", "--tracking-uri", later]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"fedray table: the latest scenario run of 'table-test', {failed} (FAILED), has no "
+        f"FINISHED point; the latest that has: --parent {done.info.run_id}")
+    assert main(["table", "table-test", "--by", "aggregator.name", "--tracking-uri", later,
+                 "--parent", done.info.run_id]) == 0
+    assert "| mean | 3 |" in capsys.readouterr().out
+
+    assert main(["table", "table-test", "--by", "aggregator.nme", "--tracking-uri", uri]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fedray table: --by aggregator.nme: no run has this param or tag; "
+                          "the runs differ in: aggregator.name (tags: aggregator, attack, ")
+    assert main(["table", "table-test", "--by", "aggregator.name", "--tracking-uri", uri,
+                 "--metrics", "test_acc:final"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fedray table: --metrics test_acc: no run logged it; logged: ")
+    assert "test_accuracy" in err and len(err.splitlines()) == 1
+    assert main(["table", "table-test", "--by", "aggregator.name", "--tracking-uri", uri,
+                 "--metrics", "rounds:param", "nosuch:param"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "fedray table: --metrics nosuch:param: no run has the param nosuch")
