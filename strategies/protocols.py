@@ -398,6 +398,10 @@ class DatasetInfo:
     tokens: bool = False  # integer token ids (text), not pixel or feature values
     vocabulary: int | None = None  # token data: ids are 0..vocabulary-1
     targets: Literal["classes", "values"] = "classes"  # int64 class ids or float32 values
+    # the natural clients (a client column) among the training samples; 0: the data has no
+    # client column; None: not known before loading (the ``natural`` partitioner's count is
+    # then checked when the data loads)
+    natural_clients: int | None = None
 
 
 class Dataset(Plugin, ABC):

@@ -182,7 +182,11 @@ def _check_data_and_model(sc: Scenario, problems: list[Problem]) -> None:
         try:
             instantiate("partitioners", sc.data.partitioner).check_data(c.total, info)
         except ValueError as e:
-            problems.append(Problem(("data", "partitioner") + param_loc(e), strip_param(e)))
+            head, sep, rest = str(e).partition(": ")
+            if sep and "." in head and all(k.isidentifier() for k in head.split(".")):
+                problems.append(Problem(tuple(head.split(".")), rest))  # a scenario key in full
+            else:
+                problems.append(Problem(("data", "partitioner") + param_loc(e), strip_param(e)))
     _check_model(sc, info, problems)
 
 

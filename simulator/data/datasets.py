@@ -75,7 +75,7 @@ def _n_train(n: int, test_fraction: float) -> int:
     return n - round(n * test_fraction)
 
 
-def _holdout(n: int, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def holdout(n: int, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     perm = rng.permutation(n)
     n_test = round(n * test_fraction)
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
@@ -108,7 +108,7 @@ class Synthetic(Dataset):
     def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
         counts = self._counts(np.random.default_rng([seed, 0x5F]), num_clients)
         return DatasetInfo(sum(_n_train(int(k), test_fraction) for k in counts),
-                           (self.dimension,), self.classes)
+                           (self.dimension,), self.classes, natural_clients=num_clients)
 
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
         rng = np.random.default_rng([seed, 0x5F])
@@ -124,7 +124,7 @@ class Synthetic(Dataset):
             b = rng.normal(u[k], 1, c)
             x = v + rng.standard_normal((counts[k], d)) * sd
             y = np.argmax(x @ w + b, axis=1)
-            tr, te = _holdout(int(counts[k]), test_fraction, rng)
+            tr, te = holdout(int(counts[k]), test_fraction, rng)
             xs_tr.append(x[tr])
             ys_tr.append(y[tr])
             cs_tr.append(np.full(len(tr), k))
@@ -161,7 +161,7 @@ class LinearRegression(Dataset):
 
     def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
         return DatasetInfo(num_clients * _n_train(self.samples, test_fraction),
-                           (self.dimension,), 1, targets="values")
+                           (self.dimension,), 1, targets="values", natural_clients=num_clients)
 
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
         rng = np.random.default_rng([seed, 0x2E])
@@ -174,7 +174,7 @@ class LinearRegression(Dataset):
             xs.append(x)
             ys.append(x @ wk + rng.normal(0, self.noise, n))
             cs.append(np.full(n, k))
-            test.append(np.isin(np.arange(n), _holdout(n, test_fraction, rng)[1]))
+            test.append(np.isin(np.arange(n), holdout(n, test_fraction, rng)[1]))
         x, y, c, te = (np.concatenate(a) for a in (xs, ys, cs, test))
         return DatasetSplit(x[~te].astype(np.float32), y[~te].astype(np.float32),
                             x[te].astype(np.float32), y[te].astype(np.float32), (d,), 1,
@@ -197,14 +197,15 @@ class GaussianMixture(Dataset):
         self.classes, self.separation = classes, separation
 
     def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
-        return DatasetInfo(_n_train(self.samples, test_fraction), (self.dimension,), self.classes)
+        return DatasetInfo(_n_train(self.samples, test_fraction), (self.dimension,), self.classes,
+                           natural_clients=0)
 
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
         rng = np.random.default_rng([seed, 0x6A])
         means = rng.normal(0, self.separation, (self.classes, self.dimension))
         y = rng.integers(0, self.classes, self.samples)
         x = means[y] + rng.standard_normal((self.samples, self.dimension))
-        tr, te = _holdout(self.samples, test_fraction, rng)
+        tr, te = holdout(self.samples, test_fraction, rng)
         x = x.astype(np.float32)
         return DatasetSplit(x[tr], y[tr], x[te], y[te], (self.dimension,), self.classes)
 
@@ -234,13 +235,14 @@ class Digits(Dataset):
     SAMPLES = 1797
 
     def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
-        return DatasetInfo(_n_train(self.SAMPLES, test_fraction), (1, 8, 8), 10)
+        return DatasetInfo(_n_train(self.SAMPLES, test_fraction), (1, 8, 8), 10,
+                           natural_clients=0)
 
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
         data = _digits_table()
         x = (data[:, :-1] / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
         y = data[:, -1].astype(np.int64)
-        tr, te = _holdout(len(y), test_fraction, np.random.default_rng([seed, 0xD1]))
+        tr, te = holdout(len(y), test_fraction, np.random.default_rng([seed, 0xD1]))
         return DatasetSplit(x[tr], y[tr], x[te], y[te], (1, 8, 8), 10)
 
 
@@ -309,7 +311,20 @@ class ParquetDataset(Dataset):
             x_width, top = width, max(top, hi)
             n = n or rows
         train = n if self.test_path else _n_train(n, test_fraction)
-        return DatasetInfo(train, self._shape(x_width), top + 1)
+        return DatasetInfo(train, self._shape(x_width), top + 1,
+                           natural_clients=self._natural_clients(seed, test_fraction))
+
+    def _natural_clients(self, seed: int, test_fraction: float) -> int:
+        """Distinct ids of the client column among the training rows (as ``load`` splits
+        them), reading that column alone; 0 without a client column."""
+        import pyarrow.parquet as pq
+
+        if self.client is None:
+            return 0
+        ids = pq.read_table(self.path, columns=[self.client]).column(self.client).to_numpy()
+        if not self.test_path:
+            ids = ids[holdout(len(ids), test_fraction, np.random.default_rng([seed, 0x9A]))[0]]
+        return len(np.unique(ids))
 
     def _scan(self, path: str) -> tuple[int, int, int]:
         """(features per sample, rows, largest label) of one file, checked batch by batch."""
@@ -368,7 +383,7 @@ class ParquetDataset(Dataset):
             x_te, y_te, _ = self._read(self.test_path)
             tr = np.arange(len(y))
         else:
-            tr, te = _holdout(len(y), test_fraction, np.random.default_rng([seed, 0x9A]))
+            tr, te = holdout(len(y), test_fraction, np.random.default_rng([seed, 0x9A]))
             x_te, y_te = x[te], y[te]
         num_classes = int(max(y.max(), y_te.max() if len(y_te) else 0)) + 1
         shape = self._shape(x.shape[1])

@@ -25,7 +25,7 @@ from typing import Annotated, Any
 import numpy as np
 from annotated_types import Ge
 
-from simulator.data.datasets import feature_block, feature_matrix
+from simulator.data.datasets import feature_block, feature_matrix, holdout
 from simulator.errors import DataError
 from strategies.protocols import Dataset, DatasetInfo, DatasetSplit, Traits
 
@@ -198,8 +198,13 @@ class HuggingFace(Dataset):
         if test is not None:
             top = max(top, int(test.column(self.label).to_numpy().max()))
         n = len(y) if test is not None else len(y) - round(len(y) * test_fraction)
+        natural = 0
+        if self.client:
+            ids = table.column(self.client).to_numpy()
+            natural = len(np.unique(ids if test is not None else
+                                    ids[holdout(len(ids), test_fraction, _rng(seed))[0]]))
         return DatasetInfo(n, shape, top + 1, bool(self.text),
-                           TEXT_VOCABULARY if self.text else None)
+                           TEXT_VOCABULARY if self.text else None, natural_clients=natural)
 
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
         self.check(num_clients)
@@ -208,14 +213,17 @@ class HuggingFace(Dataset):
         if test is not None:
             x_te, y_te, _ = self._split(test)
         else:
-            perm = np.random.default_rng([seed, 0x4F]).permutation(len(y))
-            cut = round(len(y) * test_fraction)
-            tr, te = np.sort(perm[cut:]), np.sort(perm[:cut])
+            tr, te = holdout(len(y), test_fraction, _rng(seed))
             x_te, y_te = x[te], y[te]
             x, y, c = x[tr], y[tr], None if c is None else c[tr]
         classes = int(max(y.max(), y_te.max() if len(y_te) else 0)) + 1
         return DatasetSplit(x, y, x_te, y_te, tuple(x.shape[1:]), classes, c,
                             vocabulary=TEXT_VOCABULARY if self.text else None)
+
+
+def _rng(seed: int) -> np.random.Generator:
+    """The generator of the held-out split without a test split (``load`` and ``describe``)."""
+    return np.random.default_rng([seed, 0x4F])
 
 
 def byte_tokens(text: str, length: int) -> np.ndarray:

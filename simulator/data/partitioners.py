@@ -26,6 +26,16 @@ def _enough_samples(key: str, num_clients: int, per_client: int, samples: int,
                         f"{samples}")
 
 
+def _as_many_clients(natural: int, num_clients: int) -> None:
+    """``natural`` (0: the data has no client column) must be ``num_clients``."""
+    if not natural:
+        raise DataError("data.partitioner: 'natural' needs a dataset with a client column "
+                        "(synthetic, a LEAF data set, or parquet with client: COLUMN)")
+    if natural != num_clients:
+        raise DataError(f"clients.total: must equal the dataset's {natural} natural clients "
+                        f"with partitioner 'natural', got {num_clients}")
+
+
 def _enough_classes(k: int, classes: int, where: str = "") -> None:
     if k > classes:
         raise DataError(f"{where}k: {k} classes per client, the data has {classes}")
@@ -104,17 +114,16 @@ class Natural(Partitioner):
         pos = np.clip(np.searchsorted(ids, clients_test), 0, len(ids) - 1)
         return np.where(ids[pos] == clients_test, pos, -1).astype(np.int64)
 
+    def check_data(self, num_clients: int, info: DatasetInfo) -> None:
+        if info.natural_clients is not None:
+            _as_many_clients(info.natural_clients, num_clients)
+
     def __call__(self, y: np.ndarray, num_clients: int, rng: np.random.Generator,
                  clients: np.ndarray | None = None) -> list[np.ndarray]:
         if clients is None:
-            raise DataError("data.partitioner: 'natural' needs a dataset with a client column "
-                            "(synthetic, or parquet with client: COLUMN)")
+            clients = np.zeros(0, np.int64)  # no client column
         ids = np.unique(clients)
-        if len(ids) != num_clients:
-            raise DataError(
-                f"clients.total: must equal the dataset's {len(ids)} natural clients with "
-                f"partitioner 'natural', got {num_clients}"
-            )
+        _as_many_clients(len(ids), num_clients)
         order = np.argsort(clients, kind="stable")
         counts = np.bincount(np.searchsorted(ids, clients), minlength=len(ids))
         return np.split(order, np.cumsum(counts)[:-1])

@@ -105,7 +105,7 @@ class MNIST(Dataset):
         images, labels = self._files("train")
         _, dims = idx_header(images)
         return DatasetInfo(dims[0], (1, dims[1], dims[2]),
-                           int(self._labels(read_idx(labels)).max()) + 1)
+                           int(self._labels(read_idx(labels)).max()) + 1, natural_clients=0)
 
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
         self._fetch()
@@ -186,7 +186,8 @@ class MNIST5k(Dataset):
 
     def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
         self.check(num_clients)
-        return DatasetInfo(5000 - round(5000 * test_fraction), (1, 28, 28), 10)
+        return DatasetInfo(5000 - round(5000 * test_fraction), (1, 28, 28), 10,
+                           natural_clients=0)
 
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
         import gzip
@@ -264,7 +265,7 @@ class CIFAR10(Dataset):
             return None  # not fetched yet: checked when the run loads it
         self.check(num_clients)
         _, y = self._read(self.TRAIN)
-        return DatasetInfo(len(y), (3, 32, 32), self.classes(y))
+        return DatasetInfo(len(y), (3, 32, 32), self.classes(y), natural_clients=0)
 
     def classes(self, y: np.ndarray) -> int:
         return 10
@@ -358,7 +359,7 @@ class _Leaf(Dataset):
         counts = self._users()
         chosen = self._chosen(counts, num_clients, seed)
         return DatasetInfo(sum(counts[u] for u in chosen), self.SHAPE, self.CLASSES,
-                           self.TOKENS, self.VOCABULARY)
+                           self.TOKENS, self.VOCABULARY, natural_clients=len(chosen))
 
     def _read(self, split: str, chosen: dict[str, int]) -> tuple[list, list, list]:
         xs: list[np.ndarray] = []

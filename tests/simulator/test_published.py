@@ -520,3 +520,66 @@ def test_huggingface_text_becomes_byte_tokens_for_a_token_model(tmp_path):
     """))
     res = make_engine(load(p).points[0].scenario, InlineBackend()).run()
     assert np.isfinite(res.final("test_loss")) and 0 <= res.final("test_accuracy") <= 1
+
+
+def test_describe_agrees_with_load_on_samples_and_natural_clients(tmp_path):
+    """What validation reads (``describe``) is what the run gets (``load``): the training
+    samples and the natural clients among them, for every built-in data set that describes
+    itself, with and without a client column; a Parquet whose smallest user can lose its
+    rows to the held-out split is counted as ``load`` splits it."""
+    formats.write_mnist(tmp_path / "mnist")
+    formats.write_cifar10(tmp_path / "cifar")
+    formats.write_leaf(tmp_path / "leaf", writers=6, per_writer=12)
+    formats.write_hf_save_to_disk(tmp_path / "hf")
+    formats.write_shakespeare(tmp_path / "play", roles=4, per_role=12)
+    rng = np.random.default_rng(0)
+    users = np.repeat(np.arange(8), [1, 1, 2, 20, 20, 20, 20, 20])  # users 0, 1: one row each
+    pq.write_table(pa.table({"f0": rng.normal(size=len(users)), "label": rng.integers(0, 3, len(users)),
+                             "user": users}), tmp_path / "p.parquet")
+    cases = [("digits", {}, 5), ("gaussian-mixture", {}, 5), ("synthetic", {}, 7),
+             ("linear_regression", {}, 4), ("mnist", {"root": str(tmp_path / "mnist")}, 3),
+             ("cifar10", {"root": str(tmp_path / "cifar")}, 3),
+             ("femnist", {"root": str(tmp_path / "leaf")}, 4), ("mnist5k", {}, 3),
+             ("shakespeare", {"root": str(tmp_path / "play")}, 4),
+             ("huggingface", {"path": str(tmp_path / "hf")}, 3),
+             ("huggingface", {"path": str(tmp_path / "hf"), "client": "writer"}, 3),
+             ("parquet", {"path": str(tmp_path / "p.parquet")}, 3)]
+    naturals = []
+    for seed in range(6):
+        cases.append(("parquet", {"path": str(tmp_path / "p.parquet"), "client": "user"}, 8))
+        for name, keys, n in cases[-1:] if seed else cases:
+            ds = dataset(name, **keys)
+            info, split = ds.describe(n, seed, 0.3), ds.load(n, seed, 0.3)
+            assert info.train_samples == len(split.y_train), name
+            have = 0 if split.clients_train is None else len(np.unique(split.clients_train))
+            assert info.natural_clients == have, (name, keys, seed)
+            if name == "parquet" and "client" in keys:
+                naturals.append(have)
+    assert min(naturals) < 8 and max(naturals) == 8  # some seeds hold a one-row user out
+
+
+def test_validate_checks_the_natural_clients_before_the_data_loads(tmp_path):
+    """clients.total against a Parquet client column's users, and `natural` on data with no
+    client column, are one line at the key from `fedray validate`; they failed at the load."""
+    rng = np.random.default_rng(0)
+    pq.write_table(pa.table({"f0": rng.normal(size=60), "label": rng.integers(0, 3, 60),
+                             "user": np.repeat(np.arange(6), 10)}), tmp_path / "p.parquet")
+    p = tmp_path / "s.yaml"
+    p.write_text(textwrap.dedent(f"""\
+        rounds: 2
+        data:
+          dataset: {{name: parquet, path: {tmp_path / 'p.parquet'}, client: user}}
+          partitioner: {{name: natural}}
+        model: {{name: logreg}}
+        clients: {{total: 5}}
+        """))
+    with pytest.raises(ScenarioError) as e:
+        load(p)
+    assert e.value.lines == [(f"{p}:6: clients.total: must equal the dataset's 6 natural "
+                             "clients with partitioner 'natural', got 5")]
+    assert len(load(p, ["clients.total=6"]).points) == 1
+    with pytest.raises(ScenarioError) as e:
+        load(p, ["data.dataset={name: digits}", "clients.total=6"])
+    assert e.value.lines == [(f"{p}:4: data.partitioner: 'natural' needs a dataset with a "
+                             "client column (synthetic, a LEAF data set, or parquet with "
+                             "client: COLUMN)")]
