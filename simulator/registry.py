@@ -22,7 +22,7 @@ from importlib import import_module
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, create_model
+from pydantic import BaseModel, ConfigDict, create_model, field_validator
 
 from simulator.errors import FedrayError
 
@@ -49,6 +49,65 @@ KINDS: tuple[str, ...] = (
 FINITE = ConfigDict(allow_inf_nan=False, ser_json_inf_nan="constants")
 
 PluginSpec = dict[str, Any]
+
+
+def _takes_bool(tp: Any) -> bool:
+    """Whether a type hint takes a bool as itself (bool, Any, a Literal of one, a union
+    with one of those)."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return _takes_bool(typing.get_args(tp)[0])
+    if origin in (typing.Union, types.UnionType):
+        return any(_takes_bool(a) for a in typing.get_args(tp))
+    if origin is typing.Literal:
+        return any(isinstance(a, bool) for a in typing.get_args(tp))
+    return tp in (bool, Any, object)
+
+
+def _numeric(tp: Any) -> bool:
+    """Whether a type hint takes numbers (int or float, possibly among other things)."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return _numeric(typing.get_args(tp)[0])
+    if origin in (typing.Union, types.UnionType):
+        return any(_numeric(a) for a in typing.get_args(tp))
+    return tp in (int, float)
+
+
+def bool_for_number(tp: Any, value: Any) -> bool:
+    """Whether ``value`` holds a bool where the hint ``tp`` takes a number and no bool:
+    pydantic's lax mode reads True as 1, and YAML reads yes, no, on and off as booleans
+    (``hidden: [yes]`` was a layer of width 1, ``lr: on`` a learning rate of 1)."""
+    if isinstance(value, bool):
+        return _numeric(tp) and not _takes_bool(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Annotated:
+        return bool_for_number(args[0], value)
+    if origin in (typing.Union, types.UnionType):
+        return all(bool_for_number(a, value) for a in args if a is not type(None)) and \
+            any(bool_for_number(a, value) for a in args)
+    if isinstance(value, (list, tuple)) and args:
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            return any(bool_for_number(a, v) for a, v in zip(args, value))
+        if origin in (list, tuple, set, frozenset) or origin is typing.get_origin(
+                typing.Sequence[int]):
+            return any(bool_for_number(args[0], v) for v in value)
+    if isinstance(value, dict) and origin is dict and len(args) == 2:
+        return any(bool_for_number(args[1], v) for v in value.values())
+    return False
+
+
+def refuse_bool_numbers(cls: type[BaseModel], value: Any, info: Any) -> Any:
+    """A before-validator of every field of a scenario model: a bool where a number is
+    expected is an error, not 1 or 0."""
+    from pydantic_core import PydanticCustomError
+
+    field = cls.model_fields.get(info.field_name) if info.field_name else None
+    if field is not None and bool_for_number(field.annotation, value):
+        raise PydanticCustomError(
+            "bool_for_number", "must be a number, got a boolean (YAML reads true, false, yes, "
+            "no, on and off as booleans)")
+    return value
 
 
 class UnknownPlugin(LookupError):
@@ -160,7 +219,9 @@ def params_model(cls: Any) -> type[BaseModel]:
             tp = hints.get(p.name, Any)
             fields[p.name] = (tp, ... if p.default is p.empty else p.default)
     return create_model(f"{cls.__name__}Params",
-                        __config__=ConfigDict(extra="forbid", **FINITE), **fields)
+                        __config__=ConfigDict(extra="forbid", **FINITE),
+                        __validators__={"_no_bool_numbers": field_validator("*", mode="before")(
+                            refuse_bool_numbers)}, **fields)
 
 
 def keys(kind: str, name: str) -> dict[str, Any]:

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from annotated_types import Ge, Gt, Lt
-from pydantic import AllowInfNan, BaseModel, ConfigDict
+from pydantic import AllowInfNan, BaseModel, ConfigDict, field_validator
 
 from simulator import registry
 from simulator.errors import brief_text
-from simulator.registry import FINITE, PluginSpec
+from simulator.registry import FINITE, PluginSpec, refuse_bool_numbers
 
 if TYPE_CHECKING:  # the contracts import torch: not for loading a scenario file
     from strategies.protocols import ClientRule
@@ -25,6 +25,8 @@ if TYPE_CHECKING:  # the contracts import torch: not for loading a scenario file
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, **FINITE)
+
+    _no_bool_numbers = field_validator("*", mode="before")(refuse_bool_numbers)
 
 
 class Data(Strict):

@@ -107,3 +107,24 @@ def test_third_party_plugin_is_usable_from_a_scenario(third_party_plugin, tmp_pa
     with pytest.raises(ScenarioError, match=r"aggregator.factr: unknown key for aggregator "
                                             r"'scaled_mean'; did you mean 'factor'\?"):
         load(p)
+
+
+def test_a_boolean_is_never_read_as_a_number():
+    """pydantic's lax mode reads True as 1 and YAML reads yes/no/on/off as booleans: a bool
+    where a hint takes numbers is refused, in lists, tuples, dicts and unions too; a hint
+    that takes bools keeps them."""
+    from typing import Annotated, Any, Literal
+
+    from annotated_types import Ge
+
+    from simulator.registry import bool_for_number
+
+    refused = [(int, True), (float, False), (Annotated[int, Ge(1)], True),
+               (int | None, True), (list[int], [64, True]), (tuple[int, ...], (1, False)),
+               (tuple[int, float], (1, True)), (dict[str, float], {"a": 1.0, "b": True}),
+               (float | Literal["auto"], True), (list[Annotated[int, Ge(1)]] | None, [True])]
+    kept = [(int, 3), (float, 0.5), (bool, True), (int | bool, True), (Any, True),
+            (Literal[True, "x"], True), (list[int], [1, 2]), (str, "yes"), (int | None, None),
+            (list[bool], [True]), (dict[str, Any], {"a": True}), (float | str, "on")]
+    assert [bool_for_number(tp, v) for tp, v in refused] == [True] * len(refused)
+    assert [bool_for_number(tp, v) for tp, v in kept] == [False] * len(kept)
