@@ -56,9 +56,10 @@ def collect(target: str, tracking_uri: str | None = None) -> tuple[str, str | No
     """(title, parent run id or None, runs) for an experiment name or a run id."""
     from mlflow.tracking import MlflowClient
 
-    from simulator.tracking import default_uri
+    from simulator.tracking import default_uri, ensure_store
 
     uri = tracking_uri or default_uri()
+    ensure_store(uri)  # a store that cannot be used: one line
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(target)
     if exp is not None:

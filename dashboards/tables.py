@@ -30,11 +30,13 @@ import argparse
 import math
 import re
 import statistics
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from dashboards.stats import Summary, from_mlflow, summarize
+from simulator.errors import FedrayError
 from simulator.metric_names import mlflow_name, plain_name
 
 DEFAULT: list[tuple[str, str]] = [
@@ -195,9 +197,10 @@ def collect_rows(experiment: str, by: Sequence[str], metrics: Sequence[tuple[str
     logged by some run), not the defaults."""
     from mlflow.tracking import MlflowClient
 
-    from simulator.tracking import default_uri
+    from simulator.tracking import default_uri, ensure_store
 
     uri = tracking_uri or default_uri()
+    ensure_store(uri)  # a store that cannot be used: one line
     client = MlflowClient(uri)
     rows: dict[tuple[str, ...], Row] = {}
     seen: dict[tuple[tuple[str, ...], str], Any] = {}  # (row, seed) -> its run
@@ -385,9 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows = collect_rows(args.experiment, args.by, metrics, args.tracking_uri, args.parent,
                             user_metrics=bool(args.metrics))
-    except ValueError as e:
-        print(f"fedray table: {e}", file=__import__("sys").stderr)
-        return 2
+    except (ValueError, FedrayError) as e:  # a store that cannot be used: FedrayError
+        print(f"fedray table: {e}", file=sys.stderr)
+        return 2 if isinstance(e, ValueError) else 1
     if paired and not any(r.key[paired[0]] == paired[1] for r in rows):
         values = sorted({r.key[paired[0]] for r in rows})
         p.error(f"--paired: no run has {paired[0]}={paired[1]}; values: {', '.join(values)}")

@@ -21,7 +21,7 @@ import yaml
 import simulator
 from simulator.config import LoadedScenario, RunPoint
 from simulator.errors import brief_text
-from simulator.tracking import Tracker, flatten, git_commit, write_metrics
+from simulator.tracking import Tracker, check_uri, flatten, git_commit, write_metrics
 
 
 class PointRun:
@@ -387,6 +387,7 @@ class Opening:
     needs its MLflow run (``PointRun``)."""
 
     def __init__(self, uri: str, experiment: str) -> None:
+        check_uri(uri)  # what can be refused without opening the store, before anything runs
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedray-opening")
         self.tracker = self._pool.submit(Tracker, uri, experiment)
         self.parent: Future[str] | None = None

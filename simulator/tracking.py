@@ -67,12 +67,31 @@ def _sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
 
 
+def check_uri(uri: str) -> None:
+    """What a tracking URI says without opening it: a file store (a path, or ``file:``) is
+    refused by MLflow 3 unless MLFLOW_ALLOW_FILE_STORE is set, which MLflow said in a long
+    exception (and ``fedray run`` learnt after its first round, as "cannot be reached")."""
+    from urllib.parse import urlparse
+
+    allowed = os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() in ("true", "1")
+    if urlparse(uri).scheme in ("", "file") and not allowed:
+        raise TrackingUnavailable(
+            f"tracking store {uri}: a file store (a path or file:), which MLflow 3 no longer "
+            "opens; use sqlite:///PATH/mlflow.db (`mlflow migrate-filestore` moves its runs "
+            "there), or set MLFLOW_ALLOW_FILE_STORE=true")
+
+
 def ensure_store(uri: str) -> None:
     """Make the tracking store usable before anything is logged: an embedded SQLite store is
     created (MLflow's migrations) by one process at a time, under a lock file beside it, and a
     store that an interrupted migration left broken is diagnosed in one line; any store that
     cannot be reached raises TrackingUnavailable."""
     from mlflow.tracking import MlflowClient
+
+    check_uri(uri)
+    if uri.startswith(("http://", "https://")):  # fail in seconds, journal, resend later
+        for k, v in HTTP_DEFAULTS.items():
+            os.environ.setdefault(k, v)
 
     db = _sqlite_path(uri)
     if db is None:
@@ -142,9 +161,6 @@ class Tracker:
     """Thin layer over ``MlflowClient`` for fedray's parent/child run layout."""
 
     def __init__(self, uri: str, experiment: str, journal: Path | None = None) -> None:
-        if uri.startswith(("http://", "https://")):
-            for k, v in HTTP_DEFAULTS.items():
-                os.environ.setdefault(k, v)
         from mlflow.tracking import MlflowClient
 
         ensure_store(uri)

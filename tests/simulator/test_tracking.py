@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -11,6 +12,8 @@ from simulator.config import load
 from simulator.metric_names import mlflow_name
 from simulator.runner import run_loaded
 from simulator.tracking import Tracker, flatten
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SWEEP = """\
 name: sweep-test
@@ -328,3 +331,50 @@ def test_a_run_that_ends_before_mlflow_opens_tags_where_it_ran(tmp_path, mlflow_
         run = client.get_run(run_id)
         assert run.info.status == "FINISHED"
         assert (run.data.tags["backend"], run.data.tags["ray_nodes"]) == ("gone", "3")
+
+
+def test_a_store_that_cannot_be_used_is_one_line_before_anything_runs(tmp_path, monkeypatch,
+                                                                       capsys):
+    """A file store (a path or file:), which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE
+    is set, failed `fedray run` after its first round as "cannot be reached" and `fedray
+    table` with a traceback; a server that does not answer held `fedray report` and `table`
+    for minutes of MLflow's HTTP retries. Each is now one line, in seconds."""
+    import socket
+
+    from fedray.cli import main
+    from simulator.errors import TrackingUnavailable
+    from simulator.tracking import HTTP_DEFAULTS, check_uri
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    for k in HTTP_DEFAULTS:  # restored after the test: ensure_store sets them for http
+        monkeypatch.delenv(k, raising=False)
+    for uri in ("file:///tmp/mlruns", "./mlruns", "/abs/mlruns"):
+        with pytest.raises(TrackingUnavailable, match="a file store .* MLFLOW_ALLOW_FILE_STORE"):
+            check_uri(uri)
+    for uri in ("sqlite:///x/mlflow.db", "http://127.0.0.1:5000", "https://example.org"):
+        check_uri(uri)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    check_uri("./mlruns")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+
+    monkeypatch.chdir(tmp_path)
+    quick = str(ROOT / "scenarios" / "quickstart.yaml")
+    assert main(["run", quick, "--backend", "inline", "--quiet", "--set", "rounds=2",
+                 "--tracking-uri", "./mlruns"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        ("fedray run: tracking store ./mlruns: a file store (a path or file:), which MLflow 3 no "
+        "longer opens; use sqlite:///PATH/mlflow.db (`mlflow migrate-filestore` moves its runs "
+        "there), or set MLFLOW_ALLOW_FILE_STORE=true")]
+    assert not (tmp_path / "mlruns").exists()
+    assert main(["table", "quickstart", "--by", "seed", "--tracking-uri", "file:///x"]) == 1
+    assert capsys.readouterr().err.startswith("fedray table: tracking store file:///x: a file")
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dead = f"http://127.0.0.1:{port}"
+    for args in (["report", "quickstart"], ["table", "quickstart", "--by", "seed"]):
+        assert main([*args, "--tracking-uri", dead]) == 1
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"fedray {args[0]}: tracking store {dead} cannot be reached")
