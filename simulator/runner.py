@@ -86,10 +86,7 @@ def execute(run: PointRun, backend: Any, callbacks: list[Callback], workers: int
         status = "FINISHED"
         if engine_done is not None:
             engine_done()
-        return {"run_id": run.run_id, "label": point.label, "values": point.values,
-                "seed": point.seed, "final_test_accuracy": result.final("test_accuracy"),
-                "final_test_loss": result.final("test_loss"),
-                "workers": engine.n_workers}
+        return {**summary(run.run_id, point, result), "workers": engine.n_workers}
     except BaseException as e:
         error = e
         raise
@@ -245,21 +242,32 @@ def _collect(ray: Any, ref: Any, point: RunPoint, run_id: str, tracker: Tracker,
     for cb in callbacks:
         cb.on_end(run, result, "FINISHED")
     tracker.end(run_id, "FINISHED")
-    summary = {"run_id": run_id, "label": point.label, "values": point.values,
-               "seed": point.seed, "final_test_accuracy": result.final("test_accuracy"),
-               "final_test_loss": result.final("test_loss")}
-    out["runs"].append(summary)
-    print(f"{point.label}: {final_text(summary)}  (run {run_id}; "
+    done = summary(run_id, point, result)
+    out["runs"].append(done)
+    print(f"{point.label}: {final_text(done)}  (run {run_id}; "
           f"{len(out['runs']) + len(out['failed'])}/{total})", file=sys.stderr)
+
+
+def summary(run_id: str, point: RunPoint, result: Any) -> dict[str, Any]:
+    """A finished point as the commands return and print it."""
+    return {"run_id": run_id, "label": point.label, "values": point.values,
+            "seed": point.seed, "final_test_accuracy": result.final("test_accuracy"),
+            "final_test_loss": result.final("test_loss"), "rounds": len(result.metrics),
+            "skipped_rounds": int(sum(row.get("aggregation_skipped", 0.0)
+                                      for row in result.metrics))}
 
 
 def final_text(run: dict[str, Any]) -> str:
     """A finished run's headline: its final test accuracy, or its final test loss for a
-    task without accuracy (regression)."""
+    task without accuracy (regression); and how many rounds skipped their aggregation (the
+    model stayed), when any did."""
     acc = run["final_test_accuracy"]
-    if math.isnan(acc):
-        return f"final test loss {run['final_test_loss']:.4f}"
-    return f"final test accuracy {acc:.4f}"
+    text = (f"final test loss {run['final_test_loss']:.4f}" if math.isnan(acc) else
+            f"final test accuracy {acc:.4f}")
+    if run.get("skipped_rounds"):
+        text += (f"; aggregation skipped in {run['skipped_rounds']} of {run['rounds']} "
+                 "rounds")
+    return text
 
 
 def run_sweep(

@@ -94,9 +94,24 @@ def _timings(t0: float, results: tuple[dict, ...]) -> dict[str, float]:
             "slowest_worker_seconds": max(seconds, default=0.0)}
 
 
+SKIPS_NAMED = 3  # skipped rounds named on the terminal; the aggregation_skipped metric counts all
+
+
 class Server:
     """Owns the global model, the aggregation pipeline (pre-aggregators -> aggregator ->
     meta-aggregator), the server optimizer, and evaluation on the held-out data."""
+
+    def _skipped(self, round_: int, why: str) -> None:
+        """A round whose aggregation is skipped (the model stays): named, 1-based as the
+        progress lines count, for the first SKIPS_NAMED of a run, where every one was printed
+        (a run with frequent empty rounds filled the terminal) or, with no honest update,
+        none was."""
+        self.skips += 1
+        if self.skips <= SKIPS_NAMED:
+            last = ("; further skipped rounds are not printed (the aggregation_skipped "
+                    "metric counts them)" if self.skips == SKIPS_NAMED else "")
+            print(f"fedray: round {round_ + 1}: aggregation skipped: {why}{last}",
+                  file=sys.stderr)
 
     def __init__(self, scenario: Scenario, input_shape: tuple[int, ...], num_classes: int,
                  eval_data: EvalData, vocabulary: int | None = None) -> None:
@@ -119,6 +134,7 @@ class Server:
                    if scenario.privacy is not None and scenario.privacy_level() == "client"
                    else None)
         self.seed = seed
+        self.skips = 0  # rounds whose aggregation was skipped (the first SKIPS_NAMED named)
         self.task = instantiate("tasks", scenario.task)
         self.x_test, self.y_test, self.x_tr, self.y_tr, self.c_test = eval_data
 
@@ -167,12 +183,15 @@ class Server:
         dp = self.dp
         if dp is not None:  # DP-FedAvg: clip every update; noise on the mean below
             rows = dp.privatize(rows)
-        try:
-            agg = (self.pipeline.aggregate(rows.to(self.agg_device), round_).cpu()
-                   if len(honest) else None)
-        except TooFewRows as e:  # too few rows left this round (dropouts, stragglers)
-            print(f"fedray: round {round_}: aggregation skipped: {e}", file=sys.stderr)
-            agg = None
+        agg = None
+        if not len(honest):
+            self._skipped(round_, "no sampled honest client sent an update (dropout, "
+                                  "stragglers)")
+        else:
+            try:
+                agg = self.pipeline.aggregate(rows.to(self.agg_device), round_).cpu()
+            except TooFewRows as e:  # too few rows left this round (dropouts, stragglers)
+                self._skipped(round_, str(e))
         if agg is None:  # nothing to aggregate: the model stays, the round is counted
             return {"aggregation_skipped": 1.0,
                     "client_loss": float(losses.mean()) if len(losses) else float("nan"),

@@ -207,14 +207,30 @@ def test_dropout_and_stragglers_are_seeded_per_client_and_logged(tmp_path):
     assert sum(m["dropped"] for m in one.metrics) > 0 and sum(m["stragglers"] for m in one.metrics) > 0
 
 
-def test_a_round_with_too_few_clients_is_skipped_and_counted(tmp_path):
-    over = ["rounds=6", "clients.per_round=3", "clients.dropout=0.95"]
-    res = Engine(point(tmp_path, overrides=over), InlineBackend()).run()
+def test_a_round_with_too_few_clients_is_skipped_and_counted(tmp_path, capfd):
+    """A skipped round keeps the model and is counted; the first three are named on the
+    terminal, 1-based as the progress lines count (they said round 0 for round 1), also when
+    no honest update arrived at all (that said nothing); the run's headline counts them."""
+    import re
+
+    from simulator.runner import final_text, summary
+
+    over = ["rounds=12", "clients.per_round=3", "clients.dropout=0.95"]
+    sc = point(tmp_path, overrides=over)
+    res = Engine(sc, InlineBackend()).run()
     skipped = [m["aggregation_skipped"] for m in res.metrics]
-    assert 1.0 in skipped
+    assert sum(skipped) >= 4
     for prev, m in zip([None, *res.metrics], res.metrics):
         if m["aggregation_skipped"] and prev is not None:
             assert m["test_accuracy"] == prev["test_accuracy"]  # the model did not move
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if "aggregation skipped" in ln]
+    first = [i + 1 for i, k in enumerate(skipped) if k][:3]
+    assert [int(re.match(r"fedray: round (\d+): ", ln).group(1)) for ln in lines] == first
+    assert lines[-1].endswith("further skipped rounds are not printed (the aggregation_skipped "
+                              "metric counts them)")
+    assert any("no sampled honest client sent an update" in ln for ln in lines)
+    head = final_text(summary("r", load(tmp_path / "s.yaml", over).points[0], res))
+    assert head.endswith(f"; aggregation skipped in {int(sum(skipped))} of 12 rounds")
 
 
 def test_stateless_clients_are_spread_evenly_and_stateful_ones_stay_with_their_worker(tmp_path):
