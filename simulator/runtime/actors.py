@@ -101,18 +101,6 @@ class Server:
     """Owns the global model, the aggregation pipeline (pre-aggregators -> aggregator ->
     meta-aggregator), the server optimizer, and evaluation on the held-out data."""
 
-    def _skipped(self, round_: int, why: str) -> None:
-        """A round whose aggregation is skipped (the model stays): named, 1-based as the
-        progress lines count, for the first SKIPS_NAMED of a run, where every one was printed
-        (a run with frequent empty rounds filled the terminal) or, with no honest update,
-        none was."""
-        self.skips += 1
-        if self.skips <= SKIPS_NAMED:
-            last = ("; further skipped rounds are not printed (the aggregation_skipped "
-                    "metric counts them)" if self.skips == SKIPS_NAMED else "")
-            print(f"fedray: round {round_ + 1}: aggregation skipped: {why}{last}",
-                  file=sys.stderr)
-
     def __init__(self, scenario: Scenario, input_shape: tuple[int, ...], num_classes: int,
                  eval_data: EvalData, vocabulary: int | None = None) -> None:
         single_thread()
@@ -166,6 +154,18 @@ class Server:
         # how far the statistics are from the honest participants' mean (counters left out)
         return {"buffer_aggregation_error": float(torch.linalg.vector_norm(gap))
                 if finite else float("inf")}
+
+    def _skipped(self, round_: int, why: str) -> None:
+        """A round whose aggregation is skipped (the model stays): named, 1-based as the
+        progress lines count, for the first SKIPS_NAMED of a run, where every one was printed
+        (a run with frequent empty rounds filled the terminal) or, with no honest update,
+        none was."""
+        self.skips += 1
+        if self.skips <= SKIPS_NAMED:
+            last = ("; further skipped rounds are not printed (the aggregation_skipped "
+                    "metric counts them)" if self.skips == SKIPS_NAMED else "")
+            print(f"fedray: round {round_ + 1}: aggregation skipped: {why}{last}",
+                  file=sys.stderr)
 
     def step(
         self, round_: int, honest_order: list[int], byzantine: dict | None, *results: dict
