@@ -354,8 +354,15 @@ def test_a_hung_store_does_not_hold_the_round_loop(tmp_path, mlflow_uri, monkeyp
     runner.start()
     runner.join(timeout=110)  # well before log_batch would give up by itself
     assert not runner.is_alive() and done == [0], "the run waited for the hung store"
+    t_release = time.time_ns()
     release.set()
-    time.sleep(1.0)  # the sender's blocked call fails and journals; then sync sends it all
+    # the sender's blocked call fails and journals again (the same rows): sync after that,
+    # not while the journal file is being rewritten
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(
+            f.stat().st_mtime_ns >= t_release
+            for f in (tmp_path / ".fedray" / "pending").glob("*/metrics-*.parquet")):
+        time.sleep(0.05)
     err = capsys.readouterr().err
     assert "not yet in MLflow" in err and "fedray sync" in err
     monkeypatch.setattr(MlflowClient, "log_batch", real)
