@@ -249,7 +249,7 @@ def _cell(m: Summary) -> str:
         return "-"
     if m.diverged:
         return f"diverged ({m.diverged} of {m.n} runs)"
-    return f"{m.mean:.4g} ± {m.std:.2g}"
+    return f"{m.mean:.4g}" if m.n == 1 else f"{m.mean:.4g} ± {m.std:.2g}"  # one: no spread
 
 
 CSS = """

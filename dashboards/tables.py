@@ -262,12 +262,16 @@ def baseline_of(rows: Sequence[Row], row: Row, key: str, value: str) -> Row | No
     return next((r for r in rows if r.key == want), None)
 
 
-def _num(mean: float, std: float) -> str:
+def _num(mean: float, std: float, n: int) -> str:
+    """``mean ± std`` over ``n`` values; one value has no spread, so none is shown (it read
+    ``± 0.000``, as if the seeds agreed)."""
     if math.isnan(mean):
         return "-"
-    if abs(mean) >= 1e4 or (0 < abs(mean) < 1e-3):
-        return f"{mean:.3g} ± {std:.2g}"
-    return f"{mean:.3f} ± {std:.3f}"
+    wide = abs(mean) >= 1e4 or (0 < abs(mean) < 1e-3)
+    text = f"{mean:.3g}" if wide else f"{mean:.3f}"
+    if n < 2:
+        return text
+    return text + (f" ± {std:.2g}" if wide else f" ± {std:.3f}")
 
 
 def table(rows: Sequence[Row], by: Sequence[str], metrics: Sequence[tuple[str, str]],
@@ -281,7 +285,7 @@ def table(rows: Sequence[Row], by: Sequence[str], metrics: Sequence[tuple[str, s
     body = []
     for r in rows:
         cells = [*(r.key[k] for k in by), str(len(r.by_seed))]
-        cells += [_num(*r.summary(c)[:2]) for c in cols]
+        cells += [_num(*r.summary(c)[:3]) for c in cols]
         if paired:
             base = baseline_of(rows, r, *paired)
             for c in cols:
@@ -291,7 +295,7 @@ def table(rows: Sequence[Row], by: Sequence[str], metrics: Sequence[tuple[str, s
                     cells.append("baseline")
                 else:
                     d = paired_difference(r, base, c)
-                    cells.append(_num(d.mean, d.std) + f" ({d.n} pairs"
+                    cells.append(_num(d.mean, d.std, d.n) + f" ({d.n} pairs"
                                  + (f", {d.unpaired} unpaired" if d.unpaired else "") + ")")
         body.append(cells)
     return head, body
@@ -343,7 +347,7 @@ def pivot_markdown(rows: Sequence[Row], by: Sequence[str], column_key: str, col:
     grid: dict[tuple, dict[str, str]] = {}
     for r in rows:
         grid.setdefault(tuple(r.key[k] for k in keys), {})[r.key[column_key]] = \
-            _num(*r.summary(col)[:2])
+            _num(*r.summary(col)[:3])
     lines = ["| " + " | ".join([*keys, *(f"{column_key}={c}" for c in cols)]) + " |",
              "|" + "---|" * len(keys) + "---:|" * len(cols)]
     for key, cells in grid.items():

@@ -170,3 +170,23 @@ def test_what_no_run_has_is_named_instead_of_an_empty_table(runs, tmp_path, caps
                  "--metrics", "rounds:param", "nosuch:param"]) == 2
     assert capsys.readouterr().err.strip() == (
         "fedray table: --metrics nosuch:param: no run has the param nosuch")
+
+
+def test_one_seed_has_no_spread():
+    """A row of one seed shows its number alone (it read ``± 0.000``, as if seeds agreed);
+    two seeds show mean ± sample std; a paired difference of one pair likewise."""
+    from dashboards.tables import Row
+
+    col = "test_accuracy (final)"
+    one = Row({"aggregator.name": "mean"}, {"0": {col: 0.5}})
+    two = Row({"aggregator.name": "median"}, {"0": {col: 0.25}, "1": {col: 0.75}})
+    metrics = [("test_accuracy", "final")]
+    head, body = table([one, two], ["aggregator.name"], metrics, ("aggregator.name", "mean"))
+    assert head[:3] == ["aggregator.name", "seeds", col]
+    assert body[0][:3] == ["mean", "1", "0.500"]
+    assert body[1][:3] == ["median", "2", f"0.500 ± {statistics.stdev([0.25, 0.75]):.3f}"]
+    assert body[1][3] == "-0.250 (1 pairs, 1 unpaired)"
+    from dashboards.report import _cell
+    from dashboards.stats import Summary
+
+    assert (_cell(Summary(0.5, 0.0, 1, 0)), _cell(Summary(0.5, 0.25, 2, 0))) == ("0.5", "0.5 ± 0.25")
