@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator import registry
-from simulator.config.errors import Problem, param_loc, strip_param
+from simulator.config.errors import Problem, problem
 from simulator.config.schema import Scenario
 from simulator.errors import DataError, brief_text
 from simulator.registry import instantiate
@@ -103,7 +103,7 @@ def _check(plugin: Any, n: int, loc: tuple[Any, ...], problems: list[Problem],
     try:
         plugin.check(n)
     except ValueError as e:
-        problems.append(Problem(loc + param_loc(e), strip_param(e) + note))
+        problems.append(problem(loc, e, note))
         return False
     return True
 
@@ -153,7 +153,7 @@ def _check_data_and_model(sc: Scenario, problems: list[Problem]) -> None:
         info = _describe(json.dumps(sc.data.dataset, sort_keys=True), c.total, seed,
                          sc.data.test_fraction)
     except (DataError, ValueError) as e:
-        problems.append(Problem(("data", "dataset") + param_loc(e), strip_param(e)))
+        problems.append(problem(("data", "dataset"), e))
         return
     if info is None:
         return  # a dataset that cannot say before loading: checked when it loads
@@ -182,11 +182,7 @@ def _check_data_and_model(sc: Scenario, problems: list[Problem]) -> None:
         try:
             instantiate("partitioners", sc.data.partitioner).check_data(c.total, info)
         except ValueError as e:
-            head, sep, rest = str(e).partition(": ")
-            if sep and "." in head and all(k.isidentifier() for k in head.split(".")):
-                problems.append(Problem(tuple(head.split(".")), rest))  # a scenario key in full
-            else:
-                problems.append(Problem(("data", "partitioner") + param_loc(e), strip_param(e)))
+            problems.append(problem(("data", "partitioner"), e))
     _check_model(sc, info, problems)
 
 
@@ -367,7 +363,7 @@ def _check_graph(sc: Scenario, seed: int, problems: list[Problem]) -> bool:
 
             validate_mixing(w)
     except ValueError as e:
-        problems.append(Problem(("topology",) + param_loc(e), strip_param(e) + where))
+        problems.append(problem(("topology",), e, where))
         return False
     if "aggregator" not in registry.get("gossip_defenses", sc.dsgd.defense).traits.context:
         return True

@@ -114,12 +114,13 @@ def pydantic_problems(e: ValidationError, root: type[BaseModel], prefix: Loc = (
     return out
 
 
-def param_loc(e: Exception) -> Loc:
-    """A plugin's check() message starts with its parameter name: 'f: must be ...'."""
-    head, sep, _ = str(e).partition(": ")
-    return (head,) if sep and head.isidentifier() else ()
-
-
-def strip_param(e: Exception) -> str:
+def problem(loc: Loc, e: Exception, note: str = "") -> Problem:
+    """A plugin's ``ValueError`` as a problem at ``loc``: a message that starts with its
+    parameter name ('f: must be ...') is placed at that key of ``loc``, one that starts with
+    a scenario key in full ('clients.total: must equal ...') at that key; any other at
+    ``loc`` itself."""
     head, sep, rest = str(e).partition(": ")
-    return rest if sep and head.isidentifier() else str(e)
+    keys = tuple(head.split("."))
+    if sep and all(k.isidentifier() for k in keys):
+        return Problem(loc + keys if len(keys) == 1 else keys, rest + note)
+    return Problem(loc, str(e) + note)

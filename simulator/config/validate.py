@@ -16,9 +16,8 @@ from simulator.config.errors import (
     Problem,
     ScenarioError,
     message,
-    param_loc,
+    problem,
     pydantic_problems,
-    strip_param,
     suggest,
 )
 from simulator.config.schema import Clients, Scenario
@@ -147,7 +146,7 @@ def _apply_b_hat(raw: dict, problems: list[Problem]) -> dict:
             if c.b_hat.clamp:
                 value = (s - 1) // 2
             else:
-                problems.append(Problem(("clients", "b_hat") + param_loc(e), strip_param(e)))
+                problems.append(problem(("clients", "b_hat"), e))
                 return raw
         if c.b_hat.value is not None and c.b_hat.value != value:
             problems.append(Problem(("clients", "b_hat", "value"), f"computed by rule {rule!r} "
