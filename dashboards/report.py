@@ -56,45 +56,33 @@ def collect(target: str, tracking_uri: str | None = None) -> tuple[str, str | No
     """(title, parent run id or None, runs) for an experiment name or a run id."""
     from mlflow.tracking import MlflowClient
 
-    from simulator.tracking import default_uri, ensure_store
+    from simulator.tracking import child_runs, default_uri, ensure_store, latest_scenario_run
 
     uri = tracking_uri or default_uri()
     ensure_store(uri)  # a store that cannot be used: one line
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(target)
     if exp is not None:
-        parents = client.search_runs([exp.experiment_id], "tags.`fedray.kind` = 'scenario'",
-                                     order_by=["attributes.start_time DESC"], max_results=1000)
-        if not parents:
+        found = latest_scenario_run(client, exp.experiment_id, False,
+                                    lambda runs: any(r.data.metrics for r in runs))
+        if found is None:
             raise ValueError(f"experiment {target!r} has no fedray scenario run")
-        parent = parents[0]
-        children = _children(client, parent)
-        if not any(r.data.metrics for r in children):  # a failed last attempt: no round
-            logged = next((p for p in parents[1:]
-                           if any(r.data.metrics for r in _children(client, p))), None)
+        parent, children, logged = found
+        if logged is not parent:  # a failed last attempt: no round
             raise ValueError(
                 f"the latest scenario run of {target!r}, {parent.info.run_id} "
                 f"({parent.info.status}), logged no round; " +
                 (f"the latest that did: fedray report {logged.info.run_id}" if logged else
                  "no earlier one did either"))
-        return parent.info.run_name, parent.info.run_id, [_load(client, r) for r in children]
     else:
         try:
-            run = client.get_run(target)
+            parent = client.get_run(target)
         except Exception:  # noqa: BLE001 - MLflow raises its own types for a missing run
             raise ValueError(f"{target!r} is neither an experiment nor a run in {uri}") from None
-        if run.data.tags.get("fedray.kind") != "scenario":
-            return run.info.run_name, None, [_load(client, run)]
-        parent = run
-    children = _children(client, parent)
+        if parent.data.tags.get("fedray.kind") != "scenario":
+            return parent.info.run_name, None, [_load(client, parent)]
+        children = child_runs(client, parent.info.experiment_id, parent.info.run_id)
     return parent.info.run_name, parent.info.run_id, [_load(client, r) for r in children]
-
-
-def _children(client: Any, parent: Any) -> list[Any]:
-    """Every child run of a scenario run, whatever its status, oldest first."""
-    return list(client.search_runs(
-        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
-        order_by=["attributes.start_time ASC"], max_results=50_000))
 
 
 def _load(client: Any, run: Any) -> RunData:

@@ -125,41 +125,33 @@ def _histories(client: Any, run: Any, metrics: set[str]) -> dict[str, list[float
     return out
 
 
-def _finished_children(client: Any, experiment_id: str, parent_run_id: str) -> list[Any]:
-    return list(client.search_runs(
-        [experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}' and "
-        "attributes.status = 'FINISHED'", order_by=["attributes.start_time ASC"],
-        max_results=50_000))
-
-
 def _children(client: Any, experiment: str, parent_run_id: str | None,
               uri: str) -> list[Any]:
     """The FINISHED children of the scenario run (default: the latest); none is an error
     naming the latest scenario run that has some (a failed last attempt printed an empty
     table)."""
+    from simulator.tracking import child_runs, latest_scenario_run
+
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise ValueError(f"no experiment {experiment!r} in {uri}")
     if parent_run_id is not None:
-        children = _finished_children(client, exp.experiment_id, parent_run_id)
+        children = child_runs(client, exp.experiment_id, parent_run_id, finished=True)
         if not children:
             raise ValueError(f"--parent {parent_run_id}: no FINISHED point of experiment "
                              f"{experiment!r} has this parent run")
         return children
-    parents = client.search_runs([exp.experiment_id], "tags.`fedray.kind` = 'scenario'",
-                                 order_by=["attributes.start_time DESC"], max_results=1000)
-    if not parents:
+    found = latest_scenario_run(client, exp.experiment_id, True, bool)
+    if found is None:
         raise ValueError(f"experiment {experiment!r} has no fedray scenario run")
-    for i, parent in enumerate(parents):
-        children = _finished_children(client, exp.experiment_id, parent.info.run_id)
-        if children and i == 0:
-            return children
-        if children:
-            latest = parents[0].info
-            raise ValueError(f"the latest scenario run of {experiment!r}, {latest.run_id} "
-                             f"({latest.status}), has no FINISHED point; the latest that has: "
-                             f"--parent {parent.info.run_id}")
-    raise ValueError(f"no scenario run of {experiment!r} has a FINISHED point")
+    latest, children, good = found
+    if good is latest:
+        return children
+    if good is None:
+        raise ValueError(f"no scenario run of {experiment!r} has a FINISHED point")
+    raise ValueError(f"the latest scenario run of {experiment!r}, {latest.info.run_id} "
+                     f"({latest.info.status}), has no FINISHED point; the latest that has: "
+                     f"--parent {good.info.run_id}")
 
 
 def _check_columns(runs: list[Any], by: Sequence[str], metrics: Sequence[tuple[str, str]],

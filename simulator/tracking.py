@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -313,9 +314,7 @@ class Tracker:
 
     def children(self, parent_id: str) -> list[Any]:
         """Every child run of ``parent_id``."""
-        return self.client.search_runs(
-            [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'",
-            max_results=50_000)
+        return child_runs(self.client, self.experiment_id, parent_id, oldest_first=False)
 
     def reopen(self, run_id: str) -> None:
         """Mark a run RUNNING again (a resumed sweep goes on in the same parent run)."""
@@ -352,6 +351,35 @@ class Tracker:
             (d / "tracking_uri").write_text(self.uri)
             return
         _remove_if_empty(self.journal / run_id)
+
+
+def child_runs(client: Any, experiment_id: str, parent_id: str, finished: bool = False,
+               oldest_first: bool = True) -> list[Any]:
+    """The child runs of ``parent_id`` (only the FINISHED ones if ``finished``), oldest
+    first or in MLflow's default order (newest first)."""
+    query = f"tags.mlflow.parentRunId = '{parent_id}'"
+    return list(client.search_runs(
+        [experiment_id], query + (" and attributes.status = 'FINISHED'" if finished else ""),
+        order_by=["attributes.start_time ASC"] if oldest_first else None, max_results=50_000))
+
+
+def latest_scenario_run(client: Any, experiment_id: str, finished: bool,
+                        good: Callable[[list[Any]], bool]
+                        ) -> tuple[Any, list[Any], Any | None] | None:
+    """(the latest scenario run of the experiment, its children, the latest scenario run whose
+    children are ``good``, or None), children as ``child_runs(..., finished)``; None without
+    a scenario run. The dashboards name the third when the latest has nothing to show (a
+    failed last attempt)."""
+    parents = client.search_runs([experiment_id], "tags.`fedray.kind` = 'scenario'",
+                                 order_by=["attributes.start_time DESC"], max_results=1000)
+    if not parents:
+        return None
+    latest = child_runs(client, experiment_id, parents[0].info.run_id, finished)
+    if good(latest):
+        return parents[0], latest, parents[0]
+    return parents[0], latest, next(
+        (p for p in parents[1:]
+         if good(child_runs(client, experiment_id, p.info.run_id, finished))), None)
 
 
 def _write_journal(path: Path, metrics: list[Any], uri: str) -> None:
