@@ -323,8 +323,14 @@ class ParquetDataset(Dataset):
             return 0
         ids = pq.read_table(self.path, columns=[self.client]).column(self.client).to_numpy()
         if not self.test_path:
-            ids = ids[holdout(len(ids), test_fraction, np.random.default_rng([seed, 0x9A]))[0]]
+            ids = ids[self._holdout(len(ids), seed, test_fraction)[0]]
         return len(np.unique(ids))
+
+    @staticmethod
+    def _holdout(n: int, seed: int, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+        """(training rows, held-out rows) of a file without a test file (``load``, and
+        ``describe``'s count of natural clients)."""
+        return holdout(n, test_fraction, np.random.default_rng([seed, 0x9A]))
 
     def _scan(self, path: str) -> tuple[int, int, int]:
         """(features per sample, rows, largest label) of one file, checked batch by batch."""
@@ -383,7 +389,7 @@ class ParquetDataset(Dataset):
             x_te, y_te, _ = self._read(self.test_path)
             tr = np.arange(len(y))
         else:
-            tr, te = holdout(len(y), test_fraction, np.random.default_rng([seed, 0x9A]))
+            tr, te = self._holdout(len(y), seed, test_fraction)
             x_te, y_te = x[te], y[te]
         num_classes = int(max(y.max(), y_te.max() if len(y_te) else 0)) + 1
         shape = self._shape(x.shape[1])
