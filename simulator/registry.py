@@ -12,6 +12,7 @@ kind is looked up.
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import difflib
 import inspect
@@ -89,8 +90,7 @@ def bool_for_number(tp: Any, value: Any) -> bool:
     if isinstance(value, (list, tuple)) and args:
         if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
             return any(bool_for_number(a, v) for a, v in zip(args, value))
-        if origin in (list, tuple, set, frozenset) or origin is typing.get_origin(
-                typing.Sequence[int]):
+        if origin in (list, tuple, set, frozenset, collections.abc.Sequence):
             return any(bool_for_number(args[0], v) for v in value)
     if isinstance(value, dict) and origin is dict and len(args) == 2:
         return any(bool_for_number(args[1], v) for v in value.values())
