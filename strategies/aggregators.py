@@ -81,6 +81,8 @@ class Mean(Aggregator):
     Not robust: a single unbounded Byzantine row moves it arbitrarily far.
     """
 
+    traits = Traits(averaging=True)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return x.mean(dim=0)
 

@@ -125,7 +125,7 @@ class WorkerMomentum(ClientRule):
     m_t = beta m_{t-1} + (1 - beta) g_t (m_0 = 0, kept across rounds by the worker that owns
     the client); it sends -lr m_t, so server SGD with lr 1 steps x - lr * Agg(m)."""
 
-    traits = Traits(gradient_rule=True)
+    traits = Traits(gradient_rule=True, trainer="gradient_rule")
 
     def __init__(self, beta: Annotated[float, Ge(0), Lt(1)] = 0.9) -> None:
         self.beta = beta
@@ -157,7 +157,7 @@ class Mu2SGDClient(ClientRule):
     the current query point x_t and at the previous one x_{t-1}, give the corrected momentum
     d_t; the client sends -d_t."""
 
-    traits = Traits(gradient_rule=True)
+    traits = Traits(gradient_rule=True, trainer="gradient_rule")
 
     def __init__(self, beta_min: float = 0.0) -> None:
         self.beta_min = beta_min

@@ -188,7 +188,7 @@ class DPSGD(_GaussianDP):
     examples, so robust aggregation of it is post-processing: it composes with any
     pipeline."""
 
-    traits = Traits(privacy_level="sample")
+    traits = Traits(privacy_level="sample", trainer="dp_sgd")
 
     def mechanism(self, rounds: int, client_rate: float, sample_rate: float,
                   steps_per_round: int) -> SubsampledGaussian:

@@ -107,6 +107,13 @@ class Traits:
     ``buffers``: a trainer that runs a model with buffers (BatchNorm) in train mode, one
     client at a time, so its statistics update as torch defines (the worker loads each
     client's starting buffers and reads them back); others are refused such models.
+    ``trainer``: the trainer a privacy plugin or a client rule runs with (DP-SGD's per-sample
+    clipping, a gradient rule's one-gradient round), chosen unless ``local.trainer`` is given.
+    ``batched``: a trainer's twin that trains many clients at once with the same numbers (to
+    float rounding), chosen by ``runtime.vectorize``; ``loop``: a batched trainer's twin that
+    trains one client at a time, which the engine times against it to keep the faster.
+    ``averaging``: an aggregator that is the plain mean of its rows (one row moves it by at
+    most its norm / n: the sensitivity client-level DP calibrates its noise to).
     """
 
     random: bool = False
@@ -120,6 +127,10 @@ class Traits:
     path_params: tuple[str, ...] = ()
     buffers: bool = False
     by_label: bool = False
+    trainer: str | None = None
+    batched: str | None = None
+    loop: str | None = None
+    averaging: bool = False
 
 
 class Plugin:

@@ -155,7 +155,7 @@ def local_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.T
 class SGD(Trainer):
     """Local SGD, one client after another (:func:`local_sgd`)."""
 
-    traits = Traits(context=("model", "local", "task"), buffers=True)
+    traits = Traits(context=("model", "local", "task"), buffers=True, batched="vectorized_sgd")
 
     def __init__(self, model: nn.Module, local: LocalSettings, task: Task) -> None:
         self.model, self.local, self.task = model, local, task
@@ -416,7 +416,7 @@ class VectorizedSGD(Trainer):
     padding), at most ``chunk`` clients and ``memory_mib`` MiB of padded batches each. The
     same numbers as ``sgd`` up to float rounding (not bit for bit across worker counts)."""
 
-    traits = Traits(context=("model", "local", "task"))
+    traits = Traits(context=("model", "local", "task"), loop="sgd")
 
     def __init__(self, model: nn.Module, local: LocalSettings, task: Task,
                  chunk: Annotated[int, Ge(1)] = 128,

@@ -9,14 +9,24 @@ import functools
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simulator import registry
 from simulator.config.errors import Problem, problem
-from simulator.config.schema import Scenario
+from simulator.config.schema import Scenario, default_at
 from simulator.errors import DataError, brief_text
 from simulator.registry import instantiate
 from simulator.sampling import byzantine_clients
+
+if TYPE_CHECKING:  # simulator.plan imports the schema, whose package imports this module
+    from simulator.plan import Plan
+
+
+def resolve(sc: Scenario) -> Plan:
+    """The Plan the run of ``sc`` will follow (``simulator.plan.resolve``)."""
+    from simulator.plan import resolve as plan_of
+
+    return plan_of(sc)
 
 
 def cross_field(sc: Scenario, problems: list[Problem]) -> None:
@@ -51,44 +61,46 @@ def cross_field(sc: Scenario, problems: list[Problem]) -> None:
 
 
 def _check_clients_rule(sc: Scenario, problems: list[Problem]) -> None:
-    """The clients' rule, the trainer and the privacy plugin against each other."""
-    level = sc.privacy_level()
-    if level == "client" and (sc.aggregator["name"] != "mean" or sc.preaggregators or sc.meta):
+    """The clients' rule, the trainer and the privacy plugin against each other (as the
+    run's Plan resolves them)."""
+    plan = resolve(sc)
+    level = plan.privacy_level
+    averaging = registry.get("aggregators", sc.aggregator["name"]).traits.averaging
+    if level == "client" and (not averaging or sc.preaggregators or sc.meta):
         problems.append(Problem(("privacy", "name"), "client-level DP adds noise calibrated to the "
                                 "mean's sensitivity: it needs aggregator mean and no pre- or "
                                 f"meta-aggregator (got {sc.aggregator['name']}); dp_sgd (sample "
                                 "level) composes with robust aggregation"))
-    rule = sc.client_rule()
-    if level == "sample" and rule.traits.gradient_rule:
+    if level == "sample" and plan.gradient_rule:
         problems.append(Problem(("privacy", "name"), "DP-SGD runs the clients' local SGD; "
                                 "local.optimizer and server.optimizer must not bring another "
                                 "client rule"))
     if level == "client" and sc.topology is not None:
         problems.append(Problem(("privacy", "name"), "client-level DP needs a server; use "
                                 "dp_sgd with D-SGD"))
-    if sc.server_client_rule() is not None and sc.local.optimizer["name"] != "sgd":
+    if plan.rule_from_server and sc.local.optimizer["name"] != default_at(("local", "optimizer"))["name"]:
         problems.append(Problem(("local", "optimizer"), f"server.optimizer "
                                 f"{sc.server.optimizer['name']!r} brings its own client half; "
                                 f"remove local.optimizer, got {sc.local.optimizer['name']!r}"))
-    elif rule.traits.gradient_rule:
+    elif plan.gradient_rule:
         for key, value in (("steps", sc.local.steps), ("epochs", sc.local.epochs)):
             if value not in (None, 1):
                 problems.append(Problem(("local", key), f"{sc.local.optimizer['name']} takes one "
                                         f"minibatch gradient per round; remove local.{key}, "
                                         f"got {value}"))
-    _check_trainer(sc, level, rule, problems)
+    _check_trainer(sc, plan, problems)
 
 
-def _check_trainer(sc: Scenario, level: str, rule: Any, problems: list[Problem]) -> None:
+def _check_trainer(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
     """The trainer must take what the scenario hands it: the task, the privacy plugin, the
     client rule."""
-    trainer = sc.trainer()
+    trainer, level = plan.trainer, plan.privacy_level
     context = registry.get("trainers", trainer["name"]).traits.context
     if sc.task["name"] != "classification" and "task" not in context:
         problems.append(Problem(("local", "trainer"), f"{trainer['name']!r} does not take "
                                 f"'task' and trains classifiers only; task {sc.task['name']} "
                                 "needs a trainer that takes it (sgd)"))
-    for needed, present in (("privacy", level == "sample"), ("rule", rule.traits.gradient_rule)):
+    for needed, present in (("privacy", level == "sample"), ("rule", plan.gradient_rule)):
         what = "sample-level privacy (dp_sgd)" if needed == "privacy" else "a gradient client rule"
         if present != (needed in context):
             problems.append(Problem(("local", "trainer"), f"{trainer['name']!r} " + (
@@ -281,7 +293,7 @@ def _check_model(sc: Scenario, info: Any, problems: list[Problem]) -> None:
     # per worker: parameters, gradients, an optimizer buffer and the update; the server: the
     # model, the round's (n, d) update matrix and the optimizer's state; per-client state
     per_client = 4 if sc.runtime.state_dtype == "float32" else 2
-    stateful = sc.client_rule().traits.gradient_rule
+    stateful = resolve(sc).gradient_rule
     need = 4 * d * (4 * workers + 3 + min(sc.clients.sampled, sc.clients.total)) + \
         (per_client * d * sc.clients.total if stateful else 0) + \
         (4 * d * sc.clients.total if sc.topology is not None else 0)  # D-SGD peers' models
@@ -300,14 +312,15 @@ def _check_buffers(sc: Scenario, problems: list[Problem]) -> None:
     if sc.topology is not None:
         problems.append(Problem(("model",), f"{name} has buffers (BatchNorm running "
                                 f"statistics) and D-SGD gossips parameters only{fix}"))
-    elif sc.privacy_level() == "client":
+    elif resolve(sc).privacy_level == "client":
         problems.append(Problem(("privacy", "name"), f"{sc.privacy and sc.privacy['name']} "
                                 f"clips and noises parameters only; {name}'s BatchNorm "
                                 f"statistics would leave the clients unprotected{fix}"))
-    trainer = sc.trainer()["name"]
+    plan = resolve(sc)
+    trainer = plan.trainer["name"]
     if not registry.get("trainers", trainer).traits.buffers:
-        where = ("runtime", "vectorize") if trainer == "vectorized_sgd" and \
-            sc.local.trainer is None else ("local", "trainer")
+        where = plan.trainer_key if plan.trainer_key == ("runtime", "vectorize") \
+            else ("local", "trainer")
         problems.append(Problem(where, f"trainer {trainer!r} cannot update {name}'s buffers "
                                 f"(BatchNorm statistics; per-sample or vmapped steps){fix}, or "
                                 "the sgd trainer"))
@@ -335,7 +348,8 @@ def _check_dsgd(sc: Scenario, problems: list[Problem]) -> None:
                                     (("clients", "b_hat"), c.b_hat),
                                     (("clients", "dropout"), c.dropout),
                                     (("clients", "stragglers"), c.stragglers)] if value]
-    if sc.server.optimizer["name"] != "sgd" or sc.local.optimizer["name"] != "sgd":
+    if any(getattr(getattr(sc, a), b)["name"] != default_at((a, b))["name"]
+           for a, b in (("server", "optimizer"), ("local", "optimizer"))):
         problems.append(Problem(("server", "optimizer"), "D-SGD peers run local SGD; "
                                 "server.optimizer and local.optimizer must be sgd"))
     if sc.dsgd.defense not in registry.available("gossip_defenses"):

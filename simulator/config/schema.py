@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from annotated_types import Ge, Gt, Lt
 from pydantic import AllowInfNan, BaseModel, ConfigDict, field_validator
 
-from simulator import registry
 from simulator.errors import brief_text
 from simulator.registry import FINITE, PluginSpec, refuse_bool_numbers
 
-if TYPE_CHECKING:  # the contracts import torch: not for loading a scenario file
-    from strategies.protocols import ClientRule
+DEFAULT_TRAINER: PluginSpec = {"name": "sgd"}  # local SGD, when nothing asks for another
 
 
 class Strict(BaseModel):
@@ -88,7 +86,7 @@ class Local(Strict):
 
     optimizer: PluginSpec = {"name": "sgd"}
     # the trainer plugin that computes the clients' updates on the workers; by default the
-    # one the rest asks for (see ``Scenario.trainer``)
+    # one the rest asks for (``simulator.plan.choose_trainer``), else DEFAULT_TRAINER
     trainer: PluginSpec | None = None
 
     epochs: Annotated[int, Ge(1)] | None = None
@@ -193,44 +191,14 @@ class Scenario(Strict):
     runtime: Runtime = Runtime()
     sweep: dict[str, list[Any]] = {}
 
-    def server_client_rule(self) -> ClientRule | None:
-        """The clients' half of the server optimizer, when it spans both sides (mu2-SGD)."""
-        rule: ClientRule | None = registry.instantiate("optimizers", self.server.optimizer).client_rule()
-        return rule
 
-    def client_rule(self) -> ClientRule:
-        """The clients' rule: the server optimizer's client half when it has one, else
-        ``local.optimizer``."""
-        rule = self.server_client_rule()
-        if rule is None:
-            rule = registry.instantiate("client_optimizers", self.local.optimizer)
-        return rule
-
-    def buffer_rule(self) -> str:
-        """How the server combines the clients' buffers: ``mean`` or ``median``
-        (``server.buffers``; ``auto`` and ``local``: median with Byzantine clients)."""
-        chosen = self.server.buffers
-        if chosen in ("mean", "median"):
-            return chosen
-        return "median" if self.clients.byzantine > 0 else "mean"
-
-    def privacy_level(self) -> str:
-        """Where the scenario's DP acts: ``none``, ``sample`` or ``client``."""
-        if self.privacy is None:
-            return "none"
-        return str(registry.get("privacy", self.privacy["name"]).traits.privacy_level)
-
-    def trainer(self) -> PluginSpec:
-        """The trainer plugin: ``local.trainer`` when given, else the one the scenario asks
-        for: ``dp_sgd`` under sample-level privacy, ``gradient_rule`` for a gradient client
-        rule, ``vectorized_sgd`` with ``runtime.vectorize``, else ``sgd``."""
-        if self.local.trainer is not None:
-            return self.local.trainer
-        if self.privacy_level() == "sample":
-            return {"name": "dp_sgd"}
-        if self.client_rule().traits.gradient_rule:
-            return {"name": "gradient_rule"}
-        return {"name": "vectorized_sgd" if self.runtime.vectorize else "sgd"}
+def default_at(loc: tuple[str | int, ...]) -> Any:
+    """The schema's default at a dotted location (``("local", "trainer")``): the one place
+    a default plugin block is written (validation fills them in from here)."""
+    model: Any = Scenario
+    for part in loc[:-1]:
+        model = model.model_fields[part].annotation
+    return model.model_fields[loc[-1]].default
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from simulator.config.errors import (
     pydantic_problems,
     suggest,
 )
-from simulator.config.schema import Clients, Scenario
+from simulator.config.schema import Clients, Scenario, default_at
 from simulator.errors import brief
 from simulator.registry import PluginSpec
 
@@ -75,12 +75,10 @@ PLUGIN_FIELDS: list[tuple[Loc, str]] = [
 ]
 
 
+# the plugin blocks a scenario may leave out, with the schema's defaults
 _PLUGIN_DEFAULTS: dict[Loc, PluginSpec] = {
-    ("server", "optimizer"): {"name": "sgd"},
-    ("data", "partitioner"): {"name": "iid"},
-    ("aggregator",): {"name": "mean"},
-    ("local", "optimizer"): {"name": "sgd"},
-    ("task",): {"name": "classification"},
+    loc: default_at(loc) for loc in (("server", "optimizer"), ("data", "partitioner"),
+                                     ("aggregator",), ("local", "optimizer"), ("task",))
 }
 
 
@@ -96,7 +94,7 @@ def get_path(d: Any, loc: Loc) -> Any:
 def _trimmed_rules(raw: dict) -> list[tuple[Loc, dict]]:
     """The pipeline's plugin blocks (location, spec) whose plugin takes an ``f``."""
     blocks: list[tuple[Loc, str, Any]] = [
-        (("aggregator",), "aggregators", raw.get("aggregator", {"name": "mean"})),
+        (("aggregator",), "aggregators", raw.get("aggregator", _PLUGIN_DEFAULTS[("aggregator",)])),
         (("meta",), "meta", raw.get("meta")),
     ]
     pre = raw.get("preaggregators")

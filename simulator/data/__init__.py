@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from simulator import registry
 from simulator.data.datasets import DataError, DatasetSplit
+from simulator.messages import EvalData
 
 __all__ = ["DataError", "DatasetSplit", "FederatedData", "build", "client_arrays"]
 
@@ -32,9 +33,10 @@ class FederatedData:
     c_test: np.ndarray | None = None  # each test sample's client (-1: none), natural partitions
     vocabulary: int | None = None  # token data: the number of token ids
 
-    def eval_data(self) -> tuple:
+    def eval_data(self) -> EvalData:
         """What the evaluating actor receives: test and train-loss samples, test clients."""
-        return self.x_test, self.y_test, self.x_train_eval, self.y_train_eval, self.c_test
+        return EvalData(self.x_test, self.y_test, self.x_train_eval, self.y_train_eval,
+                        self.c_test)
 
     @property
     def num_clients(self) -> int:

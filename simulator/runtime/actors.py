@@ -1,6 +1,8 @@
 """The Server, Adversary and Mixer actors. Plain Python classes: the ray backend wraps them
 with ``ray.remote``, the inline backend calls them in-process, so both run exactly the same
-code. Each receives the typed scenario (``simulator.config.Scenario``) of its run.
+code. Each receives the Plan of its run (``simulator.plan``) and exchanges the typed
+messages of ``simulator.messages``; the engine calls them through their typed handles
+(``simulator.runtime.handles``).
 
 Across the Ray boundary parameters and updates travel as float32 NumPy arrays (zero-copy
 reads from the object store); ``ray.get`` gives read-only views, so nothing here updates an
@@ -9,7 +11,7 @@ argument in place.
 
 from __future__ import annotations
 
-import sys
+import logging
 import time
 from typing import Any
 
@@ -17,9 +19,10 @@ import numpy as np
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from simulator.config import Scenario
 from simulator.errors import TooFewRows, guarded
+from simulator.messages import ByzantineRows, ClientRows, EvalData, ServerCheckpoint, stack_rows
 from simulator.models import build_model
+from simulator.plan import Plan
 from simulator.registry import instantiate
 from simulator.runtime.common import (
     buffers_to_vector,
@@ -29,7 +32,6 @@ from simulator.runtime.common import (
     float_buffer_mask,
     resolve_device,
     single_thread,
-    stack_updates,
     torch_threads,
     vector_to_buffers,
 )
@@ -38,29 +40,29 @@ from simulator.seeding import torch_generator
 from strategies.gossip import consensus_distance, sparse_rows
 from strategies.protocols import GossipStep
 
-# test samples and labels, train-loss samples and labels, each test sample's client or None
-EvalData = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]
+LOG = logging.getLogger("fedray.server")
 
 
 class Adversary:
     """Produces the Byzantine rows of a round with the scenario's attack plugin."""
 
-    def __init__(self, scenario: Scenario) -> None:
+    def __init__(self, plan: Plan) -> None:
         single_thread()
-        assert scenario.attack is not None
-        self.seed = scenario.seeds[0]
+        assert plan.attack is not None
+        spec = plan.attack.spec
+        self.seed = plan.seed
         self._round = 0
         # Optimal attacks simulate the scenario's pipeline on a copy (stateful rules from the
         # adversary's own, never-advanced state: it does not see the server's).
-        pipeline = Pipeline.from_scenario(scenario)
-        self.attack = instantiate("attacks", scenario.attack,
+        pipeline = Pipeline.from_plan(plan.pipeline, plan.seed)
+        self.attack = instantiate("attacks", spec,
                                   aggregate=lambda x: pipeline.simulate(x, self._round))
         # Byzantine clients poison the model's buffers (BatchNorm statistics) with the same
         # attack, against the server's buffer rule
-        rule = scenario.buffer_rule()
-        self.buffer_attack = instantiate("attacks", scenario.attack,
+        rule = plan.buffer_rule
+        self.buffer_attack = instantiate("attacks", spec,
                                          aggregate=lambda x: combine_buffers(x, rule))
-        self.name = scenario.attack["name"]
+        self.name = spec["name"]
 
     def _rows(self, attack: Any, seen: torch.Tensor, f: int, round_: int, purpose: str
               ) -> np.ndarray:
@@ -72,24 +74,24 @@ class Adversary:
         return rows.to(torch.float32).numpy()
 
     def attack_rows(self, round_: int, f: int, order: list[int], d: int, d_buffers: int,
-                    *results: dict) -> dict[str, np.ndarray | None]:
+                    *results: ClientRows) -> ByzantineRows:
         """``f`` Byzantine rows (``rows``) and, for a model with buffers, their ``buffers``
         rows. ``results`` hold the honest updates of the round (omniscient attack) or the
         Byzantine clients' own honest updates, stacked in ``order``."""
         self._round = round_
-        rows = self._rows(self.attack, torch.from_numpy(stack_updates(order, results, d)), f,
+        rows = self._rows(self.attack, torch.from_numpy(stack_rows(order, results, d)), f,
                           round_, "attack")
         buffers = None
         if d_buffers:
-            seen = torch.from_numpy(stack_updates(order, results, d_buffers, key="buffers"))
+            seen = torch.from_numpy(stack_rows(order, results, d_buffers, "buffers"))
             buffers = self._rows(self.buffer_attack, seen, f, round_, "attack-buffers")
-        return {"rows": rows, "buffers": buffers}
+        return ByzantineRows(rows, buffers)
 
 
-def _timings(t0: float, results: tuple[dict, ...]) -> dict[str, float]:
+def _timings(t0: float, results: tuple[ClientRows, ...]) -> dict[str, float]:
     """The round's times: the server's step since ``t0``, the workers' training summed and
     the slowest worker's (a round waits for it)."""
-    seconds = [float(r["seconds"]) for r in results]
+    seconds = [float(r.seconds) for r in results]
     return {"server_seconds": time.perf_counter() - t0, "train_seconds": sum(seconds),
             "slowest_worker_seconds": max(seconds, default=0.0)}
 
@@ -101,11 +103,12 @@ class Server:
     """Owns the global model, the aggregation pipeline (pre-aggregators -> aggregator ->
     meta-aggregator), the server optimizer, and evaluation on the held-out data."""
 
-    def __init__(self, scenario: Scenario, input_shape: tuple[int, ...], num_classes: int,
+    def __init__(self, plan: Plan, input_shape: tuple[int, ...], num_classes: int,
                  eval_data: EvalData, vocabulary: int | None = None) -> None:
         single_thread()
+        scenario = plan.scenario
         self.eval_threads = scenario.runtime.eval_threads
-        seed = scenario.seeds[0]
+        seed = plan.seed
         self.model = build_model(scenario.model, input_shape, num_classes, seed, vocabulary)
         self.x = parameters_to_vector(self.model.parameters()).detach().clone()
         self.b = buffers_to_vector(self.model)  # the global model's buffers (BatchNorm)
@@ -113,18 +116,19 @@ class Server:
         self.agg_device = resolve_device(scenario.runtime.server_device)
         self.model.to(self.agg_device)
         self.b_stats = float_buffer_mask(self.model)  # statistics, not batch counters
-        self.buffer_rule = scenario.buffer_rule()
-        self.pipeline = Pipeline.from_scenario(scenario)
+        self.buffer_rule = plan.buffer_rule
+        self.pipeline = Pipeline.from_plan(plan.pipeline, seed)
         self.optimizer = instantiate("optimizers", scenario.server.optimizer)
         self.optimizer_name = scenario.server.optimizer["name"]
         # client-level DP (DP-FedAvg) acts here; sample-level DP acts in the trainer
-        self.dp = (instantiate("privacy", scenario.privacy)
-                   if scenario.privacy is not None and scenario.privacy_level() == "client"
-                   else None)
+        self.dp = (instantiate("privacy", plan.privacy)
+                   if plan.privacy is not None and plan.privacy_level == "client" else None)
         self.seed = seed
         self.skips = 0  # rounds whose aggregation was skipped (the first SKIPS_NAMED named)
         self.task = instantiate("tasks", scenario.task)
-        self.x_test, self.y_test, self.x_tr, self.y_tr, self.c_test = eval_data
+        self.x_test, self.y_test = eval_data.x_test, eval_data.y_test
+        self.x_tr, self.y_tr, self.c_test = eval_data.x_train, eval_data.y_train, \
+            eval_data.test_clients
 
     @property
     def dim(self) -> int:
@@ -138,11 +142,11 @@ class Server:
         return self.b.numpy().copy()
 
     def _step_buffers(self, honest_order: list[int], byzantine: np.ndarray | None,
-                      results: tuple[dict, ...]) -> dict[str, float]:
+                      results: tuple[ClientRows, ...]) -> dict[str, float]:
         """The global buffers from the round's reported ones (honest, then Byzantine rows),
         by ``server.buffers``' rule; non-finite results leave them as they were."""
         d_b = int(self.b.numel())
-        honest = torch.from_numpy(stack_updates(honest_order, results, d_b, key="buffers"))
+        honest = torch.from_numpy(stack_rows(honest_order, results, d_b, "buffers"))
         # np.array: a copy, since the adversary's rows arrive as read-only views of Ray's store
         rows = honest if byzantine is None else torch.cat(
             [honest, torch.from_numpy(np.array(byzantine, dtype=np.float32))])
@@ -164,22 +168,20 @@ class Server:
         if self.skips <= SKIPS_NAMED:
             last = ("; further skipped rounds are not printed (the aggregation_skipped "
                     "metric counts them)" if self.skips == SKIPS_NAMED else "")
-            print(f"fedray: round {round_ + 1}: aggregation skipped: {why}{last}",
-                  file=sys.stderr)
+            LOG.warning("fedray: round %d: aggregation skipped: %s%s", round_ + 1, why, last)
 
-    def step(
-        self, round_: int, honest_order: list[int], byzantine: dict | None, *results: dict
-    ) -> dict[str, float]:
+    def step(self, round_: int, honest_order: list[int], byzantine: ByzantineRows | None,
+             *results: ClientRows) -> dict[str, float]:
         """Aggregate the round's updates (honest rows in ``honest_order``, then the Byzantine
         ``rows`` and ``buffers``), step the global model, and return the round's server-side
         metrics."""
         t0 = time.perf_counter()
-        honest = torch.from_numpy(stack_updates(honest_order, results, self.dim))
-        byz = byzantine["rows"] if byzantine is not None and len(byzantine["rows"]) else None
+        honest = torch.from_numpy(stack_rows(honest_order, results, self.dim))
+        byz = byzantine.rows if byzantine is not None and len(byzantine.rows) else None
         rows = honest if byz is None else torch.cat(
             [honest, torch.from_numpy(np.array(byz, dtype=np.float32))]  # writable, as above
         )
-        losses = stack_updates(honest_order, results, 0, key="losses")
+        losses = stack_rows(honest_order, results, 0, "losses")
         dp = self.dp
         if dp is not None:  # DP-FedAvg: clip every update; noise on the mean below
             rows = dp.privatize(rows)
@@ -199,8 +201,7 @@ class Server:
         if dp is not None:
             agg = dp.noise(agg, rows.shape[0], torch_generator(self.seed, "dp-noise", round_))
         honest_mean = honest.mean(dim=0)
-        byz_buffers = byzantine["buffers"] if byzantine is not None and byz is not None \
-            else None
+        byz_buffers = byzantine.buffers if byzantine is not None and byz is not None else None
         buffer_metrics = (self._step_buffers(honest_order, byz_buffers, results)
                           if self.b.numel() else {})
         finite = bool(torch.isfinite(agg).all())
@@ -237,13 +238,13 @@ class Server:
         return {**{f"test_{k}": v for k, v in self.task.metrics(loss, acc).items()},
                 "train_loss": train_loss, **per_client}
 
-    def checkpoint(self) -> dict[str, Any]:
+    def checkpoint(self) -> ServerCheckpoint:
         """Everything the server's future depends on: global model, optimizer state and the
         state of stateful aggregation rules (centered clipping's centre, ...)."""
         return {"x": self.x.clone(), "buffers": self.b.clone(),
                 "optimizer": self.optimizer.state_dict(), "pipeline": self.pipeline.state_dict()}
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: ServerCheckpoint) -> None:
         self.x = state["x"].clone()
         self.b = state.get("buffers", self.b).clone()
         self.optimizer.load_state_dict(state["optimizer"])
@@ -259,15 +260,16 @@ class Mixer:
     """D-SGD's gossip and evaluation: the topology's mixing matrices, the Byzantine peers'
     messages (a gossip attack; they depend on each receiver's neighbourhood, so they are made
     where the gossip is computed), the defense, and the evaluation of the honest peers'
-    models. Honest peers' models travel as result dicts (``clients``, ``updates`` rows)."""
+    models. Honest peers' models travel as ``ClientRows`` (their ``updates`` rows)."""
 
-    def __init__(self, scenario: Scenario, honest: list[int], byzantine: list[int],
+    def __init__(self, plan: Plan, honest: list[int], byzantine: list[int],
                  input_shape: tuple[int, ...], num_classes: int, eval_data: EvalData,
                  vocabulary: int | None = None) -> None:
         single_thread()
+        scenario = plan.scenario
         self.eval_threads = scenario.runtime.eval_threads
         assert scenario.topology is not None
-        self.seed = scenario.seeds[0]
+        self.seed = plan.seed
         self.n = scenario.clients.total
         self.honest = np.asarray(honest, dtype=np.int64)
         self.byzantine = np.asarray(byzantine, dtype=np.int64)
@@ -283,7 +285,8 @@ class Mixer:
                                  vocabulary)
         self.x0 = parameters_to_vector(self.model.parameters()).detach().clone()
         self.task = instantiate("tasks", scenario.task)
-        self.x_test, self.y_test, self.x_tr, self.y_tr, _ = eval_data
+        self.x_test, self.y_test = eval_data.x_test, eval_data.y_test
+        self.x_tr, self.y_tr = eval_data.x_train, eval_data.y_train
         self._steps_cache: dict[int, GossipStep] = {}
 
     def params(self) -> np.ndarray:
@@ -300,11 +303,11 @@ class Mixer:
                                                 (w_hb > 0).sum(axis=1))
         return self._steps_cache[key]
 
-    def gossip(self, round_: int, *results: dict) -> dict[str, Any]:
+    def gossip(self, round_: int, *results: ClientRows) -> ClientRows:
         """``dsgd.gossip_steps`` gossip steps (the scenario's defense) over the honest peers'
         models in ``results``."""
-        x = torch.from_numpy(stack_updates(self.honest, results, self.x0.numel()))
-        losses = stack_updates(self.honest, results, 0, key="losses")
+        x = torch.from_numpy(stack_rows(self.honest, results, self.x0.numel()))
+        losses = stack_rows(self.honest, results, 0, "losses")
         steps = self.gossip_steps
         for s in range(steps):
             step = self._step(round_ * steps + s)
@@ -315,7 +318,7 @@ class Mixer:
                     torch.from_numpy(step.w_byz.astype(np.float32)),
                     torch_generator(self.seed, "attack", round_, s))
             x = self.defense(x, step, messages)
-        return {"clients": self.honest, "updates": x.numpy(), "losses": losses, "seconds": 0.0}
+        return ClientRows(self.honest, x.numpy(), losses)
 
     def _eval_vector(self, x: torch.Tensor, with_train: bool = True) -> tuple[float, float, float]:
         vector_to_parameters(x.clone(), self.model.parameters())
@@ -325,13 +328,13 @@ class Mixer:
                           if with_train else float("nan"))
         return float("nan") if acc is None else acc, loss, train_loss
 
-    def evaluate(self, *results: dict) -> dict[str, float]:
+    def evaluate(self, *results: ClientRows) -> dict[str, float]:
         """Mean over honest peers of their own models' test accuracy and loss, the averaged
         model's accuracy, test and train loss and generalization gap, consensus distance."""
-        x = torch.from_numpy(stack_updates(self.honest, results, self.x0.numel()))
+        x = torch.from_numpy(stack_rows(self.honest, results, self.x0.numel()))
         per_peer = [self._eval_vector(row, with_train=False) for row in x]
         avg_acc, avg_loss, avg_train = self._eval_vector(x.mean(dim=0))
-        losses = stack_updates(self.honest, results, 0, key="losses")
+        losses = stack_rows(self.honest, results, 0, "losses")
         return {
             "test_accuracy": float(np.mean([p[0] for p in per_peer])),
             "test_loss": float(np.mean([p[1] for p in per_peer])),
@@ -344,8 +347,14 @@ class Mixer:
             "client_loss": float(np.nanmean(losses)) if np.isfinite(losses).any() else float("nan"),
         }
 
-    def averaged(self, *results: dict) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
+    def averaged(self, *results: ClientRows) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
         """The honest peers' averaged model: flat vector and torch state_dict."""
-        x = torch.from_numpy(stack_updates(self.honest, results, self.x0.numel())).mean(dim=0)
+        x = torch.from_numpy(stack_rows(self.honest, results, self.x0.numel())).mean(dim=0)
         vector_to_parameters(x.clone(), self.model.parameters())
         return x.numpy(), {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def topology_summary(self) -> dict[str, float]:
+        """The topology's spectral gap and degree (``strategies.topologies.topology_summary``)."""
+        from strategies.topologies import topology_summary
+
+        return dict(topology_summary(self.topology, self.n, self.seed))

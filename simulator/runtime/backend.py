@@ -1,15 +1,21 @@
 """Backends host the actor classes: ``ray`` (actors on a Ray cluster, objects in the object
 store) or ``inline`` (the same classes in this process). The engine speaks only this
-interface, so both run the same round loop."""
+interface, through the typed handles of ``simulator.runtime.handles``, so both run the same
+round loop. A call names its method by the method itself (``ClientWorker.train``): its name
+is read here, the only place that turns it into an actor call."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar, cast, overload
 
 from simulator.errors import FedrayError, UsageError, WorkerLost
+from simulator.messages import Ref
+
+R = TypeVar("R")
 
 ROLE_OPTIONS: dict[str, dict[str, Any]] = {
     # A worker takes a CPU and is spread over nodes. Ray does not restart a dead one: a
@@ -44,9 +50,12 @@ class Backend(Protocol):
     def spawn(self, cls: type, *args: Any, role: str,
               options: dict[str, Any] | None = None) -> Any: ...
     def ready(self, handles: list[Any], timeout: float) -> list[bool]: ...
-    def call(self, handle: Any, method: str, *args: Any) -> Any: ...
-    def get(self, ref: Any) -> Any: ...
-    def put(self, value: Any) -> Any: ...
+    def call(self, handle: Any, method: Callable[..., R], *args: Any) -> Ref[R]: ...
+    @overload
+    def get(self, ref: Ref[R]) -> R: ...
+    @overload
+    def get(self, ref: list[Ref[R]]) -> list[R]: ...
+    def put(self, value: R) -> Ref[R]: ...
     def default_workers(self) -> int: ...
     def gpus(self) -> float: ...
     def num_nodes(self) -> int: ...
@@ -68,14 +77,14 @@ class InlineBackend:
     def ready(self, handles: list[Any], timeout: float) -> list[bool]:
         return [True] * len(handles)
 
-    def call(self, handle: Any, method: str, *args: Any) -> Any:
-        return getattr(handle, method)(*args)
+    def call(self, handle: Any, method: Callable[..., R], *args: Any) -> Ref[R]:
+        return cast(Ref[R], getattr(handle, method.__name__)(*args))
 
     def get(self, ref: Any) -> Any:
         return ref
 
-    def put(self, value: Any) -> Any:
-        return value
+    def put(self, value: R) -> Ref[R]:
+        return cast(Ref[R], value)
 
     def default_workers(self) -> int:
         return 1
@@ -152,8 +161,8 @@ class RayBackend:
             self._classes[key] = self.ray.remote(cls).options(**options)
         return self._classes[key].remote(*args)
 
-    def call(self, handle: Any, method: str, *args: Any) -> Any:
-        return getattr(handle, method).remote(*args)
+    def call(self, handle: Any, method: Callable[..., R], *args: Any) -> Ref[R]:
+        return cast(Ref[R], getattr(handle, method.__name__).remote(*args))
 
     def get(self, ref: Any) -> Any:
         """``ray.get``; a result lost with a dead actor (or its node) raises WorkerLost."""
@@ -188,8 +197,8 @@ class RayBackend:
                 out.append(False)
         return out
 
-    def put(self, value: Any) -> Any:
-        return self.ray.put(value)
+    def put(self, value: R) -> Ref[R]:
+        return cast(Ref[R], self.ray.put(value))
 
     def default_workers(self) -> int:
         return max(1, int(self.ray.cluster_resources().get("CPU", 1)))

@@ -150,21 +150,3 @@ def client_accuracy(hits: np.ndarray, clients: np.ndarray) -> dict[str, float]:
     acc = np.bincount(clients[mine], weights=hits[mine].astype(np.float64))[has] / counts[has]
     return {"client_test_accuracy_mean": float(acc.mean()),
             "client_test_accuracy_p10": float(np.percentile(acc, 10))}
-
-
-def stack_updates(
-    order: list[int] | np.ndarray, results: tuple[dict, ...], d: int, key: str = "updates"
-) -> np.ndarray:
-    """The results' rows of ``key`` (``(len(order), d)`` updates, or per-client values when
-    ``d == 0``) in ``order`` of client ids, whichever worker computed them: the layout, and so
-    every floating-point sum over it, does not depend on the number of workers."""
-    order = np.asarray(order, dtype=np.int64)
-    shape = (len(order), d) if d else (len(order),)
-    out = np.empty(shape, dtype=np.float32 if d else np.float64)
-    if len(order) == 0:
-        return out
-    pos = {int(c): i for i, c in enumerate(order)}
-    for r in results:
-        if len(r["clients"]):
-            out[[pos[int(c)] for c in r["clients"]]] = r[key]
-    return out

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from simulator.config import Scenario
 from simulator.errors import TooFewRows, guarded
+from simulator.plan import PipelinePlan
 from simulator.registry import PluginSpec, instantiate
 from simulator.seeding import torch_generator
 from strategies.protocols import Aggregator, MetaAggregator, Plugin, PreAggregator, Stateful
@@ -57,9 +57,9 @@ class Pipeline:
             raise TooFewRows(f"{where} {self.names[where]!r} with {n} rows: {e}") from None
 
     @classmethod
-    def from_scenario(cls, scenario: Scenario) -> Pipeline:
-        return cls(scenario.preaggregators, scenario.aggregator, scenario.meta,
-                   scenario.seeds[0])
+    def from_plan(cls, plan: PipelinePlan, seed: int) -> Pipeline:
+        """The pipeline a Plan names, its random rules seeded from ``seed``."""
+        return cls(list(plan.preaggregators), plan.aggregator, plan.meta, seed)
 
     def aggregate(self, x: torch.Tensor, round_: int) -> torch.Tensor:
         """``(n, d)`` updates -> ``(d,)`` aggregate; advances stateful rules. Raises

@@ -17,10 +17,11 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from simulator.config import Scenario
 from simulator.data import client_arrays
 from simulator.errors import ClientStateLost, guarded
+from simulator.messages import ClientRows, TrainRequest
 from simulator.models import build_model
+from simulator.plan import Plan, build_client_rule
 from simulator.registry import PluginSpec, instantiate
 from simulator.runtime.common import (
     buffers_to_vector,
@@ -88,7 +89,8 @@ class ClientWorker:
     """
 
     def __init__(self, table: pa.Table, offsets: np.ndarray, input_shape: tuple[int, ...],
-                 num_classes: int, scenario: Scenario, vocabulary: int | None = None) -> None:
+                 num_classes: int, plan: Plan, vocabulary: int | None = None) -> None:
+        scenario = plan.scenario
         rt = scenario.runtime
         single_thread(rt.threads)
         deterministic_mode(rt.deterministic)
@@ -99,28 +101,30 @@ class ClientWorker:
         self.x, self.y = client_arrays(table, tuple(input_shape))
         self._table = table  # keeps the zero-copy buffers alive
         self.offsets = np.asarray(offsets)
-        self.seed = scenario.seeds[0]
+        self.seed = plan.seed
         self.num_classes = num_classes
         self.model = build_model(scenario.model, input_shape, num_classes, self.seed,
                                  vocabulary).to(self.device)
         self.scenario = scenario
-        self.use_trainer(scenario.trainer())
+        self.plan = plan
+        self.use_trainer(plan.trainer)
         self.state_dtype = {"float32": torch.float32,
                             "float16": torch.float16}[scenario.runtime.state_dtype]
         self.client_state = ClientStateStore(self.state_dtype)  # per-client state
-        self.stateful = scenario.client_rule().traits.gradient_rule
+        self.stateful = plan.gradient_rule
         # model buffers (BatchNorm statistics): from the server each round, or (server.buffers
         # local) each client's own after its first round
         self.buffer_dim = int(buffers_to_vector(self.model).numel())
-        self.local_buffers = scenario.server.buffers == "local" and self.buffer_dim > 0
+        self.local_buffers = plan.local_buffers and self.buffer_dim > 0
         self.client_buffers = ClientStateStore(torch.float32)
         self.peer_x: dict[int, torch.Tensor] = {}  # D-SGD: the models of this worker's peers
 
     def _trainer(self, spec: PluginSpec, local: Any = None) -> Trainer:
-        sc = self.scenario
-        privacy = instantiate("privacy", sc.privacy) if sc.privacy else None
+        sc, plan = self.scenario, self.plan
+        privacy = instantiate("privacy", plan.privacy) if plan.privacy else None
         return instantiate("trainers", spec, model=self.model, local=local or sc.local,
-                           task=instantiate("tasks", sc.task), rule=sc.client_rule(),
+                           task=instantiate("tasks", sc.task),
+                           rule=build_client_rule(plan.client_rule, plan.rule_from_server),
                            privacy=privacy)
 
     def use_trainer(self, spec: PluginSpec) -> None:
@@ -217,16 +221,13 @@ class ClientWorker:
         return ((not self.stateful or client in self.client_state)
                 and (not self.local_buffers or client in self.client_buffers))
 
-    def train(self, round_: int, clients: list[int], global_params: np.ndarray,
-              poison: PluginSpec | None = None, expect_state: list[int] | None = None,
-              buffers: np.ndarray | None = None) -> dict[str, Any]:
-        """Train ``clients`` from ``global_params`` (and the model's ``buffers``, when it has
-        any); rows of ``updates`` (and ``buffers``: the statistics each client ends with)
-        follow ``clients``. ``poison``: the spec of a data-poisoning attack these
-        (Byzantine) clients run. ``expect_state``: clients whose state this worker must hold
-        (they took part before); a worker that lost it says so rather than go on with
-        different numbers."""
-        lost = [c for c in expect_state or () if not self._holds(int(c))]
+    def train(self, request: TrainRequest, global_params: np.ndarray,
+              buffers: np.ndarray | None = None) -> ClientRows:
+        """Train the request's clients from ``global_params`` (and the model's ``buffers``,
+        when it has any); rows of ``updates`` (and ``buffers``: the statistics each client
+        ends with) follow the clients (``TrainRequest`` says what else it holds)."""
+        round_, clients, poison = request.round, request.clients, request.poison
+        lost = [c for c in request.expect_state if not self._holds(int(c))]
         if lost:
             raise ClientStateLost(
                 f"ClientWorker lost the state of clients {lost[:5]} (the worker was restarted "
@@ -236,17 +237,14 @@ class ClientWorker:
         attack = instantiate("attacks", poison) if poison else None
         start = torch.from_numpy(np.array(global_params, dtype=np.float32))
         data = [self.client_data(round_, int(c), attack) for c in clients]
-        out: dict[str, Any] = {"clients": np.asarray(clients, dtype=np.int64)}
+        ids = np.asarray(clients, dtype=np.int64)
         if self.buffer_dim:
             assert buffers is not None, "a model with buffers needs the server's buffers"
-            out["updates"], out["losses"], out["buffers"] = self._run_buffers(
-                round_, data, start, buffers)
-        else:
-            out["updates"], out["losses"] = (self._run(round_, data, start) if data else
-                                             (np.empty((0, start.numel()), np.float32),
-                                              np.empty(0)))
-        out["seconds"] = time.perf_counter() - t0
-        return out
+            updates, losses, rows = self._run_buffers(round_, data, start, buffers)
+            return ClientRows(ids, updates, losses, time.perf_counter() - t0, rows)
+        updates, losses = (self._run(round_, data, start) if data else
+                           (np.empty((0, start.numel()), np.float32), np.empty(0)))
+        return ClientRows(ids, updates, losses, time.perf_counter() - t0)
 
     BUFFERS = "model.buffers"  # a client's own buffers in its checkpointed state
 
@@ -297,7 +295,7 @@ class ClientWorker:
         return int(torch.cuda.max_memory_allocated(self.device))
 
     def peer_step(self, round_: int, peers: list[int], start: np.ndarray,
-                  mixed: dict | None = None, train: bool = True) -> dict[str, Any]:
+                  mixed: ClientRows | None = None, train: bool = True) -> ClientRows:
         """A D-SGD phase for this worker's ``peers``, whose models live here: take their rows
         from ``mixed`` (a gossip result; ``start`` at first), then (``train``) run the trainer
         from each peer's own model. Returns the peers' models as ``updates`` rows."""
@@ -306,9 +304,9 @@ class ClientWorker:
         for p in peers:  # new here: at the start, or moved off a lost worker
             self.peer_x.setdefault(int(p), x0)
         if mixed is not None:
-            pos = {int(c): i for i, c in enumerate(mixed["clients"])}
+            pos = {int(c): i for i, c in enumerate(mixed.clients)}
             for p in peers:
-                self.peer_x[int(p)] = torch.from_numpy(np.array(mixed["updates"][pos[int(p)]]))
+                self.peer_x[int(p)] = torch.from_numpy(np.array(mixed.updates[pos[int(p)]]))
         rows = np.empty((len(peers), x0.numel()), dtype=np.float32)
         losses = np.full(len(peers), np.nan)
         for i, p in enumerate(peers):
@@ -318,5 +316,5 @@ class ClientWorker:
                 losses[i] = loss[0]
                 self.peer_x[int(p)] = self.peer_x[int(p)] + torch.from_numpy(update[0])
             rows[i] = self.peer_x[int(p)].numpy()
-        return {"clients": np.asarray(peers, dtype=np.int64), "updates": rows, "losses": losses,
-                "seconds": time.perf_counter() - t0}
+        return ClientRows(np.asarray(peers, dtype=np.int64), rows, losses,
+                          time.perf_counter() - t0)

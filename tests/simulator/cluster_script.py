@@ -37,7 +37,7 @@ def main(scenario_path: str) -> None:
 
     def where(r, m):
         if r == 0:
-            placed.extend(backend.get([backend.call(w, "node") for w in engine.workers]))
+            placed.extend(backend.get([w.node() for w in engine.pool.workers]))
 
     full = engine.run(where)
     worker_nodes = sorted(n.node_id for n in nodes)
@@ -47,7 +47,7 @@ def main(scenario_path: str) -> None:
 
     def kill_after_round_2(r, m):
         if r == 1:
-            victim = backend.get(backend.call(engine.workers[0], "node"))
+            victim = backend.get(engine.pool.workers[0].node())
             node = next(n for n in nodes if n.node_id == victim)
             cluster.remove_node(node)
             deadline = time.monotonic() + 60

@@ -73,7 +73,7 @@ class KillDuringTrain:
     def call(self, handle, method, *args):
         import ray
 
-        target = method == "train" and args[0] == 2 and not self.killed
+        target = method.__name__ == "train" and args[0].round == 2 and not self.killed
         if target:
             if self.after_step:
                 ray.wait([self.last_step], timeout=60)
@@ -82,7 +82,7 @@ class KillDuringTrain:
             # behind a call that sleeps, the train call is surely still in flight.
             handle.__ray_call__.remote(_sleep)
         ref = self._b.call(handle, method, *args)
-        if method == "step":
+        if method.__name__ == "step":
             self.last_step = ref
         if target:
             ray.kill(handle, no_restart=False)
@@ -153,8 +153,8 @@ def test_lost_client_state_sends_the_run_back_to_a_state_it_holds(tmp_path, shar
     def kill(r, m):
         seen.append(r)
         if r == 2:
-            ray.kill(engine.workers[0], no_restart=False)
-            _wait_dead(engine.workers[0])  # ray.kill is asynchronous: dead before round 4
+            ray.kill(engine.pool.workers[0].actor, no_restart=False)
+            _wait_dead(engine.pool.workers[0].actor)  # ray.kill is asynchronous: dead before round 4
 
     faulty = engine.run(kill)
     assert seen == [0, 1, 2, 3, 4]
@@ -173,7 +173,7 @@ class KillDuringPeerStep(KillDuringTrain):
         import ray
 
         ref = self._b.call(handle, method, *args)
-        if method == "peer_step" and args[0] == 2 and not self.killed:
+        if method.__name__ == "peer_step" and args[0] == 2 and not self.killed:
             ray.kill(handle, no_restart=False)
             self.killed += 1
         return ref
@@ -211,10 +211,10 @@ class KillAtCheckpoint(KillDuringTrain):
     def call(self, handle, method, *args):
         import ray
 
-        if method == "client_states":
+        if method.__name__ == "client_states":
             self.calls += 1
             if self.calls == 3 and not self.killed:  # 1, 2: the start's snapshot
-                victim = self.engine_box[0].workers[0]
+                victim = self.engine_box[0].pool.workers[0].actor
                 ray.kill(victim, no_restart=False)
                 self.killed += 1
                 deadline = time.monotonic() + 60  # dead before the call goes out
@@ -265,7 +265,7 @@ def test_workers_that_cannot_start_stop_the_run_in_one_line(tmp_path, shared_ray
     """More workers than CPUs: on a local instance (its CPUs are all it will have) refused
     before any worker starts; on a cluster Ray queues the extra actors for ever, so the
     engine waits a bounded time, releases what it started and says why."""
-    import simulator.engine as engine_module
+    import simulator.runtime.backend as backend_module
     from simulator.errors import UsageError, WorkerLost
 
     p = tmp_path / "s.yaml"
@@ -282,7 +282,7 @@ def test_workers_that_cannot_start_stop_the_run_in_one_line(tmp_path, shared_ray
 
     # long enough for the two that fit to start beside the server and the adversary (four
     # processes importing torch on two cores)
-    monkeypatch.setattr(engine_module, "PLACE_TIMEOUT", 20.0)
+    monkeypatch.setattr(backend_module, "PLACE_TIMEOUT", 20.0)
     engine = Engine(sc, _Cluster(shared_ray), workers=4)  # the session has 2 CPUs
     with pytest.raises(WorkerLost, match=r"2 of 4 ClientWorkers did not start within 20 s \(each "
                        r"needs 1 CPU; the cluster has 2 CPUs\); use fewer workers"):
@@ -312,9 +312,9 @@ def test_fedray_errors_raised_in_actors_reach_the_driver_as_themselves(shared_ra
     actor = shared_ray.spawn(Raiser, role="server")
     try:
         with pytest.raises(PluginError) as e:
-            shared_ray.get(shared_ray.call(actor, "plugin"))
+            shared_ray.get(shared_ray.call(actor, Raiser.plugin))
         assert str(e.value) == "aggregator 'median' raised ValueError: boom"
         with pytest.raises(RayTaskError):
-            shared_ray.get(shared_ray.call(actor, "bug"))
+            shared_ray.get(shared_ray.call(actor, Raiser.bug))
     finally:
         shared_ray.release([actor])

@@ -139,15 +139,15 @@ def test_ray_workers_hold_the_resources_asked_for(tmp_path, shared_ray):
     eng = Engine(point(tmp_path, "runtime.num_cpus=0.5", "runtime.threads=2"), RayBackend(),
                  workers=2)
     try:
-        eng._spawn()
-        got = eng.backend.get([eng.backend.call(w, "resources") for w in eng.workers])
+        eng.start()
+        got = eng.backend.get([w.resources() for w in eng.pool.workers])
     finally:
         eng.backend.release(eng._handles)
     assert got == [{"device": "cpu", "threads": 2, "CPU": 0.5}] * 2
 
 
 def test_sweep_tasks_take_the_points_resources(tmp_path):
-    from simulator.runner import _task_resources
+    from simulator.executors import _task_resources
 
     assert _task_resources(point(tmp_path), 2.0, 4) == {"num_cpus": 1.0}
     assert _task_resources(point(tmp_path, "runtime.device=auto"), 2.0, 4) == \

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from simulator.config import ScenarioError, load
-from simulator.engine import DecentralizedEngine, Engine, make_engine
+from simulator.engine import Engine, make_engine
 from simulator.runtime.backend import InlineBackend
 
 DSGD = """\
@@ -34,7 +34,7 @@ def test_complete_graph_dsgd_equals_centralized_minibatch_sgd(tmp_path):
     """W = 11^T/n after one local step from a common model: every peer holds
     x - lr * mean_i g_i, exactly FedAvg of one-step clients with every client each round."""
     over = ["local.steps=1", "topology={name: complete}", "evaluation.every=1"]
-    dsgd = DecentralizedEngine(point(tmp_path, *over), InlineBackend()).run()
+    dsgd = Engine(point(tmp_path, *over), InlineBackend()).run()
     fl_sc = point(tmp_path, "local.steps=1", "evaluation.every=1",
                   text=DSGD.replace("topology: {name: ring}\n", ""))
     fedavg = Engine(fl_sc, InlineBackend()).run()
@@ -47,8 +47,8 @@ def test_complete_graph_dsgd_equals_centralized_minibatch_sgd(tmp_path):
 
 def test_same_numbers_on_any_number_of_workers_and_on_ray(tmp_path, shared_ray):
     sc = point(tmp_path)
-    one = DecentralizedEngine(sc, InlineBackend(), workers=1).run()
-    three = DecentralizedEngine(sc, InlineBackend(), workers=3).run()
+    one = Engine(sc, InlineBackend(), workers=1).run()
+    three = Engine(sc, InlineBackend(), workers=3).run()
     assert one.metrics == three.metrics
     on_ray = make_engine(sc, shared_ray, workers=2).run()
     assert on_ray.metrics == one.metrics
@@ -56,7 +56,7 @@ def test_same_numbers_on_any_number_of_workers_and_on_ray(tmp_path, shared_ray):
 
 
 def test_metrics_and_orders(tmp_path):
-    ring = DecentralizedEngine(point(tmp_path), InlineBackend()).run()
+    ring = Engine(point(tmp_path), InlineBackend()).run()
     last = ring.metrics[-1]
     for key in ("test_accuracy", "averaged_test_accuracy", "consensus_distance",
                 "generalization_gap", "train_loss", "averaged_test_loss", "min_peer_accuracy"):
@@ -65,10 +65,10 @@ def test_metrics_and_orders(tmp_path):
     assert last["consensus_distance"] > 0 and last["min_peer_accuracy"] <= last["test_accuracy"]
     assert ["test_accuracy" in m for m in ring.metrics] == [False, False, True, False, False, True]
     assert float(ring.params["spectral_gap"]) == pytest.approx(1 - (1 + 2 * np.cos(2 * np.pi / 8)) / 3)
-    cta = DecentralizedEngine(point(tmp_path, "dsgd.order=gossip_then_local"), InlineBackend()).run()
+    cta = Engine(point(tmp_path, "dsgd.order=gossip_then_local"), InlineBackend()).run()
     assert cta.metrics[-1]["test_accuracy"] != last["test_accuracy"]
     # more gossip steps per round: closer consensus
-    more = DecentralizedEngine(point(tmp_path, "dsgd.gossip_steps=4"), InlineBackend()).run()
+    more = Engine(point(tmp_path, "dsgd.gossip_steps=4"), InlineBackend()).run()
     assert more.metrics[-1]["consensus_distance"] < 0.5 * last["consensus_distance"]
 
 
@@ -76,8 +76,8 @@ def test_dissensus_breaks_plain_gossip_and_clipped_gossip_resists(tmp_path):
     over = ["rounds=20", "clients.total=12", "clients.byzantine=2",
             "attack={name: dissensus, epsilon: 5}", "topology={name: erdos_renyi, p: 0.5}",
             "evaluation.every=20"]
-    plain = DecentralizedEngine(point(tmp_path, *over), InlineBackend()).run().metrics[-1]
-    clipped = DecentralizedEngine(point(tmp_path, *over, "dsgd.defense=clipped_gossip"),
+    plain = Engine(point(tmp_path, *over), InlineBackend()).run().metrics[-1]
+    clipped = Engine(point(tmp_path, *over, "dsgd.defense=clipped_gossip"),
                                   InlineBackend()).run().metrics[-1]
     assert plain["consensus_distance"] > 1e6 * clipped["consensus_distance"]
     assert plain["test_loss"] > 1e3 and clipped["test_loss"] < 3.0

@@ -8,6 +8,7 @@ import torch
 
 from simulator.config import ScenarioError, load
 from simulator.engine import Engine
+from simulator.messages import TrainRequest
 from simulator.runtime.backend import InlineBackend
 from simulator.sampling import byzantine_clients, sample_clients
 
@@ -79,18 +80,18 @@ def test_quickstart_fedavg_reaches_90_percent(tmp_path):
 def test_fedavg_with_zero_local_lr_effect_is_exact_mean(tmp_path):
     """With mean aggregation and server lr 1 the global model moves by the mean update."""
     sc = point(tmp_path, overrides=["rounds=1"])
+    from simulator.messages import stack_rows
     from simulator.runtime import ClientWorker, Server
-    from simulator.runtime.common import stack_updates
 
     eng = Engine(sc, InlineBackend())
-    eng._spawn()
-    x0 = eng.server.params()
+    eng.start()
+    x0 = eng.protocol.server.actor.params()
     sampled = sample_clients(0, 0, 12, 6).tolist()
-    res = eng.workers[0].train(0, sampled, x0)
-    eng.server.step(0, sampled, None, res)
-    np.testing.assert_allclose(eng.server.params(), x0 + res["updates"].mean(0), rtol=0, atol=1e-6)
-    assert isinstance(eng.server, Server) and isinstance(eng.workers[0], ClientWorker)
-    np.testing.assert_array_equal(stack_updates(sampled[::-1], (res,), len(x0))[0], res["updates"][-1])
+    res = eng.pool.workers[0].actor.train(TrainRequest(0, tuple(sampled)), x0)
+    eng.protocol.server.actor.step(0, sampled, None, res)
+    np.testing.assert_allclose(eng.protocol.server.actor.params(), x0 + res.updates.mean(0), rtol=0, atol=1e-6)
+    assert isinstance(eng.protocol.server.actor, Server) and isinstance(eng.pool.workers[0].actor, ClientWorker)
+    np.testing.assert_array_equal(stack_rows(sampled[::-1], (res,), len(x0))[0], res.updates[-1])
 
 
 def test_gaussian_attack_breaks_mean_but_not_median(tmp_path):
@@ -143,14 +144,14 @@ def test_worker_momentum_state_stays_with_its_client(tmp_path):
     zero = Engine(point(tmp_path, overrides=over[:3] + ["local.optimizer={name: momentum, beta: 0}"]),
                   InlineBackend()).run()
     eng = Engine(point(tmp_path, overrides=over), InlineBackend())
-    eng._spawn()
-    x0 = eng.server.params()
-    res = eng.workers[0].train(0, [0], x0)
+    eng.start()
+    x0 = eng.protocol.server.actor.params()
+    res = eng.pool.workers[0].actor.train(TrainRequest(0, (0,)), x0)
     # first round: m_1 = (1 - beta) g, message -lr m_1 = -0.2 * 0.1 * g
     from strategies.trainers import minibatch_gradient
 
-    g, _ = minibatch_gradient(eng.workers[0].model, torch.from_numpy(x0), *_first_batch(eng, 0, 0), 0.0)
-    np.testing.assert_allclose(res["updates"][0], -0.2 * 0.1 * g.numpy(), rtol=1e-5, atol=1e-7)
+    g, _ = minibatch_gradient(eng.pool.workers[0].actor.model, torch.from_numpy(x0), *_first_batch(eng, 0, 0), 0.0)
+    np.testing.assert_allclose(res.updates[0], -0.2 * 0.1 * g.numpy(), rtol=1e-5, atol=1e-7)
     assert zero.metrics[0]["aggregate_norm"] == pytest.approx(10 * one.metrics[0]["aggregate_norm"], rel=1e-5)
     assert zero.metrics[1]["aggregate_norm"] != pytest.approx(10 * one.metrics[1]["aggregate_norm"], rel=1e-3)
 
@@ -158,7 +159,7 @@ def test_worker_momentum_state_stays_with_its_client(tmp_path):
 def _first_batch(eng, round_, client):
     from simulator.seeding import torch_generator
 
-    w = eng.workers[0]
+    w = eng.pool.workers[0].actor
     lo, hi = int(w.offsets[client]), int(w.offsets[client + 1])
     idx = torch.randperm(hi - lo, generator=torch_generator(eng.seed, "local", round_, client))[:16]
     return (torch.from_numpy(np.array(w.x[lo:hi]))[idx], torch.from_numpy(np.array(w.y[lo:hi]))[idx])
@@ -207,7 +208,7 @@ def test_dropout_and_stragglers_are_seeded_per_client_and_logged(tmp_path):
     assert sum(m["dropped"] for m in one.metrics) > 0 and sum(m["stragglers"] for m in one.metrics) > 0
 
 
-def test_a_round_with_too_few_clients_is_skipped_and_counted(tmp_path, capfd):
+def test_a_round_with_too_few_clients_is_skipped_and_counted(tmp_path, caplog):
     """A skipped round keeps the model and is counted; the first three are named on the
     terminal, 1-based as the progress lines count (they said round 0 for round 1), also when
     no honest update arrived at all (that said nothing); the run's headline counts them."""
@@ -223,7 +224,8 @@ def test_a_round_with_too_few_clients_is_skipped_and_counted(tmp_path, capfd):
     for prev, m in zip([None, *res.metrics], res.metrics):
         if m["aggregation_skipped"] and prev is not None:
             assert m["test_accuracy"] == prev["test_accuracy"]  # the model did not move
-    lines = [ln for ln in capfd.readouterr().err.splitlines() if "aggregation skipped" in ln]
+    # the server logs them (fedray.server); the command line prints them on stderr
+    lines = [r.getMessage() for r in caplog.records if "aggregation skipped" in r.getMessage()]
     first = [i + 1 for i, k in enumerate(skipped) if k][:3]
     assert [int(re.match(r"fedray: round (\d+): ", ln).group(1)) for ln in lines] == first
     assert lines[-1].endswith("further skipped rounds are not printed (the aggregation_skipped "
@@ -239,27 +241,27 @@ def test_stateless_clients_are_spread_evenly_and_stateful_ones_stay_with_their_w
     over = ["clients.total=40", "clients.per_round=17", "data.partitioner={name: dirichlet, alpha: 0.3}",
             "local.steps=null", "local.epochs=1", "local.batch_size=8"]
     eng = Engine(point(tmp_path, overrides=over), InlineBackend(), workers=3)
-    steps = eng.local_steps
+    steps = eng.pool.local_steps
     assert len(set(steps.tolist())) > 3  # clients of unequal sizes
     for r in range(10):
         clients = sample_clients(0, r, 40, 17).tolist()
-        per = eng._assign(clients)
+        per = eng.pool.assign(clients)
         assert sorted(c for _, ids in per for c in ids) == sorted(clients)
         loads = [steps[ids].sum() for _, ids in per]
         # longest-processing-time-first: the most loaded exceeds the least by at most one client
         assert max(loads) - min(loads) <= steps[clients].max()
-        assert per == eng._assign(list(reversed(clients)))  # the same whatever the order
-    eng.live = [0, 2]  # worker 1 was lost: nothing goes to it
-    assert {w for w, _ in eng._assign(clients)} == {0, 2}
+        assert per == eng.pool.assign(list(reversed(clients)))  # the same whatever the order
+    eng.pool.live = [0, 2]  # worker 1 was lost: nothing goes to it
+    assert {w for w, _ in eng.pool.assign(clients)} == {0, 2}
     even = Engine(point(tmp_path, overrides=["clients.total=40", "clients.per_round=20"]),
                   InlineBackend(), workers=2)
     for r in range(10):  # equal clients: 10 each, where k % 2 gives 11.4 to the busier worker
-        per = even._assign(sample_clients(0, r, 40, 20).tolist())
+        per = even.pool.assign(sample_clients(0, r, 40, 20).tolist())
         assert [len(ids) for _, ids in per] == [10, 10]
     momentum = Engine(point(tmp_path, overrides=[*over, "local.steps=1", "local.epochs=null",
                                                  "local.optimizer={name: momentum}"]),
                       InlineBackend(), workers=3)
-    per = momentum._assign(clients)
+    per = momentum.pool.assign(clients)
     assert all(c % 3 == w for w, ids in per for c in ids)
 
 
@@ -272,7 +274,8 @@ class _Pipelined(InlineBackend):
         self.calls = []
 
     def call(self, handle, method, *args):
-        self.calls.append((method, args[0] if method in ("train", "step") else None))
+        self.calls.append((method.__name__, args[0].round if method.__name__ == "train" else
+                           args[0] if method.__name__ == "step" else None))
         return super().call(handle, method, *args)
 
 

@@ -51,9 +51,9 @@ def test_dp_sgd_per_sample_clipping_equals_the_textbook_loop(tmp_path, clip):
     sc = point(tmp_path, "local.steps=1", "local.batch_size=1000",
                f"privacy={{name: dp_sgd, clip: {clip}, noise_multiplier: 0.0}}")
     eng = Engine(sc, InlineBackend())
-    eng._spawn()
-    worker = eng.workers[0]
-    x0 = torch.from_numpy(eng.server.params())
+    eng.start()
+    worker = eng.pool.workers[0].actor
+    x0 = torch.from_numpy(eng.protocol.server.actor.params())
     update = worker.trainer.train(0, [worker.client_data(0, 3)], x0)[0][0]
     lo, hi = int(worker.offsets[3]), int(worker.offsets[4])
     x = torch.from_numpy(np.array(worker.x[lo:hi]))

@@ -9,6 +9,7 @@ import torch
 
 from simulator.config import load
 from simulator.engine import Engine
+from simulator.messages import TrainRequest
 from simulator.runtime.backend import InlineBackend
 from strategies.trainers import local_sgd, minibatches, vectorized_sgd
 
@@ -41,9 +42,9 @@ def _scenario(tmp_path, *over):
 ], ids=["logreg", "momentum-wd", "epochs-uneven", "mlp", "cnn", "vmap-groupnorm-uneven"])
 def test_train_many_equals_the_loop(tmp_path, over):
     eng = Engine(_scenario(tmp_path, *over), InlineBackend())
-    eng._spawn()
-    worker = eng.workers[0]
-    x0 = torch.from_numpy(eng.server.params())
+    eng.start()
+    worker = eng.pool.workers[0].actor
+    x0 = torch.from_numpy(eng.protocol.server.actor.params())
     clients = list(range(12))
     local = eng.sc.local
     loop = [local_sgd(worker.model, x0, d.x, d.y, minibatches(len(d.y), local, d.generator),
@@ -75,15 +76,15 @@ def test_float16_client_state_halves_memory_and_stays_close(tmp_path):
     a, b = full.run(), half.run()
     np.testing.assert_allclose(b.final_params, a.final_params, atol=1e-3, rtol=0)
     eng = Engine(_scenario(tmp_path, *over, "runtime.state_dtype=float16"), InlineBackend())
-    eng._spawn()
-    eng.workers[0].train(0, [0, 1], eng.server.params())
-    states = eng.workers[0].client_states()
+    eng.start()
+    eng.pool.workers[0].actor.train(TrainRequest(0, (0, 1)), eng.protocol.server.actor.params())
+    states = eng.pool.workers[0].actor.client_states()
     assert states[0]["m"].dtype == torch.float16 and states[0]["m"].element_size() == 2
 
 
 @pytest.mark.parametrize("timings,kept", [((2.0, 1.0), "false"), ((1.0, 2.0), "true")],
                          ids=["loop-faster", "vectorised-faster"])
-def test_vectorize_keeps_the_faster_trainer_and_says_so(tmp_path, monkeypatch, capsys, timings,
+def test_vectorize_keeps_the_faster_trainer_and_says_so(tmp_path, monkeypatch, caplog, timings,
                                                         kept):
     """runtime.vectorize keeps the vectorised trainer only where the first worker timed it
     faster than the loop; otherwise the run trains one client at a time (the loop's numbers,
@@ -100,10 +101,10 @@ def test_vectorize_keeps_the_faster_trainer_and_says_so(tmp_path, monkeypatch, c
     monkeypatch.setattr(ClientWorker, "probe", probe)
     eng = Engine(_scenario(tmp_path, "runtime.vectorize=true"), InlineBackend())
     res = eng.run()
-    err = capsys.readouterr().err
+    err = "\n".join(r.getMessage() for r in caplog.records)  # logged; the CLI prints it
     assert asked == [(["vectorized_sgd", "sgd"], asked[0][1])] and len(asked[0][1]) == 8
     assert res.params["vectorized"] == kept
-    trainer = eng.workers[0].trainer
+    trainer = eng.pool.workers[0].actor.trainer
     if kept == "false":
         assert isinstance(trainer, SGD) and not isinstance(trainer, VectorizedSGD)
         assert "clients train one at a time" in err and "1000.00 ms against 2000.00 ms" in err
@@ -115,14 +116,14 @@ def test_vectorize_keeps_the_faster_trainer_and_says_so(tmp_path, monkeypatch, c
 
 def test_the_probe_times_both_trainers_and_changes_nothing(tmp_path):
     eng = Engine(_scenario(tmp_path, "runtime.vectorize=true"), InlineBackend())
-    eng._spawn()
-    worker, x0 = eng.workers[0], eng.server.params()
-    before = worker.train(0, [0, 1, 2], x0)
+    eng.start()
+    worker, x0 = eng.pool.workers[0].actor, eng.protocol.server.actor.params()
+    before = worker.train(TrainRequest(0, (0, 1, 2)), x0)
     seconds = worker.probe([{"name": "vectorized_sgd"}, {"name": "sgd"}], [0, 1, 2], x0)
     assert len(seconds) == 2 and all(s > 0 for s in seconds)
-    after = worker.train(0, [0, 1, 2], x0)
+    after = worker.train(TrainRequest(0, (0, 1, 2)), x0)
     for key in ("updates", "losses"):
-        np.testing.assert_array_equal(before[key], after[key])
+        np.testing.assert_array_equal(getattr(before, key), getattr(after, key))
 
 
 @pytest.mark.parametrize("per_client,stages", [
@@ -153,12 +154,12 @@ def test_the_probe_compares_on_8_clients_first_and_on_all_only_when_close(
     monkeypatch.setattr(worker_module, "time",
                         types.SimpleNamespace(perf_counter=lambda: clock[0]))
     eng = Engine(_scenario(tmp_path), InlineBackend())
-    eng._spawn()
-    worker = eng.workers[0]
+    eng.start()
+    worker = eng.pool.workers[0].actor
     fakes = iter([Fake(per_client[0]), Fake(per_client[1])])
     monkeypatch.setattr(worker, "_trainer", lambda spec, local=None: next(fakes))
     got = worker.probe([{"name": "vectorized_sgd"}, {"name": "sgd"}], list(range(12)),
-                       eng.server.params())
+                       eng.protocol.server.actor.params())
     assert got == pytest.approx(list(per_client))
     assert calls == stages
 

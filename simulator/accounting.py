@@ -1,0 +1,61 @@
+"""A run's privacy accounting: the DP mechanism its rounds compose, the epsilon spent after
+each evaluated round, and the final epsilon, privacy profile and trade-off curve."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from simulator.plan import Plan
+from simulator.registry import instantiate
+
+
+class PrivacyAccountant:
+    """What a run's privacy plugin spends (nothing without one)."""
+
+    def __init__(self, plan: Plan, client_sizes: np.ndarray, local_steps: np.ndarray) -> None:
+        self.plan = plan
+        self.privacy = instantiate("privacy", plan.privacy) if plan.privacy else None
+        self.client_sizes, self.local_steps = client_sizes, local_steps
+        self._mechanism: tuple[int, Any] = (-1, None)  # (rounds, mechanism) last composed
+
+    def mechanism(self, rounds: int) -> Any:
+        """The run's DP mechanism after ``rounds`` rounds, as a composition of subsampled
+        Gaussians (None without privacy); the plugin says what is composed, from the
+        client-sampling rate, the largest per-example rate batch_size / size over the clients
+        and the most local steps any client takes in a round."""
+        if self.privacy is None:
+            return None
+        if self._mechanism[0] != rounds:  # the last one is kept: the final round's epsilon
+            sc = self.plan.scenario  # and the run's privacy outputs share one composition
+            c = sc.clients
+            sizes = np.maximum(self.client_sizes, 1)
+            self._mechanism = (rounds, self.privacy.mechanism(
+                rounds, min(1.0, c.sampled / c.total),
+                float(min(1.0, sc.local.batch_size / sizes.min())),
+                int(self.local_steps.max())))
+        return self._mechanism[1]
+
+    def spent(self, rounds: int) -> dict[str, float]:
+        """``{"epsilon": ...}``: the privacy spent after ``rounds`` rounds at the scenario's
+        delta ({} without privacy)."""
+        if self.privacy is None:
+            return {}
+        return {"epsilon": self.mechanism(rounds).epsilon(self.privacy.delta,
+                                                          self.privacy.accountant)}
+
+    def outputs(self) -> tuple[dict[str, str], dict[str, dict[str, list[float]]]]:
+        """Final epsilon as a param, the privacy profile and trade-off curve as tables."""
+        mech = self.mechanism(self.plan.scenario.rounds)
+        if mech is None or self.privacy is None:
+            return {}, {}
+        p = self.privacy
+        eps = mech.epsilon(p.delta, p.accountant)
+        grid = np.linspace(0.0, max(2 * eps, 1.0) if math.isfinite(eps) else 10.0, 101)
+        alpha = np.linspace(0.0, 1.0, 1001)
+        return ({"privacy.epsilon": f"{eps:.6g}", "privacy.steps": str(mech.steps),
+                 "privacy.sampling_rate": f"{mech.q:.6g}"},
+                {"privacy_profile": {"epsilon": grid.tolist(), "delta": mech.profile(grid).tolist()},
+                 "tradeoff": {"alpha": alpha.tolist(), "beta": mech.tradeoff(alpha).tolist()}})

@@ -1,0 +1,116 @@
+"""What crosses the actor boundary, typed: requests, results, Byzantine rows, evaluation data
+and the parts of a checkpoint. This module imports no torch (NumPy arrays travel; the
+actors wrap them with ``torch.from_numpy``), so the driver's and the actors' signatures are
+checked by mypy without loading a model.
+
+``Ref[T]`` is what a backend call returns: an object-store reference on Ray, the value
+itself in-process. A ``Ref`` passed as a top-level argument of another call reaches the
+actor as its value (Ray resolves it), so an actor method typed ``x: np.ndarray`` is called
+with a ``Ref[np.ndarray]`` by its typed handle (``simulator.runtime.handles``).
+
+Checkpoint parts are ``TypedDict``s, not dataclasses: a checkpoint is saved with
+``torch.save`` and read back with ``torch.load(weights_only=True)``, which loads tensors,
+numbers, strings, lists and dicts only (``simulator.checkpoint``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypedDict, TypeVar
+
+import numpy as np
+
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Ref(Generic[T_co]):
+    """A backend's handle on a value of type ``T_co`` (typing only: never instantiated;
+    covariant, since a reference is only read)."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """Train ``clients`` in ``round``. ``poison``: the spec of a data-poisoning attack these
+    (Byzantine) clients run. ``expect_state``: clients whose state the worker must hold
+    (they took part before); a worker that lost it says so instead of going on with other
+    numbers."""
+
+    round: int
+    clients: tuple[int, ...]
+    poison: dict[str, Any] | None = None
+    expect_state: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClientRows:
+    """Per-client results of one worker call, rows following ``clients``: a round's
+    ``updates`` (or, in D-SGD, the peers' models), the clients' training ``losses``
+    (NaN where a peer did not train), the model ``buffers`` each client ends with (a model
+    with BatchNorm statistics) and the call's ``seconds``."""
+
+    clients: np.ndarray  # (k,) int64
+    updates: np.ndarray  # (k, d) float32
+    losses: np.ndarray  # (k,) float64
+    seconds: float = 0.0
+    buffers: np.ndarray | None = None  # (k, d_b) float32
+
+
+@dataclass(frozen=True)
+class ByzantineRows:
+    """The Byzantine clients' rows of a round (``(f, d)``) and, for a model with buffers,
+    their buffer rows (``(f, d_b)``)."""
+
+    rows: np.ndarray
+    buffers: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class EvalData:
+    """What an evaluating actor holds: the test samples and labels, the samples and labels
+    the train loss is measured on, and each test sample's client (None: no per-client
+    test sets)."""
+
+    x_test: np.ndarray
+    y_test: np.ndarray
+    x_train: np.ndarray
+    y_train: np.ndarray
+    test_clients: np.ndarray | None = None
+
+
+class ServerCheckpoint(TypedDict):
+    """Everything the server's future depends on (tensors, as torch.load reads them)."""
+
+    x: Any  # the global parameters, a (d,) float32 tensor
+    buffers: Any  # the global model's buffers, a (d_b,) float32 tensor
+    optimizer: dict[str, Any]  # the server optimizer's state_dict
+    pipeline: dict[str, Any]  # the stateful aggregation rules' state_dicts
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    """A round as the engine hands it on: its deterministic metrics (logged, compared
+    across backends) and its wall-clock timings."""
+
+    metrics: dict[str, float]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def stack_rows(order: Sequence[int] | np.ndarray, results: Sequence[ClientRows], d: int,
+               part: str = "updates") -> np.ndarray:
+    """The results' rows of ``part`` (``updates``, ``buffers``: ``(len(order), d)``;
+    ``losses``: ``(len(order),)`` when ``d == 0``) in ``order`` of client ids, whichever
+    worker computed them: the layout, and so every floating-point sum over it, does not
+    depend on the number of workers."""
+    ids = np.asarray(order, dtype=np.int64)
+    shape = (len(ids), d) if d else (len(ids),)
+    out = np.empty(shape, dtype=np.float32 if d else np.float64)
+    if len(ids) == 0:
+        return out
+    pos = {int(c): i for i, c in enumerate(ids)}
+    for r in results:
+        if len(r.clients):
+            out[[pos[int(c)] for c in r.clients]] = getattr(r, part)
+    return out

@@ -1,0 +1,174 @@
+"""A run point resolved once, before any actor starts: the frozen, typed, picklable ``Plan``.
+
+Every decision the engine, the actors and the checks act on is made here, once, from the
+plugins' declared traits (never from a built-in plugin's name): which trainer computes the
+clients' updates and which scenario key chose it, which client rule they follow and whether
+it keeps per-client state, where differential privacy acts, how the server combines model
+buffers, the aggregation pipeline, what the attack sees, the trimming parameter ``b_hat``.
+The engine reads the Plan; the actors are built from it (``build_client_rule``,
+``build_trainer_context``); validation (``simulator.config.checks``) reads the same Plan, so
+what was checked is what runs.
+
+This module imports no torch: resolving a Plan looks plugin classes up (their traits) and
+builds one plugin only, a server optimizer that may bring the clients' half of its rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from simulator import registry
+from simulator.config.schema import DEFAULT_TRAINER, Scenario
+from simulator.registry import PluginSpec
+
+Loc = tuple[str | int, ...]
+PrivacyLevel = Literal["none", "sample", "client"]
+Protocol = Literal["server", "gossip"]
+
+
+@dataclass(frozen=True)
+class AttackPlan:
+    """The scenario's attack and what the engine must know of it."""
+
+    spec: PluginSpec
+    omniscient: bool  # it sees the honest updates of the round
+    data_poisoning: bool  # the Byzantine clients train on labels it rewrites
+    gossip: bool  # it attacks D-SGD's gossip (messages, not rows)
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """Pre-aggregators -> aggregator -> meta-aggregator, as the server (and an attack that
+    simulates the server) builds it."""
+
+    preaggregators: tuple[PluginSpec, ...]
+    aggregator: PluginSpec
+    meta: PluginSpec | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One run point, resolved (see the module docstring)."""
+
+    scenario: Scenario
+    seed: int
+    protocol: Protocol  # server rounds (the FedAvg family) or gossip rounds (D-SGD)
+    trainer: PluginSpec  # the trainer plugin the workers run
+    trainer_key: Loc  # the scenario key that chose it (where its problems are reported)
+    # the loop trainer that gives the same numbers as ``trainer``, which batches clients:
+    # the engine times both before the first round and keeps the faster (runtime.vectorize)
+    loop_trainer: PluginSpec | None
+    client_rule: PluginSpec  # the clients' rule
+    rule_from_server: bool  # it is the server optimizer's client half (mu2-SGD)
+    gradient_rule: bool  # the rule sends gradient messages and keeps per-client state
+    privacy: PluginSpec | None
+    privacy_level: PrivacyLevel
+    local_buffers: bool  # each client keeps its own model buffers (server.buffers: local)
+    buffer_rule: Literal["mean", "median"]  # how the server combines the clients' buffers
+    pipeline: PipelinePlan
+    attack: AttackPlan | None
+    b_hat: int  # the trimming parameter each round's Byzantine count is compared to
+
+    def stateful_clients(self, has_buffers: bool) -> bool:
+        """Whether clients keep state between rounds in the worker that owns them: a
+        gradient rule's, or (``server.buffers: local``, a model with buffers) their own
+        buffers."""
+        return self.gradient_rule or (self.local_buffers and has_buffers)
+
+
+def privacy_level(sc: Scenario) -> PrivacyLevel:
+    """Where the scenario's differential privacy acts (the privacy plugin's trait)."""
+    if sc.privacy is None:
+        return "none"
+    level: PrivacyLevel = registry.get("privacy", sc.privacy["name"]).traits.privacy_level
+    return level
+
+
+def client_rule(sc: Scenario) -> tuple[PluginSpec, bool]:
+    """(the clients' rule, whether the server optimizer brings it): the server optimizer's
+    client half when it has one (mu2-SGD), else ``local.optimizer``."""
+    if registry.instantiate("optimizers", sc.server.optimizer).client_rule() is not None:
+        return sc.server.optimizer, True
+    return sc.local.optimizer, False
+
+
+def build_client_rule(spec: PluginSpec, from_server: bool) -> Any:
+    """The ClientRule a Plan names (built in each actor that runs it)."""
+    if from_server:
+        return registry.instantiate("optimizers", spec).client_rule()
+    return registry.instantiate("client_optimizers", spec)
+
+
+def _rule_traits(spec: PluginSpec, from_server: bool) -> Any:
+    if from_server:  # the client half is only known from an instance
+        return build_client_rule(spec, True).traits
+    return registry.get("client_optimizers", spec["name"]).traits
+
+
+def choose_trainer(sc: Scenario, rule_traits: Any, rule_key: Loc = ("local", "optimizer")
+                   ) -> tuple[PluginSpec, Loc]:
+    """(the trainer, the scenario key that chose it): ``local.trainer`` when given; else the
+    one the privacy plugin runs with (DP-SGD), else the client rule's (a gradient rule),
+    else the default trainer, or its batched twin under ``runtime.vectorize``."""
+    if sc.local.trainer is not None:
+        return sc.local.trainer, ("local", "trainer")
+    if sc.privacy is not None:
+        named = registry.get("privacy", sc.privacy["name"]).traits.trainer
+        if named is not None:
+            return {"name": named}, ("privacy", "name")
+    if rule_traits.trainer is not None:
+        return {"name": rule_traits.trainer}, rule_key
+    default = DEFAULT_TRAINER
+    if sc.runtime.vectorize:
+        twin = registry.get("trainers", default["name"]).traits.batched
+        if twin is not None:
+            return {"name": twin}, ("runtime", "vectorize")
+    return default, ("local", "trainer")
+
+
+def buffer_rule(sc: Scenario) -> Literal["mean", "median"]:
+    """How the server combines the clients' buffers: ``server.buffers`` when it says mean or
+    median; ``auto`` and ``local``: median with Byzantine clients (they send poisoned
+    statistics too), else mean."""
+    chosen = sc.server.buffers
+    if chosen == "mean" or chosen == "median":
+        return chosen
+    return "median" if sc.clients.byzantine > 0 else "mean"
+
+
+def b_hat(sc: Scenario) -> int:
+    """The aggregation's trimming parameter: ``clients.b_hat``'s value when it has one, else
+    the aggregator's ``f`` (0 without one)."""
+    b = sc.clients.b_hat
+    if b is not None and b.value is not None:
+        return int(b.value)
+    return int(sc.aggregator.get("f", 0) or 0)
+
+
+def _attack(sc: Scenario) -> AttackPlan | None:
+    if sc.attack is None:
+        return None
+    t = registry.get("attacks", sc.attack["name"]).traits
+    return AttackPlan(sc.attack, t.omniscient, t.data_poisoning, t.gossip)
+
+
+def resolve(sc: Scenario) -> Plan:
+    """The Plan of a validated scenario (of its first seed; a run point has one)."""
+    rule, from_server = client_rule(sc)
+    traits = _rule_traits(rule, from_server)
+    trainer, key = choose_trainer(sc, traits, ("server", "optimizer") if from_server
+                                  else ("local", "optimizer"))
+    loop = registry.get("trainers", trainer["name"]).traits.loop if sc.runtime.vectorize \
+        else None
+    return Plan(
+        scenario=sc, seed=sc.seeds[0] if sc.seeds else 0,
+        protocol="gossip" if sc.topology is not None else "server",
+        trainer=trainer, trainer_key=key,
+        loop_trainer={"name": loop} if loop is not None else None,
+        client_rule=rule, rule_from_server=from_server, gradient_rule=traits.gradient_rule,
+        privacy=sc.privacy, privacy_level=privacy_level(sc),
+        local_buffers=sc.server.buffers == "local", buffer_rule=buffer_rule(sc),
+        pipeline=PipelinePlan(tuple(sc.preaggregators), sc.aggregator, sc.meta),
+        attack=_attack(sc), b_hat=b_hat(sc),
+    )

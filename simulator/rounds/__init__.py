@@ -1,0 +1,95 @@
+"""Round protocols: what a round is, composed with the engine's loop (``simulator.engine``).
+
+The engine owns the loop, fault handling and checkpoint timing; a protocol owns its actors
+besides the ClientWorker pool, and what one round does with them: server rounds (the FedAvg
+family, ``ServerRounds``) and gossip rounds (D-SGD, ``GossipRounds``). A protocol that
+drives time by events instead of rounds (an asynchronous server) implements the same
+hooks, one "round" being one server step.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from simulator import data as fdata
+from simulator.accounting import PrivacyAccountant
+from simulator.messages import RoundReport
+from simulator.placement import WorkerPool
+from simulator.plan import Plan
+from simulator.runtime.backend import Backend
+
+
+@dataclass
+class RunContext:
+    """What a protocol works with: the run's Plan, backend, data, worker pool, privacy
+    accountant and Byzantine clients."""
+
+    plan: Plan
+    backend: Backend
+    data: fdata.FederatedData
+    pool: WorkerPool
+    accountant: PrivacyAccountant
+    byzantine: set[int]
+
+    def evaluate_now(self, round_: int) -> bool:
+        """Whether round ``round_`` (0-based) ends with an evaluation: every
+        ``evaluation.every`` rounds, and the last."""
+        sc = self.plan.scenario
+        return (round_ + 1) % sc.evaluation.every == 0 or round_ + 1 == sc.rounds
+
+
+class RoundProtocol(ABC):
+    """The hooks the engine calls, in this order: ``start`` (spawn the protocol's actors,
+    while the workers start), ``ready`` (the workers are up), then ``run_round`` per round,
+    with ``checkpoint`` / ``restore`` between rounds, ``workers_moved`` after a lost worker's
+    clients moved, ``final`` at the end."""
+
+    # whether a round's training may be submitted before the last round ends
+    prefetch: ClassVar[bool] = False
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+
+    @abstractmethod
+    def start(self) -> list[Any]:
+        """Spawn the protocol's actors; returns them (the engine releases them at the end)."""
+
+    @abstractmethod
+    def ready(self) -> dict[str, str]:
+        """The workers have started: read what the run needs from the actors; returns run
+        params the protocol derived (logged with the run's)."""
+
+    @property
+    def has_buffers(self) -> bool:
+        """Whether the model has buffers (BatchNorm statistics) the protocol carries."""
+        return False
+
+    @abstractmethod
+    def run_round(self, round_: int, prefetch: bool = False) -> RoundReport:
+        """Round ``round_``. ``prefetch``: the next round's work may be submitted before
+        this round's results are read (only where ``prefetch`` is allowed)."""
+
+    def drop_prefetched(self) -> None:
+        """Forget work submitted ahead (the round is computed again after a loss)."""
+        return
+
+    @abstractmethod
+    def checkpoint(self) -> dict[str, Any]:
+        """The protocol's part of the run's state after a round."""
+
+    @abstractmethod
+    def restore(self, state: dict[str, Any]) -> list[Any]:
+        """Restore the protocol's part of ``state``; returns the calls to wait for."""
+
+    def workers_moved(self, round_: int, redo_round: bool) -> None:
+        """A lost worker's clients moved (``redo_round``: round ``round_`` is computed
+        again)."""
+        return
+
+    @abstractmethod
+    def final(self) -> tuple[np.ndarray, dict[str, Any], dict[str, str]]:
+        """(final flat parameters, model state_dict, run params derived at the end)."""

@@ -1,0 +1,139 @@
+"""Server rounds (the FedAvg family): sample clients, broadcast the global model once, train
+the sampled clients on the ClientWorker pool, let the Adversary make the Byzantine clients'
+rows, aggregate on the Server (pre-aggregators -> aggregator -> meta-aggregator), step the
+server optimizer, evaluate every ``evaluation.every`` rounds."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from simulator.messages import ByzantineRows, ClientRows, Ref, RoundReport
+from simulator.rounds import RoundProtocol
+from simulator.runtime.actors import Adversary, Server
+from simulator.runtime.handles import AdversaryHandle, ServerHandle
+from simulator.sampling import missed_round, sample_clients
+
+
+@dataclass
+class _Training:
+    """A round's submitted training: who was sampled, and the workers' result refs."""
+
+    round_: int
+    t0: float  # when it was submitted
+    sampled: list[int]
+    byz: list[int]
+    dropped: set[int]
+    late: set[int]
+    honest: list[int]
+    honest_refs: list[Ref[ClientRows]]
+    # the rows the attack sees: (clients, refs)
+    seen: tuple[list[int], list[Ref[ClientRows]]] | None
+
+
+class ServerRounds(RoundProtocol):
+    """A Server (and an Adversary with Byzantine clients) beside the worker pool."""
+
+    prefetch = True
+
+    def start(self) -> list[Any]:
+        ctx = self.ctx
+        b, plan, data = ctx.backend, ctx.plan, ctx.data
+        eval_ref = b.put(data.eval_data())
+        self.server = ServerHandle(b, b.spawn(Server, plan, data.input_shape, data.num_classes,
+                                              eval_ref, data.vocabulary, role="server",
+                                              options=ctx.pool.server_options))
+        self.adversary = (AdversaryHandle(b, b.spawn(Adversary, plan, role="adversary"))
+                          if plan.attack is not None else None)
+        attack = plan.attack
+        self.omniscient = attack is not None and attack.omniscient
+        self.poison = attack.spec if attack is not None and attack.data_poisoning else None
+        self._next: _Training | None = None  # the next round's training, when prefetched
+        self._round_end = 0.0  # when the last round ended (perf_counter)
+        return [self.server.actor] + ([self.adversary.actor] if self.adversary else [])
+
+    def ready(self) -> dict[str, str]:
+        b = self.ctx.backend
+        params_ref = self.server.params()
+        derived = self.ctx.pool.keep_faster_trainer(params_ref)
+        self.dim = len(b.get(params_ref))
+        self.d_buffers = len(b.get(self.server.buffers()))
+        return derived
+
+    @property
+    def has_buffers(self) -> bool:
+        return self.d_buffers > 0
+
+    def submit(self, round_: int) -> _Training:
+        """Round ``round_``'s sampling and its training calls (the workers start as soon as
+        the server's parameters are there); nothing in it changes the server."""
+        ctx = self.ctx
+        pool, c, seed, byzantine = ctx.pool, ctx.plan.scenario.clients, ctx.plan.seed, \
+            ctx.byzantine
+        t0 = time.perf_counter()
+        sampled = sample_clients(seed, round_, c.total, c.sampled).tolist()
+        byz = [i for i in sampled if i in byzantine]
+        dropped, late = missed_round(seed, round_, [i for i in sampled if i not in byzantine],
+                                     pool.local_steps, c.dropout, c.stragglers)
+        honest = [i for i in sampled if i not in byzantine and i not in dropped | late]
+        params_ref = self.server.params()  # stored once, read by every worker
+        buffers_ref = self.server.buffers() if self.d_buffers else None
+        honest_refs = pool.train(round_, honest, params_ref, buffers_ref)
+        seen: tuple[list[int], list[Ref[ClientRows]]] | None = None
+        if byz:
+            seen = (honest, honest_refs) if self.omniscient else \
+                (byz, pool.train(round_, byz, params_ref, buffers_ref, self.poison))
+        return _Training(round_, t0, sampled, byz, dropped, late, honest, honest_refs, seen)
+
+    def drop_prefetched(self) -> None:
+        self._next = None
+
+    def run_round(self, round_: int, prefetch: bool = False) -> RoundReport:
+        """Round ``round_``: its training (submitted already when the round before
+        prefetched it), the Byzantine rows, the server's step, the evaluation when due.
+        ``prefetch``: the next round's training is submitted right after this round's step,
+        so the workers start it as soon as the step is done, while this round's metrics come
+        back to the driver."""
+        b, ctx = self.ctx.backend, self.ctx
+        tr, self._next = self._next, None
+        if tr is None or tr.round_ != round_:
+            tr = self.submit(round_)
+        byz_ref: Ref[ByzantineRows] | None = None
+        if tr.seen is not None:
+            assert self.adversary is not None  # Byzantine clients come with an attack
+            byz_ref = self.adversary.attack_rows(round_, len(tr.byz), tr.seen[0], self.dim,
+                                                 self.d_buffers, tr.seen[1])
+        step_ref = self.server.step(round_, tr.honest, byz_ref, tr.honest_refs)
+        if prefetch:  # its params call comes before the evaluation in the server's queue
+            self._next = self.submit(round_ + 1)
+        eval_ref = self.server.evaluate() if ctx.evaluate_now(round_) else None
+        metrics = dict(b.get(step_ref))
+        if eval_ref is not None:
+            metrics.update(b.get(eval_ref))
+            metrics.update(ctx.accountant.spent(round_ + 1))
+        timings = {k: metrics.pop(k) for k in list(metrics) if k.endswith("_seconds")}
+        end = time.perf_counter()
+        # from the later of its submission and the previous round's end
+        timings["round_seconds"] = end - max(tr.t0, self._round_end)
+        self._round_end = end
+        b_hat = ctx.plan.b_hat
+        metrics = {"sampled": float(len(tr.sampled)), "byzantine_sampled": float(len(tr.byz)),
+                   "dropped": float(len(tr.dropped)), "stragglers": float(len(tr.late)),
+                   "participants": float(len(tr.honest) + len(tr.byz)),
+                   "b_hat": float(b_hat),
+                   "byzantine_exceeded": float(len(tr.byz) > b_hat), **metrics}
+        return RoundReport(metrics, timings)
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The server's state (global model, optimizer, stateful aggregation rules)."""
+        return {"server": self.ctx.backend.get(self.server.checkpoint())}
+
+    def restore(self, state: dict[str, Any]) -> list[Any]:
+        return [self.server.restore(state["server"])]
+
+    def final(self) -> tuple[np.ndarray, dict[str, Any], dict[str, str]]:
+        b = self.ctx.backend
+        return np.asarray(b.get(self.server.params())), b.get(self.server.state_dict()), {}

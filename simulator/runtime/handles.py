@@ -1,0 +1,113 @@
+"""Typed handles on the actors: one class per actor class, whose methods have the actor
+method's signature with ``Ref``s where the backend passes object references, and return a
+``Ref`` of what the actor returns. mypy checks every call the engine makes across the actor
+boundary; no method name is written as a string (the backend reads it off the method)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from simulator.messages import ByzantineRows, ClientRows, Ref, ServerCheckpoint, TrainRequest
+from simulator.registry import PluginSpec
+from simulator.runtime.actors import Adversary, Mixer, Server
+from simulator.runtime.backend import Backend
+from simulator.runtime.worker import ClientWorker
+
+
+class _Handle:
+    def __init__(self, backend: Backend, actor: Any) -> None:
+        self.backend = backend
+        self.actor = actor  # the Ray actor handle, or the object itself in-process
+
+
+class WorkerHandle(_Handle):
+    """A ``ClientWorker``."""
+
+    def train(self, request: TrainRequest, params: Ref[np.ndarray],
+              buffers: Ref[np.ndarray] | None) -> Ref[ClientRows]:
+        return self.backend.call(self.actor, ClientWorker.train, request, params, buffers)
+
+    def probe(self, specs: list[PluginSpec], clients: list[int], params: Ref[np.ndarray],
+              steps: int) -> Ref[list[float]]:
+        return self.backend.call(self.actor, ClientWorker.probe, specs, clients, params, steps)
+
+    def use_trainer(self, spec: PluginSpec) -> Ref[None]:
+        return self.backend.call(self.actor, ClientWorker.use_trainer, spec)
+
+    def client_states(self) -> Ref[dict[int, dict[str, Any]]]:
+        return self.backend.call(self.actor, ClientWorker.client_states)
+
+    def load_client_states(self, states: dict[int, dict[str, Any]]) -> Ref[None]:
+        return self.backend.call(self.actor, ClientWorker.load_client_states, states)
+
+    def peer_step(self, round_: int, peers: list[int], start: Ref[np.ndarray],
+                  mixed: Ref[ClientRows] | None, train: bool) -> Ref[ClientRows]:
+        return self.backend.call(self.actor, ClientWorker.peer_step, round_, peers, start, mixed,
+                                 train)
+
+    def node(self) -> Ref[str | None]:
+        return self.backend.call(self.actor, ClientWorker.node)
+
+    def resources(self) -> Ref[dict[str, Any]]:
+        return self.backend.call(self.actor, ClientWorker.resources)
+
+    def peak_memory(self) -> Ref[int]:
+        return self.backend.call(self.actor, ClientWorker.peak_memory)
+
+
+class ServerHandle(_Handle):
+    """The ``Server``."""
+
+    def params(self) -> Ref[np.ndarray]:
+        return self.backend.call(self.actor, Server.params)
+
+    def buffers(self) -> Ref[np.ndarray]:
+        return self.backend.call(self.actor, Server.buffers)
+
+    def step(self, round_: int, honest: list[int], byzantine: Ref[ByzantineRows] | None,
+             results: Sequence[Ref[ClientRows]]) -> Ref[dict[str, float]]:
+        return self.backend.call(self.actor, Server.step, round_, honest, byzantine, *results)
+
+    def evaluate(self) -> Ref[dict[str, float]]:
+        return self.backend.call(self.actor, Server.evaluate)
+
+    def checkpoint(self) -> Ref[ServerCheckpoint]:
+        return self.backend.call(self.actor, Server.checkpoint)
+
+    def restore(self, state: ServerCheckpoint) -> Ref[None]:
+        return self.backend.call(self.actor, Server.restore, state)
+
+    def state_dict(self) -> Ref[dict[str, Any]]:
+        return self.backend.call(self.actor, Server.state_dict)
+
+
+class AdversaryHandle(_Handle):
+    """The ``Adversary``."""
+
+    def attack_rows(self, round_: int, f: int, order: list[int], d: int, d_buffers: int,
+                    results: Sequence[Ref[ClientRows]]) -> Ref[ByzantineRows]:
+        return self.backend.call(self.actor, Adversary.attack_rows, round_, f, order, d,
+                                 d_buffers, *results)
+
+
+class MixerHandle(_Handle):
+    """D-SGD's ``Mixer``."""
+
+    def params(self) -> Ref[np.ndarray]:
+        return self.backend.call(self.actor, Mixer.params)
+
+    def gossip(self, round_: int, results: Sequence[Ref[ClientRows]]) -> Ref[ClientRows]:
+        return self.backend.call(self.actor, Mixer.gossip, round_, *results)
+
+    def evaluate(self, results: Sequence[Ref[ClientRows]]) -> Ref[dict[str, float]]:
+        return self.backend.call(self.actor, Mixer.evaluate, *results)
+
+    def averaged(self, results: Sequence[Ref[ClientRows]]
+                 ) -> Ref[tuple[np.ndarray, dict[str, Any]]]:
+        return self.backend.call(self.actor, Mixer.averaged, *results)
+
+    def topology_summary(self) -> Ref[dict[str, float]]:
+        return self.backend.call(self.actor, Mixer.topology_summary)
