@@ -17,11 +17,14 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dashboards.stats import Summary, from_mlflow, summarize
 from dashboards.svg import heat_map, line_chart
 from simulator.metric_names import mlflow_name
+
+if TYPE_CHECKING:
+    from dashboards.export import Exports
 
 CURVES = [("test_accuracy", "test accuracy"), ("test_loss", "test loss"),
           ("aggregation_error", "aggregation error ||aggregate - honest mean||"),
@@ -181,7 +184,7 @@ def _sweep_paths(runs: list[RunData], skip: set[str]) -> list[str]:
             and k not in ("seeds", "seed")]
 
 
-def _heat_maps(runs: list[RunData], row_tag: str, col_tag: str, col_label: str,
+def _heat_maps(page: Page, runs: list[RunData], row_tag: str, col_tag: str, col_label: str,
                skip: set[str]) -> list[str]:
     rows_vals = list(dict.fromkeys(r.tags.get(row_tag, "?") for r in runs))
     cols_vals = list(dict.fromkeys(r.tags.get(col_tag, "?") for r in runs))
@@ -199,37 +202,40 @@ def _heat_maps(runs: list[RunData], row_tag: str, col_tag: str, col_label: str,
                 r.final("test_accuracy"))
         values = {k: summarize(v)[:3] for k, v in cells.items()}
         where = ", ".join(f"{k}={v}" for k, v in zip(context_keys, ctx)) or "all runs"
-        out.append(_heat(f"final test accuracy: {row_tag} x {col_label} ({where})", rows_vals,
+        out.append(page.heat(f"final test accuracy: {row_tag} x {col_label} ({where})", rows_vals,
                          cols_vals, values, row_tag, col_label))  # colours: the data's range
     return out
 
 
-_EXPORTS: list[Any] = []  # the Exports of the report being rendered, when it is exported
+@dataclass
+class Page:
+    """The figures and tables of one report as it is rendered: each is drawn as HTML and,
+    when the report is exported, also collected into ``exports`` (for ``figures/`` and
+    ``tables/``)."""
 
+    exports: Exports | None = None
 
-def _chart(title: str, series: list[dict], x_label: str, y_label: str) -> str:
-    if _EXPORTS:
-        _EXPORTS[-1].figures.append(("lines", {"title": title, "series": series,
-                                               "x_label": x_label, "y_label": y_label}))
-    return line_chart(title, series, x_label, y_label)
+    def chart(self, title: str, series: list[dict], x_label: str, y_label: str) -> str:
+        if self.exports is not None:
+            self.exports.figures.append(("lines", {"title": title, "series": series,
+                                                   "x_label": x_label, "y_label": y_label}))
+        return line_chart(title, series, x_label, y_label)
 
+    def heat(self, title: str, rows: list[str], cols: list[str], values: dict, row_label: str,
+             col_label: str) -> str:
+        if self.exports is not None:
+            self.exports.figures.append(("heat", {"title": title, "rows": rows, "cols": cols,
+                                                  "values": values, "row_label": row_label,
+                                                  "col_label": col_label}))
+        return heat_map(title, rows, cols, values, row_label, col_label)
 
-def _heat(title: str, rows: list[str], cols: list[str], values: dict, row_label: str,
-          col_label: str) -> str:
-    if _EXPORTS:
-        _EXPORTS[-1].figures.append(("heat", {"title": title, "rows": rows, "cols": cols,
-                                              "values": values, "row_label": row_label,
-                                              "col_label": col_label}))
-    return heat_map(title, rows, cols, values, row_label, col_label)
-
-
-def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str) -> str:
-    if _EXPORTS:
-        _EXPORTS[-1].tables.append((cls, list(head), [list(r) for r in rows]))
-    h = "".join(f"<th>{html.escape(c)}</th>" for c in head)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-                   for row in rows)
-    return f'<table class="{cls}"><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>'
+    def table(self, head: Sequence[str], rows: Sequence[Sequence[str]], cls: str) -> str:
+        if self.exports is not None:
+            self.exports.tables.append((cls, list(head), [list(r) for r in rows]))
+        h = "".join(f"<th>{html.escape(c)}</th>" for c in head)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                       for row in rows)
+        return f'<table class="{cls}"><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>'
 
 
 def _cell(m: Summary) -> str:
@@ -289,7 +295,8 @@ def _mechanisms(runs: list[RunData]) -> dict[str, tuple[list[float], list[float]
     return out
 
 
-def _mechanism_table(curves: dict[str, tuple[list[float], list[float]]]) -> list[str]:
+def _mechanism_table(page: Page, curves: dict[str, tuple[list[float], list[float]]]
+                     ) -> list[str]:
     """Each mechanism's best attacker's advantage, and the Delta-divergence between every
     ordered pair (Kaissis et al. 2024; see docs/privacy.md): Delta(row || column) is the
     worst-case excess vulnerability of choosing the column's mechanism over the row's."""
@@ -308,10 +315,10 @@ def _mechanism_table(curves: dict[str, tuple[list[float], list[float]]]) -> list
     return [('<p class="note">Delta(row || column): the worst-case excess vulnerability of '
             "choosing the column's mechanism over the row's (0: the column is at least as "
             "private everywhere); advantage: the best attacker's max TPR - FPR.</p>"),
-            _table(["mechanism", "advantage", *names], rows, "mechanisms")]
+            page.table(["mechanism", "advantage", *names], rows, "mechanisms")]
 
 
-def _topology_section(runs: list[RunData]) -> list[str]:
+def _topology_section(page: Page, runs: list[RunData]) -> list[str]:
     """The D-SGD runs' table: spectral gap, accuracy, generalization gap, consensus."""
     by_topo: dict[str, list[RunData]] = {}
     for r in runs:
@@ -326,7 +333,7 @@ def _topology_section(runs: list[RunData]) -> list[str]:
                      _cell(summarize([r.final("test_accuracy") for r in members])),
                      _cell(summarize([r.final("generalization_gap") for r in members])),
                      _cell(summarize([r.final("consensus_distance") for r in members]))])
-    return ["<h2>Topologies (D-SGD)</h2>", _table(
+    return ["<h2>Topologies (D-SGD)</h2>", page.table(
         ["sweep point", "topology", "spectral gap", "peers' test accuracy",
          "generalization gap", "consensus distance"], rows, "topologies")]
 
@@ -364,10 +371,12 @@ def _point_means(runs: list[RunData], extra: list[str]) -> dict[tuple, dict[str,
     return {k: {a: summarize(v).mean for a, v in by.items()} for k, by in cells.items()}
 
 
-def byzfl_views(runs: list[RunData]) -> list[str]:
+def byzfl_views(runs: list[RunData], page: Page | None = None) -> list[str]:
     """ByzFL's benchmark views (González et al., 2025): per aggregator, the accuracy under
     each attack and the worst over attacks; and, when another value is swept (a learning
-    rate, a trimming parameter), the value that is best under the worst attack."""
+    rate, a trimming parameter), the value that is best under the worst attack. Drawn on
+    ``page`` (default: a page that exports nothing)."""
+    page = page or Page()
     attacks = list(dict.fromkeys(r.tags.get("attack", "none") for r in runs))
     if len(attacks) < 2:
         return []
@@ -382,7 +391,7 @@ def byzfl_views(runs: list[RunData]) -> list[str]:
     out = ["<h2>Worst case over attacks</h2>",
            ('<p class="note">Mean final test accuracy over seeds under each attack, and the '
             "worst of them per aggregator (ByzFL's benchmark view).</p>"),
-           _table(head, rows, "worst-case")]
+           page.table(head, rows, "worst-case")]
     if extra:
         best: dict[str, tuple[float, tuple, str]] = {}
         for key, by in means.items():
@@ -390,26 +399,17 @@ def byzfl_views(runs: list[RunData]) -> list[str]:
             agg = key[0]
             if agg not in best or (math.isfinite(worst_acc) and worst_acc > best[agg][0]):
                 best[agg] = (worst_acc, key[1:], min(by, key=lambda a: by[a]))
-        out += ["<h2>Best setting under the worst attack</h2>", _table(
+        out += ["<h2>Best setting under the worst attack</h2>", page.table(
             ["aggregator", *extra, "worst-case accuracy", "worst attack"],
             [[agg, *vals, f"{acc:.4g}", att] for agg, (acc, vals, att) in best.items()],
             "best-under-worst")]
     return out
 
 
-def render(title: str, runs: list[RunData], exports: Any = None) -> str:
+def render(title: str, runs: list[RunData], exports: Exports | None = None) -> str:
     """The report as one HTML document (inline CSS, SVG and a few lines of script);
-    ``exports`` (a ``dashboards.export.Exports``) collects its figures and tables."""
-    if exports is not None:
-        _EXPORTS.append(exports)
-    try:
-        return _render(title, runs, exports is not None)
-    finally:
-        if exports is not None:
-            _EXPORTS.remove(exports)
-
-
-def _render(title: str, runs: list[RunData], exported: bool) -> str:
+    ``exports`` collects its figures and tables."""
+    page = Page(exports)
     groups: dict[str, list[RunData]] = {}
     for r in runs:
         groups.setdefault(r.group, []).append(r)
@@ -418,7 +418,7 @@ def _render(title: str, runs: list[RunData], exported: bool) -> str:
              "standard deviation over seeds; bands span min to max over seeds. A sweep point "
              "keeps its colour and dash in every chart (colour: its aggregator, dash: its "
              "attack, where those tell the points apart).</p>")]
-    if exported:
+    if exports is not None:
         parts.append('<p class="note">Every figure as PDF and SVG is in <code>figures/</code> '
                      "beside this file, every table as Markdown and LaTeX in "
                      "<code>tables/</code>.</p>")
@@ -427,33 +427,33 @@ def _render(title: str, runs: list[RunData], exported: bool) -> str:
         acc = summarize([r.final("test_accuracy") for r in members])
         err = summarize([r.final("aggregation_error") for r in members])
         rows.append([label, str(len(members)), _cell(acc), _cell(err)])
-    parts += ["<h2>Summary</h2>", _table(["sweep point", "seeds", "final test accuracy",
+    parts += ["<h2>Summary</h2>", page.table(["sweep point", "seeds", "final test accuracy",
                                            "final aggregation error"], rows, "summary")]
     charts = []
     style = styles(runs)
     for key, label in CURVES:
         series, note = _pick(_series(groups, key, style))
         if series:
-            charts.append(_chart(label + note, series, "round", key))
+            charts.append(page.chart(label + note, series, "round", key))
     if charts:
         parts += ["<h2>Curves</h2>", *charts]
     mechanisms = _mechanisms(runs)
     if mechanisms:
         trade = [{"label": name, "x": ab[0], "mean": ab[1]} for name, ab in mechanisms.items()]
-        parts += ["<h2>Privacy</h2>", _chart(
+        parts += ["<h2>Privacy</h2>", page.chart(
             "f-DP trade-off curve of each mechanism (an attacker's type II error beta against "
             "type I error alpha; higher is more private)", trade, "alpha", "beta"),
-            *_mechanism_table(mechanisms)]
-    parts += byzfl_views(runs)
-    maps = _heat_maps(runs, "aggregator", "attack", "attack",
+            *_mechanism_table(page, mechanisms)]
+    parts += byzfl_views(runs, page)
+    maps = _heat_maps(page, runs, "aggregator", "attack", "attack",
                       {"aggregator", "aggregator.name", "attack", "attack.name"})
     if maps:
         parts += ["<h2>Aggregator x attack</h2>", *maps]
     if len({r.tags.get("f") for r in runs}) > 1:
         parts += ["<h2>Aggregator x f</h2>", *_heat_maps(
-            runs, "aggregator", "f", "f (Byzantine clients)",
+            page, runs, "aggregator", "f", "f (Byzantine clients)",
             {"aggregator", "aggregator.name", "clients.byzantine", "clients.b_hat"})]
-    parts += _topology_section(runs)
+    parts += _topology_section(page, runs)
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>fedray report: {html.escape(title)}</title><style>{CSS}</style></head>"
             f"<body>{''.join(parts)}<script>{JS}</script></body></html>")
