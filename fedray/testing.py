@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from simulator import registry
-from strategies.protocols import CONTRACTS, ClientData, GossipStep
+from strategies.protocols import CONTRACTS, Attack, ClientData, GossipAttack, GossipStep
 
 N, F, D = 11, 2, 16  # rows of the test matrices, Byzantine rows among them, dimension
 Check = tuple[str, Callable[[], None]]
@@ -484,6 +484,8 @@ def plugin_checks(kind: str, cls: Any, params: dict[str, Any] | None = None,
     def subclasses_the_contract() -> None:
         assert inspect.isclass(cls) and issubclass(cls, base), \
             f"{cls!r} does not subclass {base.__module__}.{base.__qualname__}"
+        if kind == "attacks":
+            _one_attack_contract(cls)
         registry.params_model(cls)  # its keys can be read from its constructor
 
     def make(**context: Any) -> Any:
@@ -510,6 +512,16 @@ def plugin_checks(kind: str, cls: Any, params: dict[str, Any] | None = None,
     }
     checks = [("subclasses_the_contract", subclasses_the_contract), *by_kind[kind]()]
     return [(name, fn) for name, fn in checks if name not in (skip or {})]
+
+
+def _one_attack_contract(cls: Any) -> None:
+    """An attack is an Attack (rows) or a GossipAttack (messages), as ``traits.gossip``
+    declares."""
+    assert issubclass(cls, (Attack, GossipAttack)), \
+        f"{cls.__name__} subclasses neither Attack (rows) nor GossipAttack (gossip messages)"
+    assert bool(cls.traits.gossip) == issubclass(cls, GossipAttack), \
+        f"{cls.__name__}: traits.gossip is {cls.traits.gossip}, but it is " + \
+        ("" if issubclass(cls, GossipAttack) else "not ") + "a GossipAttack"
 
 
 def _with_aggregate(make: Callable[..., Any]) -> Callable[[], Any]:

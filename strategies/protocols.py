@@ -11,7 +11,8 @@ aggregators        :class:`Aggregator`        ``(n, d)`` updates -> ``(d,)`` agg
 preaggregators     :class:`PreAggregator`     ``(n, d)`` -> ``(m, d)`` (clipping, NNM, ...)
 meta               :class:`MetaAggregator`    ``(n, d)`` and an aggregator -> ``(d,)``
 attacks            :class:`Attack`            the ``(f, d)`` Byzantine rows of a round
-                   :class:`GossipAttack`      the Byzantine peers' gossip messages (D-SGD)
+                   :class:`GossipAttack`      the Byzantine peers' gossip messages (D-SGD);
+                                              both subclass :class:`BaseAttack`
 topologies         :class:`Topology`          the ``(n, n)`` gossip matrix of a step
 gossip_defenses    :class:`GossipDefense`     one gossip step of the honest peers (D-SGD)
 optimizers         :class:`ServerOptimizer`   the server's step from the aggregate
@@ -63,6 +64,7 @@ __all__ = [
     "CONTRACTS",
     "Aggregator",
     "Attack",
+    "BaseAttack",
     "ClientData",
     "ClientRule",
     "Dataset",
@@ -197,7 +199,13 @@ class MetaAggregator(Plugin, Stateful, ABC):
 # ---------------------------------------------------------------------------- attacks
 
 
-class Attack(Plugin, ABC):
+class BaseAttack(Plugin, ABC):
+    """The base of the ``attacks`` kind, which holds two contracts: an :class:`Attack` makes
+    the Byzantine rows of a server round, a :class:`GossipAttack` (``traits.gossip``) the
+    messages the Byzantine peers of D-SGD send. A plugin subclasses one of the two."""
+
+
+class Attack(BaseAttack):
     """``attack(seen, f, generator) -> (f, d)``: the Byzantine rows of a round. ``seen`` is
     the ``(h, d)`` honest updates of the round (``traits.omniscient``) or the Byzantine
     clients' own honestly computed updates. An attack that needs the scenario's aggregation
@@ -214,9 +222,10 @@ class Attack(Plugin, ABC):
         raise NotImplementedError(f"{type(self).__name__} declares no data poisoning")
 
 
-class GossipAttack(Attack):
+class GossipAttack(BaseAttack):
     """An attack on D-SGD (``traits.gossip``): the Byzantine neighbours of honest peer i all
-    send it ``messages(...)[i]``."""
+    send it ``messages(...)[i]``. It makes no rows: a server round cannot run it (validation
+    refuses it without a topology). ``check(n)``: ``n`` is the number of Byzantine peers."""
 
     traits = Traits(gossip=True, omniscient=True)
 
@@ -226,9 +235,6 @@ class GossipAttack(Attack):
         """``(h, d)`` messages, row i for honest peer i; ``x`` the honest models ``(h, d)``,
         ``w_hh`` the honest block of W (dense), ``w_byz[i]`` the weight i gives its
         Byzantine neighbours."""
-
-    def __call__(self, seen: torch.Tensor, f: int, generator: torch.Generator) -> torch.Tensor:
-        raise NotImplementedError("a gossip attack sends messages(), not rows: it needs a topology")
 
 
 # ---------------------------------------------------------------------------- D-SGD
@@ -513,7 +519,7 @@ CONTRACTS: dict[str, type] = {
     "aggregators": Aggregator,
     "preaggregators": PreAggregator,
     "meta": MetaAggregator,
-    "attacks": Attack,
+    "attacks": BaseAttack,
     "topologies": Topology,
     "gossip_defenses": GossipDefense,
     "optimizers": ServerOptimizer,

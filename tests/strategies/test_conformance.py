@@ -131,3 +131,40 @@ class _DetachedLoss(Task):
 def test_the_checks_catch_broken_tasks(cls, words):
     with pytest.raises(AssertionError, match=rf"check loss_contract failed: {re.escape(words)}"):
         check_plugin("tasks", cls)
+
+
+def test_every_registered_attack_honours_its_contract():
+    """The attacks kind holds two contracts under one base: every Attack makes rows when
+    called, every GossipAttack sends messages (and is not an Attack)."""
+    from strategies.protocols import Attack, BaseAttack, GossipAttack
+
+    classes = [registry.get("attacks", n) for n in registry.available("attacks")]
+    assert registry.contract("attacks") is BaseAttack
+    assert any(issubclass(c, GossipAttack) for c in classes)
+    assert not issubclass(GossipAttack, Attack)
+    for cls in classes:
+        assert issubclass(cls, Attack) != issubclass(cls, GossipAttack), cls
+        assert bool(cls.traits.gossip) == issubclass(cls, GossipAttack), cls
+
+
+class _NeitherAttack(registry.contract("attacks")):
+    """Broken: subclasses the kind's base but neither of its two contracts."""
+
+
+def test_the_checks_catch_an_attack_of_no_contract():
+    with pytest.raises(AssertionError, match="check subclasses_the_contract failed: "
+                       "_NeitherAttack subclasses neither Attack"):
+        check_plugin("attacks", _NeitherAttack)
+
+
+def test_the_checks_catch_a_gossip_trait_that_is_not_the_class():
+    from strategies.protocols import Attack, Traits
+
+    class Rows(Attack):
+        traits = Traits(gossip=True)
+
+        def __call__(self, seen, f, generator):
+            return seen[:1].expand(f, -1).clone()
+
+    with pytest.raises(AssertionError, match="traits.gossip is True, but it is not a GossipAttack"):
+        check_plugin("attacks", Rows)
