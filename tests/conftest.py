@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -63,3 +64,18 @@ def mlflow_uri(_mlflow_template, tmp_path, monkeypatch) -> str:
 def write_scenario(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+@pytest.fixture()
+def terminal(capfd, caplog):
+    """``terminal()``: what a run shows on the terminal so far, the process's stderr (Ray's
+    lines, the actors' forwarded ones) and fedray's log lines (the library logs them, the
+    command line prints them)."""
+    caplog.set_level(logging.INFO, logger="fedray")
+
+    def read() -> str:
+        logged = [r.getMessage() for r in caplog.records if r.name.startswith("fedray")]
+        caplog.clear()
+        return capfd.readouterr().err + "\n".join(logged)
+
+    return read

@@ -60,7 +60,7 @@ def main(scenario_path: str) -> None:
     t0 = time.monotonic()
     faulty = engine.run(kill_after_round_2)
     print(json.dumps({
-        "seconds": time.monotonic() - t0, "live_workers": len(engine.live),
+        "seconds": time.monotonic() - t0, "live_workers": len(engine.pool.live),
         "placed": sorted(placed), "worker_nodes": worker_nodes, "killed": killed,
         "same_metrics": faulty.metrics == full.metrics, "rounds": len(faulty.metrics),
         "final_equal": bool((faulty.final_params == full.final_params).all()),

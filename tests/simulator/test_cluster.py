@@ -96,7 +96,7 @@ def _sleep(actor) -> None:
 
 @pytest.mark.parametrize("after_step", [True, False], ids=["prefetched-call", "both-rounds"])
 def test_worker_actor_killed_mid_round_its_clients_move_to_a_live_worker(tmp_path, shared_ray,
-                                                                         capfd, after_step):
+                                                                         terminal, after_step):
     p = tmp_path / "s.yaml"
     p.write_text(SCENARIO)
     sc = load(p).points[0].scenario
@@ -106,7 +106,7 @@ def test_worker_actor_killed_mid_round_its_clients_move_to_a_live_worker(tmp_pat
     assert backend.killed == 1
     assert faulty.metrics == reference.metrics
     np.testing.assert_array_equal(faulty.final_params, reference.final_params)
-    err = capfd.readouterr().err
+    err = terminal()
     found = "round 3" if after_step else r"round [23]"
     assert re.search(found + r": ClientWorker\(s\) \[0\] lost", err), err
     assert "moved to 1 live worker(s)" in err
@@ -133,7 +133,7 @@ def _wait_dead(handle, timeout: float = 60.0) -> None:
 
 
 @pytest.mark.parametrize("every", [0, 2], ids=["from-the-start", "from-a-checkpoint"])
-def test_lost_client_state_sends_the_run_back_to_a_state_it_holds(tmp_path, shared_ray, capfd,
+def test_lost_client_state_sends_the_run_back_to_a_state_it_holds(tmp_path, shared_ray, terminal,
                                                                    every):
     """Worker momentum keeps per-client state in the workers: when a worker dies with it, the
     run goes back to the newest state it holds (the start, or the last checkpoint round),
@@ -160,7 +160,7 @@ def test_lost_client_state_sends_the_run_back_to_a_state_it_holds(tmp_path, shar
     assert seen == [0, 1, 2, 3, 4]
     assert faulty.metrics == reference.metrics
     np.testing.assert_array_equal(faulty.final_params, reference.final_params)
-    err = capfd.readouterr().err
+    err = terminal()
     back = "goes back to its start and computes rounds 1-4" if every == 0 else \
         "goes back to its state after round 2 and computes rounds 3-4"
     assert "with per-client state" in err and back in err
@@ -229,7 +229,7 @@ class KillAtCheckpoint(KillDuringTrain):
         return self._b.call(handle, method, *args)
 
 
-def test_a_worker_lost_while_checkpointing_sends_the_run_back(tmp_path, shared_ray, capfd):
+def test_a_worker_lost_while_checkpointing_sends_the_run_back(tmp_path, shared_ray, terminal):
     p = tmp_path / "s.yaml"
     p.write_text(SCENARIO.replace("local: {steps: 3, batch_size: 16, lr: 0.1}",
                                   "local: {batch_size: 16, lr: 0.1, optimizer: {name: momentum}}")
@@ -245,7 +245,7 @@ def test_a_worker_lost_while_checkpointing_sends_the_run_back(tmp_path, shared_r
     assert backend.killed == 1 and faulty.metrics == reference.metrics
     np.testing.assert_array_equal(faulty.final_params, reference.final_params)
     assert set(saved) == {1, 3}  # after rounds 2 and 4 (round 2's written again, the same)
-    assert "goes back to its start and computes rounds 1-2" in capfd.readouterr().err
+    assert "goes back to its start and computes rounds 1-2" in terminal()
 
 
 class _Cluster:
