@@ -11,6 +11,8 @@ from simulator.engine import Engine
 from simulator.messages import TrainRequest
 from simulator.runtime.backend import InlineBackend
 from simulator.sampling import byzantine_clients, sample_clients
+from tests.simulator.equivalence import CASES
+from tests.simulator.equivalence import scenario as equivalence_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,6 +67,18 @@ def test_inline_and_ray_give_identical_metrics(tmp_path, shared_ray):
     assert inline.metrics == on_ray.metrics
     np.testing.assert_array_equal(inline.final_params, on_ray.final_params)
     assert any(m["byzantine_sampled"] > 0 for m in inline.metrics)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_ray_equals_inline_on_the_equivalence_set(tmp_path, shared_ray, case):
+    """Every path of the engine (tests/simulator/equivalence.py) gives the same numbers, to
+    the bit, in one process and on Ray actors."""
+    sc = equivalence_scenario(case, tmp_path)
+    inline = Engine(sc, InlineBackend(), workers=2).run(on_checkpoint=lambda r, s: None)
+    on_ray = Engine(sc, shared_ray, workers=2).run(on_checkpoint=lambda r, s: None)
+    assert inline.metrics == on_ray.metrics
+    np.testing.assert_array_equal(inline.final_params, on_ray.final_params)
+    assert len(inline.metrics) == sc.rounds and 0 < inline.final("test_accuracy") <= 1
 
 
 def test_quickstart_fedavg_reaches_90_percent(tmp_path):
