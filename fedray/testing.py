@@ -58,10 +58,21 @@ def matrix(seed: int = 0, n: int = N, d: int = D, offset: float = 10.0) -> torch
 
 
 def _call(rule: Any, x: torch.Tensor, seed: int = 0) -> torch.Tensor:
-    """A pre-aggregator or aggregator on ``x`` (a random one with a seeded generator)."""
-    if rule.traits.random:
-        return rule(x, torch.Generator().manual_seed(seed))
-    return rule(x)
+    """A pre-aggregator or aggregator on ``x``, given a seeded generator as every caller may
+    (a deterministic rule ignores it)."""
+    return rule(x, generator=torch.Generator().manual_seed(seed))
+
+
+def _takes_a_generator(cls: Any) -> Check:
+    """The aggregation rules' one signature: ``generator=None`` may always be passed."""
+    def generator_keyword() -> None:
+        p = inspect.signature(cls.__call__).parameters.get("generator")
+        assert p is not None and p.default is None and p.kind in (
+            p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY), \
+            f"{cls.__name__}.__call__ takes no generator=None keyword (every aggregation " \
+            "rule takes one; a deterministic rule ignores it)"
+
+    return ("generator_keyword", generator_keyword)
 
 
 def _spread(x: torch.Tensor) -> float:
@@ -166,9 +177,7 @@ def _meta_checks(make: Callable[[], Any]) -> list[Check]:
     from strategies.aggregators import CoordinateWiseMedian
 
     def run(m: Any, x: torch.Tensor) -> torch.Tensor:
-        if m.traits.random:
-            return m(x, CoordinateWiseMedian(), torch.Generator().manual_seed(0))
-        return m(x, CoordinateWiseMedian())
+        return m(x, CoordinateWiseMedian(), generator=torch.Generator().manual_seed(0))
 
     def output_contract() -> None:
         x = matrix(11)
@@ -495,9 +504,9 @@ def plugin_checks(kind: str, cls: Any, params: dict[str, Any] | None = None,
         return make()
 
     by_kind: dict[str, Callable[[], list[Check]]] = {
-        "aggregators": lambda: _aggregator_checks(plain),
-        "preaggregators": lambda: _preaggregator_checks(plain),
-        "meta": lambda: _meta_checks(plain),
+        "aggregators": lambda: [_takes_a_generator(cls), *_aggregator_checks(plain)],
+        "preaggregators": lambda: [_takes_a_generator(cls), *_preaggregator_checks(plain)],
+        "meta": lambda: [_takes_a_generator(cls), *_meta_checks(plain)],
         "attacks": lambda: _attack_checks(_with_aggregate(make), cls),
         "topologies": lambda: _topology_checks(plain, cls),
         "gossip_defenses": lambda: _gossip_defense_checks(_defense(make)),

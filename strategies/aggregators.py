@@ -2,9 +2,9 @@
 
 Each aggregator is a small class whose constructor arguments are exactly its keys in a
 scenario file (``aggregator: {name: cwtm, f: 2}``). ``check(n)`` states the constraints that
-depend on how many rows it will receive, with a message naming the parameter. A rule that
-needs randomness declares ``traits = Traits(random=True)`` and is called as
-``rule(x, generator)``. A stateful rule (centered clipping) keeps its state in attributes
+depend on how many rows it will receive, with a message naming the parameter. Every rule is
+called as ``rule(x, generator=...)``: one that draws from the generator declares
+``traits = Traits(random=True)``, the others ignore it. A stateful rule (centered clipping) keeps its state in attributes
 exposed by ``state_dict()`` / ``load_state_dict()``, as torch.optim does. The contract is
 ``strategies.protocols.Aggregator``; the shared maths is in ``strategies.geometry``.
 
@@ -43,7 +43,7 @@ from strategies.geometry import (
     row_keys,
     squared_distances,
 )
-from strategies.protocols import Aggregator, Traits
+from strategies.protocols import Aggregator, Traits, require_generator
 
 
 def _require(cond: bool, message: str) -> None:
@@ -83,7 +83,8 @@ class Mean(Aggregator):
 
     traits = Traits(averaging=True)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
         return x.mean(dim=0)
 
     def check(self, n: int) -> None:
@@ -97,7 +98,8 @@ class CoordinateWiseMedian(Aggregator):
     statistical median, as NumPy computes it), not torch's lower median.
     """
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
         return coordinate_median(x)
 
     def check(self, n: int) -> None:
@@ -111,7 +113,8 @@ class CoordinateWiseTrimmedMean(Aggregator):
     def __init__(self, f: Annotated[int, Ge(0)] = 0) -> None:
         self.f = f
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
         n = x.shape[0]
         self.check(n)
         if self.f == 0:
@@ -136,7 +139,8 @@ class MeaMed(Aggregator):
     def __init__(self, f: Annotated[int, Ge(0)] = 0) -> None:
         self.f = f
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
         self.check(x.shape[0])
         return mean_around_median(x, x.shape[0] - self.f)
 
@@ -170,7 +174,8 @@ class GeometricMedian(Aggregator):
     ) -> None:
         self.nu, self.iterations, self.tol, self.init = nu, iterations, tol, init
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
         ok = finite_rows(x)
         xs = x if bool(ok.all()) else x[ok]
         m = xs.shape[0]
@@ -226,7 +231,8 @@ class MultiKrum(Aggregator):
     def _m(self, n: int) -> int:
         return n - self.f if self.m is None else self.m
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
         n = x.shape[0]
         self.check(n)
         scores = krum_scores(squared_distances(x), self.f)
@@ -256,7 +262,8 @@ class Bulyan(Aggregator):
     def __init__(self, f: Annotated[int, Ge(0)] = 0) -> None:
         self.f = f
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
         n, f = x.shape[0], self.f
         self.check(n)
         d2 = squared_distances(x)
@@ -290,7 +297,8 @@ class MinimumDiameterAveraging(Aggregator):
                  max_subsets: Annotated[int, Ge(1)] = 2_000_000) -> None:
         self.f, self.max_subsets = f, max_subsets
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
         n = x.shape[0]
         self.check(n)
         d2 = squared_distances(x)
@@ -318,7 +326,8 @@ class MoNNA(Aggregator):
     def __init__(self, f: Annotated[int, Ge(0)] = 0, reference: Annotated[int, Ge(0)] = 0) -> None:
         self.f, self.reference = f, reference
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
         n = x.shape[0]
         self.check(n)
         diff = x - x[self.reference]
@@ -358,7 +367,8 @@ class CovarianceAgnosticFilter(Aggregator):
     def __init__(self, f: Annotated[int, Ge(0)] = 0) -> None:
         self.f = f
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
         n = x.shape[0]
         self.check(n)
         g, ok = gram(x)
@@ -399,7 +409,8 @@ class SmallestMaxEigenvalueAveraging(Aggregator):
                  max_subsets: Annotated[int, Ge(1)] = 200_000) -> None:
         self.f, self.max_subsets = f, max_subsets
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
         n = x.shape[0]
         self.check(n)
         g, ok = gram(x)
@@ -443,7 +454,9 @@ class DivideAndConquer(Aggregator):
         self.f, self.iterations = f, iterations
         self.subsample_dim, self.filter_frac = subsample_dim, filter_frac
 
-    def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
+        generator = require_generator(generator, self)
         n, d = x.shape
         self.check(n)
         ok = finite_rows(x)
@@ -488,7 +501,8 @@ class CenteredClipping(Aggregator):
         self.tau, self.iterations = tau, iterations
         self.centre: torch.Tensor | None = None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
         ok = finite_rows(x)
         v = torch.zeros_like(x[0]) if self.centre is None else self.centre.to(x.dtype)
         xs = x if bool(ok.all()) else torch.where(ok[:, None], x, torch.zeros((), dtype=x.dtype))

@@ -1,10 +1,12 @@
-"""Meta-aggregators: wrap any aggregator ``A``; called as ``meta(x, A)`` with ``A`` a callable
-``(n, d) -> (d,)`` (the engine binds a random aggregator's generator before passing it); a
-random meta-aggregator (``traits.random``) is called as ``meta(x, A, generator)``."""
+"""Meta-aggregators: wrap any aggregator ``A``; called as ``meta(x, A, generator=...)`` with
+``A`` a callable ``(n, d) -> (d,)`` (the engine binds a random aggregator's generator before
+passing it); a random meta-aggregator (``traits.random``) draws from ``generator``, the
+others ignore it."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Annotated
 
 import torch
@@ -12,7 +14,9 @@ from annotated_types import Ge
 
 from strategies.geometry import finite_rows
 from strategies.preaggregators import Bucketing, NearestNeighborMixing
-from strategies.protocols import MetaAggregator, Traits
+from strategies.protocols import MetaAggregator, Traits, require_generator
+
+Rule = Callable[[torch.Tensor], torch.Tensor]  # the wrapped aggregator, its generator bound
 
 
 class CenteredTrimmedMetaAggregator(MetaAggregator):
@@ -32,7 +36,8 @@ class CenteredTrimmedMetaAggregator(MetaAggregator):
     def __init__(self, f: Annotated[int, Ge(0)] = 0) -> None:
         self.f = f
 
-    def __call__(self, x: torch.Tensor, aggregator) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, aggregator: Rule,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
         m = x.shape[0]
         self.check(m)
         x0 = aggregator(x)
@@ -56,7 +61,8 @@ class NNMMeta(MetaAggregator):
     def __init__(self, f: Annotated[int, Ge(0)] = 0) -> None:
         self.f = f
 
-    def __call__(self, x: torch.Tensor, aggregator) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, aggregator: Rule,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
         return aggregator(NearestNeighborMixing(self.f)(x))
 
     def check(self, n: int) -> None:
@@ -73,8 +79,9 @@ class BucketingMeta(MetaAggregator):
     def __init__(self, s: Annotated[int, Ge(1)] = 2) -> None:
         self.s = s
 
-    def __call__(self, x: torch.Tensor, aggregator, generator: torch.Generator) -> torch.Tensor:
-        return aggregator(Bucketing(self.s)(x, generator))
+    def __call__(self, x: torch.Tensor, aggregator: Rule,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        return aggregator(Bucketing(self.s)(x, require_generator(generator, self)))
 
     def output_rows(self, n: int) -> int:
         """How many rows the wrapped aggregator receives: one per bucket."""

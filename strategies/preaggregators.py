@@ -1,7 +1,8 @@
 """Pre-aggregators: ``(n, d)`` -> ``(m, d)``, applied in a chain before the aggregator.
 
 Same contract as the aggregators: constructor arguments are the scenario keys, the input is
-never modified in place, ``traits.random`` rules are called as ``rule(x, generator)``,
+never modified in place, every rule is called as ``rule(x, generator=...)`` (the
+``traits.random`` ones draw from it, the others ignore it),
 ``output_rows(n)`` says how many rows come out, ``check(n)`` validates against the rows in.
 """
 
@@ -15,7 +16,7 @@ from annotated_types import Ge, Gt
 from pydantic import AllowInfNan
 
 from strategies.geometry import finite_rows, squared_distances
-from strategies.protocols import PreAggregator, Traits
+from strategies.protocols import PreAggregator, Traits, require_generator
 
 
 def clip_rows(x: torch.Tensor, threshold: torch.Tensor | float) -> torch.Tensor:
@@ -39,7 +40,8 @@ class StaticClipping(PreAggregator):
     def __init__(self, c: Annotated[float, Gt(0), AllowInfNan(True)] = 1.0) -> None:
         self.c = c
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
         return clip_rows(x, self.c)
 
     def output_rows(self, n: int) -> int:
@@ -60,7 +62,8 @@ class AdaptiveRobustClipping(PreAggregator):
     def clipped(self, n: int) -> int:
         return math.floor(2 * self.f / n * (n - self.f)) if n else 0
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
         n = x.shape[0]
         self.check(n)
         k = self.clipped(n)
@@ -90,7 +93,8 @@ class NearestNeighborMixing(PreAggregator):
     def __init__(self, f: Annotated[int, Ge(0)] = 0) -> None:
         self.f = f
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
         n = x.shape[0]
         self.check(n)
         d2 = squared_distances(x)
@@ -127,9 +131,10 @@ class Bucketing(PreAggregator):
     def __init__(self, s: Annotated[int, Ge(1)] = 2) -> None:
         self.s = s
 
-    def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
         n = x.shape[0]
-        perm = torch.randperm(n, generator=generator)
+        perm = torch.randperm(n, generator=require_generator(generator, self))
         bucket = torch.empty(n, dtype=torch.int64)
         bucket[perm] = torch.arange(n) // self.s
         m = self.output_rows(n)

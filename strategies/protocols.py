@@ -85,6 +85,7 @@ __all__ = [
     "Topology",
     "Trainer",
     "Traits",
+    "require_generator",
 ]
 
 
@@ -92,7 +93,8 @@ __all__ = [
 class Traits:
     """What the engine must know of a plugin class, declared once on the class.
 
-    ``random``: called with a ``torch.Generator`` as its last argument (aggregation rules).
+    ``random``: draws from the ``generator`` it is called with (aggregation rules, which all
+    take one; a rule without this trait ignores it).
     ``omniscient``: an attack that sees the honest updates of the round (else it sees the
     Byzantine clients' own honestly computed updates).
     ``data_poisoning``: an attack that rewrites the Byzantine clients' labels
@@ -161,22 +163,35 @@ class Stateful:
 # ---------------------------------------------------------------------------- aggregation
 
 
-class Aggregator(Plugin, Stateful, ABC):
-    """``(n, d)`` float32 updates -> ``(d,)`` aggregate (``traits.random``: called as
-    ``rule(x, generator)``). Non-finite rows must not break it while at most ``f`` rows
-    are Byzantine."""
+def require_generator(generator: torch.Generator | None, rule: object) -> torch.Generator:
+    """``generator``, which a random rule (``traits.random``) draws from; a TypeError naming
+    ``rule`` when it is None (a plugin never draws from torch's global generator)."""
+    if generator is None:
+        raise TypeError(f"{type(rule).__name__} is random (traits.random): call it with "
+                        "generator=torch.Generator")
+    return generator
 
-    # ``rule(x)``, or ``rule(x, generator)`` with ``traits.random`` (typed loosely: the two
-    # signatures are both the contract)
-    __call__: Callable[..., torch.Tensor]
+
+class Aggregator(Plugin, Stateful, ABC):
+    """``(n, d)`` float32 updates -> ``(d,)`` aggregate. Non-finite rows must not break it
+    while at most ``f`` rows are Byzantine."""
+
+    @abstractmethod
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
+        """The aggregate of the rows ``x``. Every caller may pass ``generator``: a rule with
+        ``traits.random`` draws from it (and needs it), any other ignores it."""
 
 
 class PreAggregator(Plugin, Stateful, ABC):
     """``(n, d)`` -> ``(output_rows(n), d)``, applied before the aggregator in the order of
     the scenario's ``preaggregators`` list."""
 
-    # ``rule(x)``, or ``rule(x, generator)`` with ``traits.random``
-    __call__: Callable[..., torch.Tensor]
+    @abstractmethod
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
+        """The ``(output_rows(n), d)`` rows from ``x``; ``generator`` as for
+        :meth:`Aggregator.__call__`."""
 
     def output_rows(self, n: int) -> int:
         """How many rows come out of ``n`` rows in (the default: as many)."""
@@ -184,12 +199,15 @@ class PreAggregator(Plugin, Stateful, ABC):
 
 
 class MetaAggregator(Plugin, Stateful, ABC):
-    """Wraps the scenario's aggregator: ``meta(x, aggregator)`` (``traits.random``:
-    ``meta(x, aggregator, generator)``) -> ``(d,)``; ``aggregator`` maps ``(m, d)`` to
-    ``(d,)`` and is called on ``output_rows(n)`` rows at most."""
+    """Wraps the scenario's aggregator: ``meta(x, aggregator) -> (d,)``; ``aggregator`` maps
+    ``(m, d)`` to ``(d,)`` (a random aggregator comes with its generator bound) and is called
+    on ``output_rows(n)`` rows at most."""
 
-    # ``meta(x, aggregator)``, or ``meta(x, aggregator, generator)`` with ``traits.random``
-    __call__: Callable[..., torch.Tensor]
+    @abstractmethod
+    def __call__(self, x: torch.Tensor, aggregator: Callable[[torch.Tensor], torch.Tensor],
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """The aggregate of ``x`` through ``aggregator``; ``generator`` as for
+        :meth:`Aggregator.__call__`."""
 
     def output_rows(self, n: int) -> int:
         """How many rows the wrapped aggregator receives at most from ``n`` rows."""

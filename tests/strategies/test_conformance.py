@@ -84,15 +84,22 @@ def test_rules_taking_f_are_checked_with_the_byzantine_rows_of_the_matrices():
 class ZeroAggregator(registry.contract("aggregators")):
     """Returns zeros whatever the rows: the checks must catch it."""
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         return torch.zeros(x.shape[1])
 
 
 class FirstRow(registry.contract("aggregators")):
     """The first row, whatever the others: not permutation invariant."""
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         return x[0].clone()
+
+
+class NoGenerator(registry.contract("aggregators")):
+    """The mean, but its call takes no generator: callers that pass one would fail."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(0)
 
 
 class NotAPlugin:
@@ -102,7 +109,7 @@ class NotAPlugin:
 
 @pytest.mark.parametrize("cls, failing", [
     (ZeroAggregator, "identical_rows"), (FirstRow, "permutation_invariance"),
-    (NotAPlugin, "subclasses_the_contract")])
+    (NoGenerator, "generator_keyword"), (NotAPlugin, "subclasses_the_contract")])
 def test_the_checks_catch_broken_rules(cls, failing):
     with pytest.raises(AssertionError, match=f"check {failing} failed"):
         check_plugin("aggregators", cls)

@@ -40,7 +40,7 @@ from strategies.protocols import (
 class NanMedian(Aggregator):
     """Coordinate-wise median ignoring NaN (infinite values sort to the ends)."""
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         return torch.nanmedian(x, dim=0).values
 
 
@@ -50,7 +50,7 @@ class ShrinkToMedian(PreAggregator):
     def __init__(self, alpha: Annotated[float, Ge(0), Le(1)] = 0.5) -> None:
         self.alpha = alpha
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         med = torch.nanmedian(x, dim=0).values
         return x + self.alpha * (med - x)
 
@@ -58,8 +58,8 @@ class ShrinkToMedian(PreAggregator):
 class Recentered(MetaAggregator):
     """The aggregator applied to the rows centred on its own first output."""
 
-    def __call__(self, x: torch.Tensor, aggregator: Callable[[torch.Tensor], torch.Tensor]
-                 ) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, aggregator: Callable[[torch.Tensor], torch.Tensor],
+                 generator: torch.Generator | None = None) -> torch.Tensor:
         a = aggregator(x)
         return aggregator(x - a) + a
 
