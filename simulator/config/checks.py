@@ -96,7 +96,8 @@ def _check_trainer(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
     client rule."""
     trainer, level = plan.trainer, plan.privacy_level
     context = registry.get("trainers", trainer["name"]).traits.context
-    if sc.task["name"] != "classification" and "task" not in context:
+    # a trainer that takes no task trains the default task's loss (a classifier's)
+    if sc.task["name"] != default_at(("task",))["name"] and "task" not in context:
         problems.append(Problem(("local", "trainer"), f"{trainer['name']!r} does not take "
                                 f"'task' and trains classifiers only; task {sc.task['name']} "
                                 "needs a trainer that takes it (sgd)"))
