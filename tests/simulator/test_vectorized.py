@@ -175,7 +175,7 @@ def test_the_stacked_forward_is_each_copy_on_its_own_batch(name, shape, keys):
     from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
     from simulator.models import build_model
-    from strategies.trainers import split_rows, stacked_forward
+    from strategies.stacked import split_rows, stacked_forward
 
     model = build_model({"name": name, **keys}, shape, 5, 0)
     forward = stacked_forward(model)
@@ -192,7 +192,7 @@ def test_the_stacked_forward_is_each_copy_on_its_own_batch(name, shape, keys):
 
 def test_models_that_are_not_a_plain_chain_take_vmap():
     from simulator.models import build_model
-    from strategies.trainers import stacked_forward
+    from strategies.stacked import stacked_forward
 
     assert stacked_forward(build_model({"name": "resnet20", "norm": "group"}, (3, 8, 8), 4, 0)) is None
     assert stacked_forward(build_model({"name": "cnn", "norm": "group"}, (1, 8, 8), 4, 0)) is None
