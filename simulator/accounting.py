@@ -8,8 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from simulator.plan import Plan
-from simulator.registry import instantiate
+from simulator.plan import Plan, build_privacy
 
 
 class PrivacyAccountant:
@@ -17,7 +16,7 @@ class PrivacyAccountant:
 
     def __init__(self, plan: Plan, client_sizes: np.ndarray, local_steps: np.ndarray) -> None:
         self.plan = plan
-        self.privacy = instantiate("privacy", plan.privacy) if plan.privacy else None
+        self.privacy = build_privacy(plan)
         self.client_sizes, self.local_steps = client_sizes, local_steps
         self._mechanism: tuple[int, Any] = (-1, None)  # (rounds, mechanism) last composed
 

@@ -100,6 +100,11 @@ def build_client_rule(spec: PluginSpec, from_server: bool) -> Any:
     return registry.instantiate("client_optimizers", spec)
 
 
+def build_privacy(plan: Plan) -> Any:
+    """The privacy plugin a Plan names (None without one)."""
+    return registry.instantiate("privacy", plan.privacy) if plan.privacy is not None else None
+
+
 def _rule_traits(spec: PluginSpec, from_server: bool) -> Any:
     if from_server:  # the client half is only known from an instance
         return build_client_rule(spec, True).traits

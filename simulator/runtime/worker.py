@@ -21,7 +21,7 @@ from simulator.data import client_arrays
 from simulator.errors import ClientStateLost, guarded
 from simulator.messages import ClientRows, TrainRequest
 from simulator.models import build_model
-from simulator.plan import Plan, build_client_rule
+from simulator.plan import Plan, build_client_rule, build_privacy
 from simulator.registry import PluginSpec, instantiate
 from simulator.runtime.common import (
     buffers_to_vector,
@@ -121,7 +121,7 @@ class ClientWorker:
 
     def _trainer(self, spec: PluginSpec, local: Any = None) -> Trainer:
         sc, plan = self.scenario, self.plan
-        privacy = instantiate("privacy", plan.privacy) if plan.privacy else None
+        privacy = build_privacy(plan)
         return instantiate("trainers", spec, model=self.model, local=local or sc.local,
                            task=instantiate("tasks", sc.task),
                            rule=build_client_rule(plan.client_rule, plan.rule_from_server),
