@@ -440,7 +440,7 @@ def _partitioner_checks(make: Callable[[], Any]) -> list[Check]:
 def _model_checks(make_with: Callable[..., Any], cls: Any) -> list[Check]:
     def forward_contract() -> None:
         torch.manual_seed(0)
-        if cls.TOKENS:  # token ids: sequences of 12 over 10 symbols
+        if cls.traits.tokens:  # token ids: sequences of 12 over 10 symbols
             m = make_with(input_shape=(12,), num_classes=10, vocabulary=10)
             out = m(torch.randint(0, 10, (3, 12), generator=torch.Generator().manual_seed(0)))
         else:
@@ -458,7 +458,7 @@ def _task_checks(make: Callable[[], Any]) -> list[Check]:
         task = make()
         g = torch.Generator().manual_seed(0)
         x = torch.randint(0, 10, (3, 12), generator=g)  # token ids, 10 symbols
-        classes = task.TARGETS == "classes"  # else one real-valued output per sample
+        classes = task.traits.targets == "classes"  # else one real-valued output per sample
         y = torch.randint(0, 10, (3,), generator=g) if classes else torch.randn(3, generator=g)
         shape = tuple(task.output_shape(3, (12,), 10 if classes else 1))
         assert shape[0] == 3, f"output_shape {shape} for a batch of 3"

@@ -246,8 +246,7 @@ class CharLSTM(Model):
     (``all``; scores ``(b, sequence, classes)`` for the ``next_token`` task). Takes token
     ids ``(b, sequence)``."""
 
-    TOKENS = True
-    traits = Traits(context=("input_shape", "num_classes", "vocabulary"))
+    traits = Traits(context=("input_shape", "num_classes", "vocabulary"), tokens=True)
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, vocabulary: int | None,
                  embedding: Annotated[int, Ge(1)] = 8, hidden: Annotated[int, Ge(1)] = 256,

@@ -51,9 +51,10 @@ the built-ins pass the same checks.
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
@@ -118,6 +119,9 @@ class Traits:
     trains one client at a time, which the engine times against it to keep the faster.
     ``averaging``: an aggregator that is the plain mean of its rows (one row moves it by at
     most its norm / n: the sensitivity client-level DP calibrates its noise to).
+    ``tokens``: a model that takes integer token ids (an embedding), not values; it lists
+    ``vocabulary`` in ``context`` to receive the data's number of token ids.
+    ``targets``: the labels a task needs, ``classes`` (int64 ids) or ``values`` (float32).
     """
 
     random: bool = False
@@ -135,6 +139,34 @@ class Traits:
     batched: str | None = None
     loop: str | None = None
     averaging: bool = False
+    tokens: bool = False
+    targets: Literal["classes", "values"] = "classes"
+
+
+class TraitAlias:
+    """A class attribute that reads ``traits.<name>`` (read-only), under the name a plugin
+    kind first had for it; a subclass that still assigns the old name has the value moved
+    into its traits, with a DeprecationWarning (see :meth:`adopt`)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.attr = attr
+
+    def __get__(self, obj: object, owner: type[Plugin]) -> Any:
+        return getattr(owner.traits, self.name)
+
+    def __set__(self, obj: object, value: Any) -> None:
+        raise AttributeError(f"{self.attr} is traits.{self.name}: declare it in traits")
+
+    def adopt(self, cls: type[Plugin]) -> None:
+        """Move a value ``cls`` assigns to the old name into ``cls.traits``."""
+        if self.attr in vars(cls):
+            warnings.warn(f"{cls.__name__}.{self.attr} is deprecated: declare "
+                          f"traits = Traits({self.name}=...)", DeprecationWarning, stacklevel=3)
+            cls.traits = replace(cls.traits, **{self.name: vars(cls)[self.attr]})
+            delattr(cls, self.attr)
 
 
 class Plugin:
@@ -483,13 +515,17 @@ class Model(nn.Module, Plugin):
     """A torch module whose constructor takes ``input_shape`` (one sample's shape) and
     ``num_classes`` (supplied by the engine from the dataset), then its own scenario keys;
     ``forward`` maps a batch ``(b, *input_shape)`` to ``(b, num_classes)`` scores: float32
-    values, or int64 token ids for a model with ``TOKENS = True`` (validation refuses a model
+    values, or int64 token ids for a model with ``traits.tokens`` (validation refuses a model
     whose input kind is not the data's; a token model lists ``vocabulary`` in its
     ``traits.context`` to receive the data's number of token ids). Its parameters travel as
     one flat float32 vector (``parameters()`` order)."""
 
     traits = Traits(context=("input_shape", "num_classes"))
-    TOKENS: ClassVar[bool] = False  # takes integer token ids (an embedding), not values
+    TOKENS = TraitAlias("tokens")  # deprecated: read traits.tokens
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        vars(Model)["TOKENS"].adopt(cls)
 
     def chain(self) -> nn.Sequential | None:
         """The layers ``forward`` applies one after another, when it is only that and the
@@ -505,11 +541,15 @@ class Model(nn.Module, Plugin):
 class Task(Plugin, ABC):
     """What the model learns: the training target of a batch, its per-sample loss and the
     evaluation metrics that fit it (the scenario's ``task``; trainers list ``task`` in their
-    ``traits.context``). ``TARGETS``: the labels it needs, ``classes`` (int64 ids) or
+    ``traits.context``). ``traits.targets``: the labels it needs, ``classes`` (int64 ids) or
     ``values`` (float32). Metric names (without their ``test_``/``train_`` prefix) are the
     ones the dashboards read: ``loss`` always, ``accuracy`` where it means something."""
 
-    TARGETS: ClassVar[Literal["classes", "values"]] = "classes"
+    TARGETS = TraitAlias("targets")  # deprecated: read traits.targets
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        vars(Task)["TARGETS"].adopt(cls)
 
     def target(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The batch's target from its inputs and labels (default: the labels)."""

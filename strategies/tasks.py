@@ -21,7 +21,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from strategies.protocols import Task
+from strategies.protocols import Task, Traits
 
 __all__ = ["Classification", "NextToken", "Regression", "cross_entropy", "next_token_losses",
            "squared_errors"]
@@ -92,7 +92,7 @@ class Regression(Task):
     """Real-valued targets: mean squared error (the ``loss`` metric); no accuracy. The model's
     ``num_classes`` is the number of outputs (1 for a scalar target)."""
 
-    TARGETS = "values"
+    traits = Traits(targets="values")
 
     def losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return squared_errors(output, target)

@@ -312,8 +312,7 @@ class _Leaf(Dataset):
     traits = Traits(path_params=("root",))
     SHAPE: tuple[int, ...] = ()
     CLASSES = 0
-    TOKENS = False
-    VOCABULARY: int | None = None
+    VOCABULARY: int | None = None  # token data: the number of token ids
 
     def __init__(self, root: str, min_samples: Annotated[int, Ge(1)] = 1) -> None:
         self.root, self.min_samples = root, min_samples
@@ -359,7 +358,8 @@ class _Leaf(Dataset):
         counts = self._users()
         chosen = self._chosen(counts, num_clients, seed)
         return DatasetInfo(sum(counts[u] for u in chosen), self.SHAPE, self.CLASSES,
-                           self.TOKENS, self.VOCABULARY, natural_clients=len(chosen))
+                           self.VOCABULARY is not None, self.VOCABULARY,
+                           natural_clients=len(chosen))
 
     def _read(self, split: str, chosen: dict[str, int]) -> tuple[list, list, list]:
         xs: list[np.ndarray] = []
@@ -417,7 +417,6 @@ class Shakespeare(_Leaf):
 
     SHAPE = (80,)
     CLASSES = len(LEAF_LETTERS)
-    TOKENS = True
     VOCABULARY = len(LEAF_LETTERS)
 
     def _samples(self, x: list, y: list) -> tuple[np.ndarray, np.ndarray]:
