@@ -227,7 +227,6 @@ def _model_forward(sc: Scenario, info: Any) -> tuple[Any, Any]:
 
     import torch
     from torch.overrides import TorchFunctionMode
-    from torch.utils._device import _device_constructors
 
     from simulator.models import build_model
 
@@ -237,8 +236,13 @@ def _model_forward(sc: Scenario, info: Any) -> tuple[Any, Any]:
 
         total = 0
 
+        # the public factories that take a size first (what a module's constructor
+        # allocates its parameters and buffers with)
+        factories = (torch.empty, torch.zeros, torch.ones, torch.full, torch.rand,
+                     torch.randn, torch.empty_strided)
+
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func in _device_constructors() and args:
+            if func in self.factories and args:
                 size = args[0] if isinstance(args[0], (tuple, list, torch.Size)) else args
                 if all(isinstance(n, int) for n in size):
                     self.total += 4 * math.prod(size)
