@@ -160,10 +160,9 @@ class Server:
                 if finite else float("inf")}
 
     def _skipped(self, round_: int, why: str) -> None:
-        """A round whose aggregation is skipped (the model stays): named, 1-based as the
-        progress lines count, for the first SKIPS_NAMED of a run, where every one was printed
-        (a run with frequent empty rounds filled the terminal) or, with no honest update,
-        none was."""
+        """A round whose aggregation is skipped (the model stays): logged, 1-based as the
+        progress lines count, for the first SKIPS_NAMED of a run (a run with frequent empty
+        rounds would fill the terminal); the aggregation_skipped metric counts them all."""
         self.skips += 1
         if self.skips <= SKIPS_NAMED:
             last = ("; further skipped rounds are not printed (the aggregation_skipped "
