@@ -38,9 +38,9 @@ class PluginError(FedrayError):
 def guarded(where: str, name: str, fn: Any) -> Any:
     """``fn`` with any exception it raises turned into a PluginError naming the plugin: a bug
     in a plugin fails the run in one line, and is never mistaken for a condition of the run."""
-    def call(*args: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except Exception as e:
             raise PluginError(where, name, e) from e
     return call

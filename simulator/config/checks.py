@@ -175,10 +175,10 @@ def _check_data_and_model(sc: Scenario, problems: list[Problem]) -> None:
         problems.append(Problem(("clients", "total"), f"more clients ({c.total}) than training "
                                 f"samples ({info.train_samples}); each client needs one at least"))
     task = registry.get("tasks", sc.task["name"])
-    if task.TARGETS != info.targets:
+    if task.traits.targets != info.targets:
         problems.append(Problem(("task", "name"), f"{sc.task['name']} learns " + (
             "class labels; the data's targets are real values: use task regression"
-            if task.TARGETS == "classes" else
+            if task.traits.targets == "classes" else
             "real values; the data's targets are class labels: use task classification")))
         return
     partitioner = sc.data.partitioner["name"]
@@ -267,7 +267,7 @@ def _model_forward(sc: Scenario, info: Any) -> tuple[Any, Any]:
 def _check_model(sc: Scenario, info: Any, problems: list[Problem]) -> None:
     name = sc.model["name"]
 
-    if registry.get("models", name).TOKENS != info.tokens:
+    if registry.get("models", name).traits.tokens != info.tokens:
         problems.append(Problem(("model",), f"{name} takes " + (
             "token ids; the data gives values (images or features)" if not info.tokens else
             "values; the data gives token ids (text): use a model with an embedding, such as "

@@ -1,14 +1,14 @@
 """The aggregation pipeline of a scenario: pre-aggregators -> aggregator -> meta-aggregator.
 
 One class used by the Server (which steps it every round) and by the Adversary (whose optimal
-attacks simulate it). Random rules get a generator derived from (seed, rule, round), so the
-pipeline is a pure function of its input, its state and the round.
+attacks simulate it). Every rule is called with a generator derived from (seed, rule, round)
+(deterministic rules ignore it), so the pipeline is a pure function of its input, its state
+and the round.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,14 +18,6 @@ from simulator.plan import PipelinePlan
 from simulator.registry import PluginSpec, instantiate
 from simulator.seeding import torch_generator
 from strategies.protocols import Aggregator, MetaAggregator, Plugin, PreAggregator, Stateful
-
-
-def _bind(rule: Aggregator | PreAggregator, generator: torch.Generator
-          ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The rule as a function of the rows (a random rule gets ``generator``)."""
-    if rule.traits.random:
-        return lambda x: rule(x, generator)
-    return rule
 
 
 class Pipeline:
@@ -67,16 +59,15 @@ class Pipeline:
         self.check(x.shape[0])
         for i, p in enumerate(self.pre):
             where = f"preaggregators[{i}]"
-            x = guarded(where, self.names[where],
-                         _bind(p, torch_generator(self.seed, "preaggregator", round_, i)))(x)
+            x = guarded(where, self.names[where], p)(
+                x, generator=torch_generator(self.seed, "preaggregator", round_, i))
+        aggregator, g = self.aggregator, torch_generator(self.seed, "aggregator", round_)
         agg = guarded("aggregator", self.names["aggregator"],
-                       _bind(self.aggregator, torch_generator(self.seed, "aggregator", round_)))
+                      lambda rows: aggregator(rows, generator=g))
         if self.meta is None:
             return agg(x)
-        meta = guarded("meta", self.names["meta"], self.meta)
-        if self.meta.traits.random:
-            return meta(x, agg, torch_generator(self.seed, "meta", round_))
-        return meta(x, agg)
+        return guarded("meta", self.names["meta"], self.meta)(
+            x, agg, generator=torch_generator(self.seed, "meta", round_))
 
     def simulate(self, x: torch.Tensor, round_: int) -> torch.Tensor:
         """``aggregate`` on a copy: the pipeline's own state does not move."""
