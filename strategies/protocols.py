@@ -2,7 +2,8 @@
 
 A plugin author reads this file and nothing else. A plugin is a class that subclasses the
 base of its kind (the registry refuses one that does not, in one line, when it is looked up),
-registered as an entry point in the group ``fedray.<kind>``:
+registered as an entry point in the group ``fedray.<kind>``. The kinds are the table of
+``strategies.kinds`` (``CONTRACTS`` maps each to its base class):
 
 =================  =========================  ==============================================
 kind               base                       what it computes
@@ -61,6 +62,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from strategies.kinds import KINDS
+
 __all__ = [
     "CONTRACTS",
     "Aggregator",
@@ -83,6 +86,7 @@ __all__ = [
     "Privacy",
     "ServerOptimizer",
     "Stateful",
+    "Task",
     "Topology",
     "Trainer",
     "Traits",
@@ -117,6 +121,9 @@ class Traits:
     ``batched``: a trainer's twin that trains many clients at once with the same numbers (to
     float rounding), chosen by ``runtime.vectorize``; ``loop``: a batched trainer's twin that
     trains one client at a time, which the engine times against it to keep the faster.
+    ``client_state``: a client rule that keeps per-client state across rounds (in
+    ``ClientData.state``; a gradient rule does too): its clients train on the worker that
+    holds it, and checkpoints carry it.
     ``averaging``: an aggregator that is the plain mean of its rows (one row moves it by at
     most its norm / n: the sensitivity client-level DP calibrates its noise to).
     ``tokens``: a model that takes integer token ids (an embedding), not values; it lists
@@ -140,6 +147,7 @@ class Traits:
     loop: str | None = None
     averaging: bool = False
     tokens: bool = False
+    client_state: bool = False
     targets: Literal["classes", "values"] = "classes"
 
 
@@ -573,19 +581,5 @@ class Task(Plugin, ABC):
         return {"loss": loss} if accuracy is None else {"accuracy": accuracy, "loss": loss}
 
 
-CONTRACTS: dict[str, type] = {
-    "aggregators": Aggregator,
-    "preaggregators": PreAggregator,
-    "meta": MetaAggregator,
-    "attacks": BaseAttack,
-    "topologies": Topology,
-    "gossip_defenses": GossipDefense,
-    "optimizers": ServerOptimizer,
-    "client_optimizers": ClientRule,
-    "trainers": Trainer,
-    "privacy": Privacy,
-    "datasets": Dataset,
-    "partitioners": Partitioner,
-    "models": Model,
-    "tasks": Task,
-}
+# the base class of every kind, from the table of kinds (strategies.kinds), in its order
+CONTRACTS: dict[str, type] = {kind: globals()[base] for kind, base in KINDS.items()}
