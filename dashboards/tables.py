@@ -30,13 +30,13 @@ import argparse
 import math
 import re
 import statistics
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from dashboards.stats import Summary, from_mlflow, summarize
 from simulator.errors import FedrayError
+from simulator.log import logger, to_stderr
 from simulator.metric_names import mlflow_name, plain_name
 
 DEFAULT: list[tuple[str, str]] = [
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = collect_rows(args.experiment, args.by, metrics, args.tracking_uri, args.parent,
                             user_metrics=bool(args.metrics))
     except (ValueError, FedrayError) as e:  # a store that cannot be used: FedrayError
-        print(f"fedray table: {e}", file=sys.stderr)
+        logger.error("fedray table: %s", e)
         return 2 if isinstance(e, ValueError) else 1
     if paired and not any(r.key[paired[0]] == paired[1] for r in rows):
         values = sorted({r.key[paired[0]] for r in rows})
@@ -404,4 +404,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with to_stderr():
+        raise SystemExit(main())

@@ -24,7 +24,6 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ import pyarrow.parquet as pq
 
 import simulator
 from simulator.errors import TrackingUnavailable, UsageError, brief_text
+from simulator.log import logger
 from simulator.metric_names import mlflow_name
 
 PENDING = Path(".fedray") / "pending"
@@ -255,8 +255,9 @@ class Tracker:
         self.failures += 1
         self._down_until = time.monotonic() + RETRY_SECONDS
         if self.failures <= 3:
-            print(f"fedray: MLflow {what} failed ({type(e).__name__}: {str(e)[:200]}); kept in "
-                  f"{self.journal} and sent later (or by `fedray sync`)", file=sys.stderr)
+            logger.warning("fedray: MLflow %s failed (%s: %s); kept in %s and sent later (or "
+                           "by `fedray sync`)", what, type(e).__name__, str(e)[:200],
+                           self.journal)
 
     def _journal_pending(self, run_id: str) -> None:
         with self._lock:  # the sender thread and end() may both write it
@@ -461,7 +462,7 @@ def sync(base: Path | None = None, uri: str | None = None,
                 out["statuses"] += 1
                 (d / "status").unlink()
         except Exception as e:  # noqa: BLE001 - still unreachable: keep it for next time
-            print(f"fedray sync: run {run_id}: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+            logger.warning("fedray sync: run %s: %s: %s", run_id, type(e).__name__, str(e)[:200])
             out["failed_runs"] += 1
             continue
         out["runs"] += 1
