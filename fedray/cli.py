@@ -7,6 +7,7 @@ work is in ``simulator`` (the runner, resume, the config), the pictures in ``das
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import signal
@@ -25,7 +26,8 @@ from simulator.errors import (
     UsageError,
     WorkerLost,
 )
-from simulator.interrupts import SIGNALS, UNFINISHED, trap_sigterm
+from simulator.interrupts import SIGNALS, Unfinished, trap_sigterm, unfinished_of
+from simulator.log import to_stderr
 
 EXIT_INVALID = 2
 
@@ -321,6 +323,11 @@ def _bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def _verbose(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also the debug messages (runs opened and ended, tasks, checkpoints)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedray", description=__doc__)
     p.add_argument("--version", action="version", version=f"fedray {simulator.__version__}")
@@ -338,6 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--workers", type=_bounded_int(1), default=None,
                    help="number of ClientWorker actors")
     r.add_argument("--quiet", action="store_true", help="plain progress lines, no bar")
+    _verbose(r)
     r.set_defaults(func=cmd_run)
 
     w = sub.add_parser("sweep", help="run a scenario's sweep points in parallel on Ray; "
@@ -350,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--address", default=None, help="an existing Ray cluster: auto or HOST:PORT")
     w.add_argument("--tracking-uri", default=None)
     w.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    _verbose(w)
     w.set_defaults(func=cmd_sweep)
 
     rs = sub.add_parser("resume", help="continue a run from its last checkpoint, in the same "
@@ -360,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--tracking-uri", default=None)
     rs.add_argument("--workers", type=_bounded_int(1), default=None)
     rs.add_argument("--quiet", action="store_true")
+    _verbose(rs)
     rs.set_defaults(func=cmd_resume)
 
     sy = sub.add_parser("sync", help="send what runs could not log during a tracking outage "
@@ -417,17 +427,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _unfinished(command: str, resumable: bool) -> str:
+def _unfinished(command: str, resumable: bool, unfinished: list[Unfinished]) -> str:
     """``; label (run id) marked KILLED, ...`` and, when going on makes sense (an interrupt,
     a lost worker), the command that continues them."""
-    if not UNFINISHED:
+    if not unfinished:
         return ""
     text = "; " + ", ".join(f"{label} ({run_id}) marked {status}"
-                            for run_id, label, status in UNFINISHED)
+                            for run_id, label, status in unfinished)
     if resumable and command == "sweep":
         text += "; run the same `fedray sweep` command again to continue"
     elif resumable:
-        text += f"; continue with `fedray resume {UNFINISHED[0][0]}`"
+        text += f"; continue with `fedray resume {unfinished[0].run_id}`"
     return text
 
 
@@ -441,31 +451,40 @@ def _pending_note() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``fedray`` command. fedray's messages (``logging``) are printed on stderr as they
+    are written: information and above, the debug messages too with ``-v``."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["table"]:  # its own parser (python -m dashboards.tables is the same)
-        return _table(argv[1:])
+        with to_stderr():
+            return _table(argv[1:])
     args = build_parser().parse_args(argv)
     tracked = args.command in ("run", "sweep", "resume")
+    level = logging.DEBUG if tracked and args.verbose else logging.INFO
+    with to_stderr(level):
+        return _command(args, tracked)
+
+
+def _command(args: argparse.Namespace, tracked: bool) -> int:
+    """``args.func``, its failures reported in one line with the runs they left unfinished."""
     if tracked:
         trap_sigterm()
-    UNFINISHED.clear()
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM through trap_sigterm
         signum = e.signum if isinstance(e, Terminated) else \
             (SIGNALS[-1] if SIGNALS else int(signal.SIGINT))
         print(f"fedray {args.command}: interrupted by {signal.Signals(signum).name}"
-              f"{_unfinished(args.command, True)}", file=sys.stderr)
+              f"{_unfinished(args.command, True, unfinished_of(e))}", file=sys.stderr)
         return 128 + signum
     except (FedrayError, DataError) as e:
         resumable = isinstance(e, (WorkerLost, ClientStateLost))
-        print(f"fedray {args.command}: {e}{_unfinished(args.command, resumable)}",
+        print(f"fedray {args.command}: {e}{_unfinished(args.command, resumable, unfinished_of(e))}",
               file=sys.stderr)
         return EXIT_INVALID if isinstance(e, (DataError, UsageError)) else 1
-    except Exception:
-        if UNFINISHED:  # a bug: its traceback follows, after the runs it ended
-            print(f"fedray {args.command}: failed{_unfinished(args.command, False)}",
-                  file=sys.stderr)
+    except Exception as e:
+        if unfinished_of(e):  # a bug: its traceback follows, after the runs it ended
+            print(f"fedray {args.command}: failed"
+                  f"{_unfinished(args.command, False, unfinished_of(e))}", file=sys.stderr)
         raise
     finally:
         if tracked:

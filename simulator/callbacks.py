@@ -1,27 +1,23 @@
 """What happens around a point's run, as a list of callbacks (pfl-research's shape: a run is a
 loop plus callbacks): per-round metrics to MLflow, the progress line, checkpoints, the
-artifacts at the end. ``simulator.runner`` owns the loop and the runs' lifecycle; a caller
-adds its own callbacks (``dashboards.figures.RunFigure`` draws each run's curves).
-
-Also here: the layout of a scenario's runs in MLflow (a parent run per scenario, a child run
-per point) and the tags and params they carry.
+artifacts at the end. ``simulator.experiment`` owns the runs' lifecycle and its executors call
+the same callbacks, whether a point runs on the actor pool or in a Ray task; a caller adds its
+own callbacks (``dashboards.figures.RunFigure`` draws each run's curves). The MLflow layout
+(parent and child runs, their tags and params) is ``simulator.layout``.
 """
 
 from __future__ import annotations
 
 import shutil
-import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-import simulator
-from simulator.config import LoadedScenario, RunPoint
+from simulator.config import RunPoint
 from simulator.errors import brief_text
-from simulator.tracking import Tracker, check_uri, flatten, git_commit, write_metrics
+from simulator.log import logger
+from simulator.tracking import Tracker, write_metrics
 
 
 class PointRun:
@@ -118,8 +114,7 @@ class MLflowArtifacts(Callback):
             tmp.mkdir(parents=True, exist_ok=True)
             tracker.log_artifact(run_id, write_metrics(rows, tmp / "metrics.parquet"))
         except OSError as e:  # a local file could not be written; the status still is
-            print(f"warning: could not write metrics.parquet for run {run_id}: {e}",
-                  file=sys.stderr)
+            logger.warning("warning: could not write metrics.parquet for run %s: %s", run_id, e)
         if result is None:
             return
         for name, columns in result.tables.items():  # privacy profile, trade-off curve
@@ -134,22 +129,23 @@ class MLflowArtifacts(Callback):
 
 
 class Progress(Callback):
-    """The live progress line of a point."""
+    """The live progress line of each point (a sweep's points run several at a time: each
+    has its own; ``quiet``: plain lines, no bar)."""
 
     def __init__(self, quiet: bool = False) -> None:
         self.quiet = quiet
-        self.bar: Any = None
+        self.bars: dict[PointRun, Any] = {}
 
     def on_round(self, run: PointRun, round_: int, metrics: dict[str, float]) -> None:
         from simulator.progress import Progress as Bar
 
-        if self.bar is None:
-            self.bar = Bar(run.point.label, run.point.scenario.rounds, self.quiet,
-                           start=run.started)
-        self.bar.update(round_, metrics)
+        if run not in self.bars:
+            self.bars[run] = Bar(run.point.label, run.point.scenario.rounds, self.quiet,
+                                     start=run.started)
+        self.bars[run].update(round_, metrics)
 
     def on_end(self, run: PointRun, result: Any, status: str) -> None:
-        self.bar = None  # the next point has its own line
+        self.bars.pop(run, None)
 
 
 class Checkpoints(Callback):
@@ -158,7 +154,8 @@ class Checkpoints(Callback):
     def on_checkpoint(self, run: PointRun, round_: int, state: dict[str, Any]) -> None:
         from simulator import checkpoint
 
-        checkpoint.save(run.run_id, round_, state)
+        path = checkpoint.save(run.run_id, round_, state)
+        logger.debug("%s: checkpoint after round %d: %s", run.point.label, round_ + 1, path)
 
     def on_end(self, run: PointRun, result: Any, status: str) -> None:
         from simulator import checkpoint
@@ -172,123 +169,6 @@ def default_callbacks(quiet: bool = False) -> list[Callback]:
     is the order of the hooks: a round's metrics are queued for MLflow before anything else
     sees the round (an interrupt in a later hook loses none)."""
     return [MLflowMetrics(), Progress(quiet), Checkpoints(), MLflowArtifacts()]
-
-
-# --------------------------------------------------------------------------- MLflow layout
-
-
-_COMMIT: list[str] = []
-
-
-def _commit() -> str:
-    if not _COMMIT:
-        _COMMIT.append(git_commit())
-    return _COMMIT[0]
-
-
-def run_tags(backend: Any) -> dict[str, str]:
-    """The tags of where a run ran: fedray's version, the commit, the backend, its nodes.
-    Read on the thread that drives the backend, while it runs: the MLflow runs open on a
-    thread of their own (``Opening``), which may get to them only after the last point's end
-    has shut Ray down (a one-round run beside a slow new store)."""
-    return {"fedray.version": simulator.__version__, "mlflow.source.git.commit": _commit(),
-            "backend": backend.name, "ray_nodes": str(backend.num_nodes())}
-
-
-def scenario_tags(sc: Any) -> dict[str, str]:
-    """The tags a scenario point decides (aggregator, attack, n, f, data set, model, ...)."""
-    return {
-        "aggregator": sc.aggregator["name"],
-        "preaggregators": ",".join(p["name"] for p in sc.preaggregators) or "none",
-        "meta": sc.meta["name"] if sc.meta else "none",
-        "attack": sc.attack["name"] if sc.attack else "none",
-        "topology": sc.topology["name"] if sc.topology else "none",
-        "n": str(sc.clients.total),
-        "f": str(sc.clients.byzantine),
-        "dataset": sc.data.dataset["name"],
-        "model": sc.model["name"],
-    }
-
-
-def sweep_param(key: str) -> str:
-    """The MLflow param name of a sweep key (names cannot hold commas: the paths of a zipped
-    key are joined with ' / ')."""
-    return "sweep." + " / ".join(part.strip() for part in key.split(","))
-
-
-def common_params(loaded: LoadedScenario) -> dict[str, str]:
-    """The params every point of the scenario shares: the parent holds only these, so a
-    search on a swept param (``params.`aggregator.name` = 'mean'``) finds children alone."""
-    flats = [flatten(p.scenario.model_dump(mode="json", exclude={"sweep"}))
-             for p in loaded.points]
-    return {k: v for k, v in flats[0].items() if all(f.get(k) == v for f in flats[1:])}
-
-
-def common_tags(loaded: LoadedScenario, where: dict[str, str]) -> dict[str, str]:
-    """The tags every point of the scenario shares (a swept aggregator is no parent tag), and
-    ``where`` it runs (``run_tags``)."""
-    per = [scenario_tags(p.scenario) for p in loaded.points]
-    shared = {k: v for k, v in per[0].items() if all(t.get(k) == v for t in per[1:])}
-    return {**shared, **where}
-
-
-def run_name(point: RunPoint) -> str:
-    """A child run's name: the values that differ between points and the seed; a scenario
-    without a sweep adds its name (``quickstart seed=0``), not a bare ``seed=0``."""
-    if point.values or not point.scenario.name:
-        return point.label
-    return f"{point.scenario.name} {point.label}"
-
-
-def open_parent(loaded: LoadedScenario, where: dict[str, str], tracker: Tracker, tmp: Path,
-                final_tags: dict[str, str] | None = None) -> str:
-    """The parent run of a scenario: tags, the resolved scenario as params, the scenario file
-    as given and resolved as artifacts; ``final_tags`` are set last, once all that is logged
-    (a sweep finds its parent by them). A failure marks the run FAILED and is raised."""
-    sc = loaded.scenario
-    parent = tracker.create_run(sc.name, {**common_tags(loaded, where),
-                                          "fedray.kind": "scenario",
-                                          "sweep": ",".join(sc.sweep) or "none"},
-                                description=sc.description)
-    try:
-        tracker.log_params(parent, common_params(loaded) |
-                           {"seeds": yaml.safe_dump(sc.seeds, default_flow_style=True).strip()} |
-                           {sweep_param(k): yaml.safe_dump(v, default_flow_style=True).strip()
-                            for k, v in sc.sweep.items()})
-        given = tmp / "given" / loaded.path.name
-        given.parent.mkdir(parents=True, exist_ok=True)
-        given.write_text(loaded.text)
-        tracker.log_artifact(parent, given, "scenario")
-        resolved = tmp / "resolved.yaml"
-        resolved.write_text(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False))
-        tracker.log_artifact(parent, resolved, "scenario")
-        for k, v in (final_tags or {}).items():
-            tracker.client.set_tag(parent, k, v)
-    except BaseException:
-        tracker.end(parent, "FAILED")
-        raise
-    return parent
-
-
-def open_child(point: RunPoint, key: str, where: dict[str, str], tracker: Tracker, parent: str,
-               tmp: Path) -> str:
-    """A point's child run: tags, params and, from the start, the resolved scenario as the
-    ``scenario.yaml`` artifact (what ``fedray resume`` rebuilds the run from); ``key`` is
-    the point's identity (``runner.point_key``)."""
-    sc = point.scenario
-    desc = sc.description + (f"\n\nSweep point: {point.values}" if point.values else "") + \
-        f"\nSeed: {point.seed}"
-    run_id = tracker.create_run(run_name(point), {**scenario_tags(sc), **where, "seed": str(point.seed),
-                                              "fedray.kind": "point",
-                                              "fedray.point_key": key},
-                                parent_id=parent, description=desc.strip())
-    tracker.log_params(run_id, flatten(sc.model_dump(mode="json", exclude={"sweep"})) |
-                       {"seed": str(point.seed)})
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "scenario.yaml").write_text(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False))
-    tracker.log_artifact(run_id, tmp / "scenario.yaml")
-    log_dataset(tracker, run_id, sc)
-    return run_id
 
 
 def save_model(sc: Any, result: Any, folder: Path) -> Path:
@@ -342,82 +222,12 @@ def log_model(tracker: Tracker, run_id: str, sc: Any, result: Any, folder: Path)
         with contextlib.redirect_stderr(said):
             save_model(sc, result, folder)
     except Exception as e:  # noqa: BLE001 - a plugin model torch.export cannot capture
-        print(f"fedray: run {run_id}: the final model is kept as model/model.pt only; "
-              f"torch.export could not capture it ({type(e).__name__}: "
-              f"{brief_text((str(e).strip().splitlines() or [''])[0], 200)})",
-              file=sys.stderr)
+        logger.warning("fedray: run %s: the final model is kept as model/model.pt only; "
+                       "torch.export could not capture it (%s: %s)", run_id, type(e).__name__,
+                       brief_text((str(e).strip().splitlines() or [''])[0], 200))
         return
-    sys.stderr.write(said.getvalue())  # on success nothing is held back
+    if said.getvalue().strip():  # on success nothing is held back
+        logger.info("%s", said.getvalue().rstrip("\n"))
     for f in sorted(p for p in folder.rglob("*") if p.is_file()):
         rel = f.parent.relative_to(folder)
         tracker.log_artifact(run_id, f, "model" + ("" if str(rel) == "." else f"/{rel}"))
-
-
-def dataset_input(sc: Any) -> Any:
-    """The run's data as an MLflow dataset input: the data set's name, a digest of what
-    decides the clients' samples (data block, clients, seed), the data block as its source
-    and the partition as its profile; runs on the same clients share the digest."""
-    import hashlib
-    import json
-
-    from mlflow.entities import Dataset, DatasetInput, InputTag
-
-    data = sc.data.model_dump(mode="json")
-    what = {"data": data, "clients": sc.clients.total, "seed": sc.seeds[0]}
-    digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
-    profile = {"clients": sc.clients.total, "partitioner": data["partitioner"],
-               "test_fraction": data["test_fraction"], "seed": sc.seeds[0]}
-    ds = Dataset(name=sc.data.dataset["name"], digest=digest, source_type="fedray",
-                 source=json.dumps(data["dataset"], sort_keys=True),
-                 profile=json.dumps(profile, sort_keys=True))
-    return DatasetInput(ds, [InputTag("mlflow.data.context", "train")])
-
-
-def log_dataset(tracker: Tracker, run_id: str, sc: Any) -> None:
-    """``log_input`` of the run's data (see :func:`dataset_input`)."""
-    tracker.client.log_inputs(run_id, datasets=[dataset_input(sc)])
-
-
-class Opening:
-    """The MLflow side of ``fedray run``, opened on one background thread while the engine
-    starts: MLflow's import and store set-up (about 2 s here, 3.7 s for a new store) go on
-    while Ray starts, the data loads and the first rounds run, not before them. The tracker,
-    the parent run and each point's child run are opened in that order; a store that cannot
-    be used fails each of them with its one-line error, which the run raises where it first
-    needs its MLflow run (``PointRun``)."""
-
-    def __init__(self, uri: str, experiment: str) -> None:
-        check_uri(uri)  # what can be refused without opening the store, before anything runs
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedray-opening")
-        self.tracker = self._pool.submit(Tracker, uri, experiment)
-        self.parent: Future[str] | None = None
-
-    @classmethod
-    def existing(cls, tracker: Tracker, parent: str) -> Opening:
-        """An opening whose tracker and parent run exist already (a resumed sweep)."""
-        opening = cls.__new__(cls)
-        opening._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedray-opening")
-        opening.tracker, opening.parent = Future(), Future()
-        opening.tracker.set_result(tracker)
-        opening.parent.set_result(parent)
-        return opening
-
-    def open_parent(self, loaded: LoadedScenario, backend: Any, tmp: Path) -> None:
-        where = run_tags(backend)  # here, while the backend runs (see run_tags)
-        self.parent = self._pool.submit(
-            lambda: open_parent(loaded, where, self.tracker.result(), tmp))
-
-    def open_child(self, point: RunPoint, key: str, backend: Any, tmp: Path
-                   ) -> Future[tuple[Tracker, str]]:
-        parent = self.parent
-        assert parent is not None, "open_parent first"
-        where = run_tags(backend)
-
-        def child() -> tuple[Tracker, str]:
-            tracker = self.tracker.result()
-            return tracker, open_child(point, key, where, tracker, parent.result(), tmp)
-
-        return self._pool.submit(child)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)

@@ -1,20 +1,38 @@
-"""What a command leaves unfinished and the signals that end it: the state the CLI reports
-in one line. Kept apart from the runner so that commands that run nothing (``validate``,
-``list``, ``show``) import neither it nor MLflow's tracking modules."""
+"""The signals that end a command and what it leaves unfinished: the state the CLI reports in
+one line. Kept apart from the runner so that commands that run nothing (``validate``,
+``list``, ``show``) import neither it nor MLflow's tracking modules.
+
+What is unfinished travels with the command: in its result (``ExperimentResult.unfinished``)
+or, when it raises, on the exception it raises (``unfinished_of``)."""
 
 from __future__ import annotations
 
 import signal
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 from simulator.errors import Terminated
 
-# Runs this process ended without finishing them: (run_id, label, status), for the one-line
-# report of a failure or an interrupt.
-UNFINISHED: list[tuple[str, str, str]] = []
-
 SIGNALS: list[int] = []  # the signals received (Ray's get re-raises a bare KeyboardInterrupt)
+
+
+class Unfinished(NamedTuple):
+    """A run a command ended without finishing it."""
+
+    run_id: str
+    label: str
+    status: str
+
+
+def unfinished_of(error: BaseException) -> list[Unfinished]:
+    """The runs the experiment that raised ``error`` ended unfinished, in the order it ended
+    them (none for an error raised before any run opened)."""
+    return list(getattr(error, "fedray_unfinished", ()))
+
+
+def carry_unfinished(error: BaseException, unfinished: list[Unfinished]) -> None:
+    """``error`` carries ``unfinished`` (the same list: runs ended after this are on it)."""
+    error.fedray_unfinished = unfinished  # type: ignore[attr-defined]
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:

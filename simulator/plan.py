@@ -61,7 +61,8 @@ class Plan:
     loop_trainer: PluginSpec | None
     client_rule: PluginSpec  # the clients' rule
     rule_from_server: bool  # it is the server optimizer's client half (mu2-SGD)
-    gradient_rule: bool  # the rule sends gradient messages and keeps per-client state
+    gradient_rule: bool  # the rule sends one gradient message a round (and keeps state)
+    client_state: bool  # the rule keeps per-client state between rounds
     privacy: PluginSpec | None
     privacy_level: PrivacyLevel
     local_buffers: bool  # each client keeps its own model buffers (server.buffers: local)
@@ -71,10 +72,10 @@ class Plan:
     b_hat: int  # the trimming parameter each round's Byzantine count is compared to
 
     def stateful_clients(self, has_buffers: bool) -> bool:
-        """Whether clients keep state between rounds in the worker that owns them: a
-        gradient rule's, or (``server.buffers: local``, a model with buffers) their own
+        """Whether clients keep state between rounds in the worker that owns them: their
+        rule's, or (``server.buffers: local``, a model with buffers) their own
         buffers."""
-        return self.gradient_rule or (self.local_buffers and has_buffers)
+        return self.client_state or (self.local_buffers and has_buffers)
 
 
 def privacy_level(sc: Scenario) -> PrivacyLevel:
@@ -172,6 +173,7 @@ def resolve(sc: Scenario) -> Plan:
         trainer=trainer, trainer_key=key,
         loop_trainer={"name": loop} if loop is not None else None,
         client_rule=rule, rule_from_server=from_server, gradient_rule=traits.gradient_rule,
+        client_state=traits.client_state or traits.gradient_rule,
         privacy=sc.privacy, privacy_level=privacy_level(sc),
         local_buffers=sc.server.buffers == "local", buffer_rule=buffer_rule(sc),
         pipeline=PipelinePlan(tuple(sc.preaggregators), sc.aggregator, sc.meta),

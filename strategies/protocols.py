@@ -152,9 +152,9 @@ class Traits:
 
 
 class TraitAlias:
-    """A class attribute that reads ``traits.<name>`` (read-only), under the name a plugin
-    kind first had for it; a subclass that still assigns the old name has the value moved
-    into its traits, with a DeprecationWarning (see :meth:`adopt`)."""
+    """A deprecated class attribute (``Model.TOKENS``, ``Task.TARGETS``) that reads
+    ``traits.<name>``, read-only; a subclass that assigns it has the value moved into its
+    traits, with a DeprecationWarning (see :meth:`adopt`)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -169,7 +169,7 @@ class TraitAlias:
         raise AttributeError(f"{self.attr} is traits.{self.name}: declare it in traits")
 
     def adopt(self, cls: type[Plugin]) -> None:
-        """Move a value ``cls`` assigns to the old name into ``cls.traits``."""
+        """Move a value ``cls`` assigns to the deprecated attribute into ``cls.traits``."""
         if self.attr in vars(cls):
             warnings.warn(f"{cls.__name__}.{self.attr} is deprecated: declare "
                           f"traits = Traits({self.name}=...)", DeprecationWarning, stacklevel=3)

@@ -101,8 +101,9 @@ def _check_trainer(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
         problems.append(Problem(("local", "trainer"), f"{trainer['name']!r} does not take "
                                 f"'task' and trains classifiers only; task {sc.task['name']} "
                                 "needs a trainer that takes it (sgd)"))
-    for needed, present in (("privacy", level == "sample"), ("rule", plan.gradient_rule)):
-        what = "sample-level privacy (dp_sgd)" if needed == "privacy" else "a gradient client rule"
+    for needed, present in (("privacy", level == "sample"), ("rule", plan.client_state)):
+        what = "sample-level privacy (dp_sgd)" if needed == "privacy" else \
+            "a client rule with per-client state"
         if present != (needed in context):
             problems.append(Problem(("local", "trainer"), f"{trainer['name']!r} " + (
                 f"does not take {needed!r}, which {what} needs" if present else
@@ -298,7 +299,7 @@ def _check_model(sc: Scenario, info: Any, problems: list[Problem]) -> None:
     # per worker: parameters, gradients, an optimizer buffer and the update; the server: the
     # model, the round's (n, d) update matrix and the optimizer's state; per-client state
     per_client = 4 if sc.runtime.state_dtype == "float32" else 2
-    stateful = resolve(sc).gradient_rule
+    stateful = resolve(sc).client_state
     need = 4 * d * (4 * workers + 3 + min(sc.clients.sampled, sc.clients.total)) + \
         (per_client * d * sc.clients.total if stateful else 0) + \
         (4 * d * sc.clients.total if sc.topology is not None else 0)  # D-SGD peers' models

@@ -111,7 +111,7 @@ class ClientWorker:
         self.state_dtype = {"float32": torch.float32,
                             "float16": torch.float16}[scenario.runtime.state_dtype]
         self.client_state = ClientStateStore(self.state_dtype)  # per-client state
-        self.stateful = plan.gradient_rule
+        self.stateful = plan.client_state
         # model buffers (BatchNorm statistics): from the server each round, or (server.buffers
         # local) each client's own after its first round
         self.buffer_dim = int(buffers_to_vector(self.model).numel())

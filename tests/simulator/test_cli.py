@@ -255,7 +255,7 @@ def test_a_sweep_point_reports_its_progress(tmp_path, capsys):
     """The Ray task of a sweep point prints its progress lines (Ray forwards them to the
     driver's terminal, prefixed with the task's pid)."""
     from simulator.config import load
-    from simulator.runner import _simulate
+    from simulator.executors import _simulate
 
     p = tmp_path / "s.yaml"
     p.write_text("rounds: 2\ndata: {dataset: {name: digits}}\nmodel: {name: logreg}\n"

@@ -396,7 +396,7 @@ def test_an_interrupt_in_a_run_points_end_marks_it_killed(tmp_path, mlflow_uri):
     """`fedray run`: Ctrl-C while a finished point's end is logged marks it KILLED (an end
     that raises an error marks it FAILED), and the command names it."""
     from simulator.callbacks import Callback
-    from simulator.interrupts import UNFINISHED
+    from simulator.interrupts import unfinished_of
 
     class Ends(Callback):
         def __init__(self, error):
@@ -409,10 +409,8 @@ def test_an_interrupt_in_a_run_points_end_marks_it_killed(tmp_path, mlflow_uri):
     p.write_text(TWO_POINTS.replace("sweep:\n  aggregator.name: [mean, median]\n", ""))
     client = MlflowClient(mlflow_uri)
     for error, status in ((KeyboardInterrupt(), "KILLED"), (RuntimeError("end"), "FAILED")):
-        UNFINISHED.clear()
-        with pytest.raises(type(error)):
+        with pytest.raises(type(error)) as e:
             run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True, callbacks=[Ends(error)])
-        (run_id, label, said), *_ = UNFINISHED
+        (run_id, label, said), *_ = unfinished_of(e.value)
         assert (label, said) == ("seed=0", status)
         assert client.get_run(run_id).info.status == status
-    UNFINISHED.clear()

@@ -73,7 +73,7 @@ def test_an_interrupt_while_a_finished_point_is_logged_marks_it_killed(tmp_path,
     or two a point): that point is marked KILLED and named beside the points in flight, not
     left RUNNING; the next sweep runs it again."""
     from simulator.callbacks import Callback
-    from simulator.interrupts import UNFINISHED
+    from simulator.interrupts import unfinished_of
 
     class CtrlC(Callback):
         def on_end(self, run, result, status):
@@ -81,15 +81,13 @@ def test_an_interrupt_while_a_finished_point_is_logged_marks_it_killed(tmp_path,
 
     p = tmp_path / "sweep.yaml"
     p.write_text(SWEEP.replace("seeds: [0, 1]", "seeds: [0]"))
-    UNFINISHED.clear()
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as e:
         run_sweep(load(p), tracking_uri=mlflow_uri, parallel=1, callbacks=[CtrlC()])
     client = MlflowClient(mlflow_uri)
     runs = client.search_runs([client.get_experiment_by_name("par-sweep").experiment_id])
     status = {r.data.tags["mlflow.runName"]: r.info.status for r in runs}
     assert status == {"mean seed=0": "KILLED", "par-sweep": "KILLED"}  # median never opened
-    assert [(label, s) for _, label, s in UNFINISHED] == [("mean seed=0", "KILLED"),
-                                                          ("sweep parent", "KILLED")]
-    UNFINISHED.clear()
+    assert [(label, s) for _, label, s in unfinished_of(e.value)] == [
+        ("mean seed=0", "KILLED"), ("sweep parent", "KILLED")]
     again = run_sweep(load(p), tracking_uri=mlflow_uri, parallel=1)
     assert [r["label"] for r in again["runs"]] == ["mean seed=0", "median seed=0"]

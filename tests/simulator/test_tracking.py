@@ -9,6 +9,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from simulator.config import load
+from simulator.log import to_stderr
 from simulator.metric_names import mlflow_name
 from simulator.runner import run_loaded
 from simulator.tracking import Tracker, flatten
@@ -195,7 +196,8 @@ def test_a_model_torch_export_cannot_capture_keeps_its_state_dict(tmp_path, mlfl
     p = tmp_path / "one.yaml"
     p.write_text(SWEEP.replace("seeds: [0, 1]", "seeds: [0]").replace(
         "sweep:\n  aggregator.name: [mean, median]\n", "").replace("rounds: 3", "rounds: 1"))
-    out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True)
+    with to_stderr():  # what the command line shows of fedray's messages
+        out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True)
     child = out["runs"][0]["run_id"]
     client = MlflowClient(mlflow_uri)
     assert client.get_run(child).info.status == "FINISHED"
@@ -214,7 +216,7 @@ def test_mlflow_opens_while_the_first_rounds_run_and_loses_none(tmp_path, mlflow
     round once, in order."""
     import time
 
-    import simulator.callbacks as cb
+    import simulator.layout as cb
     from simulator.callbacks import Callback
 
     opened: list[float] = []
@@ -300,7 +302,7 @@ def test_a_run_that_ends_before_mlflow_opens_tags_where_it_ran(tmp_path, mlflow_
     seen once in CI)."""
     import time
 
-    import simulator.callbacks as cb
+    import simulator.layout as cb
     from simulator.runtime import backend as backends
 
     class SlowTracker(Tracker):

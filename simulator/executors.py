@@ -1,0 +1,176 @@
+"""How an experiment's points are computed. Both executors call the experiment's callbacks in
+the driver, round by round (``Experiment.on_round`` / ``on_checkpoint`` / ``end``), so a
+point logs its metrics, shows its progress and checkpoints the same way under either:
+
+* ``PoolExecutor``: one point after another on one backend's ClientWorker pool
+  (``fedray run``, ``fedray resume``);
+* ``TaskExecutor``: several points at once, each a single-process simulation (the inline
+  backend) in a Ray task (``fedray sweep``). A task streams its rounds and checkpoints to the
+  driver through a queue (a small Ray actor); only the driver talks to MLflow.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from simulator.callbacks import PointRun
+from simulator.config import Scenario
+from simulator.experiment import Experiment, Work, final_text, summary
+from simulator.interrupts import end_status
+from simulator.log import logger, to_stderr
+
+POLL_SECONDS = 0.2  # how often the driver drains the tasks' queue while it waits
+
+
+class PoolExecutor:
+    """Points one after another on ``backend``'s ClientWorker pool (``workers`` actors)."""
+
+    def __init__(self, backend: Any, workers: int | None = None) -> None:
+        self.backend, self.workers = backend, workers
+
+    def run(self, exp: Experiment, works: list[Work], tmp: Path,
+            last_done: Callable[[], None] | None = None) -> None:
+        """Every point of ``works`` into ``exp.result.runs``; ``last_done`` is called once the
+        last point's engine is done, before its callbacks' ends (the model, the figure)."""
+        for i, work in enumerate(works):
+            run = exp.start(work, self.backend, tmp / str(i))
+            done = self.execute(exp, run, work.state, last_done if i == len(works) - 1 else None)
+            if work.name:
+                done["label"] = work.name
+            exp.result.runs.append(done)
+
+    def execute(self, exp: Experiment, run: PointRun, state: dict[str, Any] | None = None,
+                engine_done: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Run one point into its child run (from ``state``, a checkpoint, when given), then
+        its end; a failure keeps what was computed."""
+        from simulator.engine import make_engine
+
+        status, error, result = "FAILED", None, None
+        try:
+            engine = make_engine(run.point.scenario, self.backend, self.workers)
+            result = engine.run(partial(exp.on_round, run), partial(exp.on_checkpoint, run),
+                                state)
+            status = "FINISHED"
+            if engine_done is not None:
+                engine_done()
+            return {**summary(run.run_id, run.point, result), "workers": engine.n_workers}
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            exp.end(run, result, end_status(status, error))
+
+
+# --------------------------------------------------------------------------- Ray tasks
+
+
+def _simulate(scenario: Scenario, label: str = "", resume: dict[str, Any] | None = None,
+              events: Any = None, token: int = 0) -> Any:
+    """One point as a single-process simulation (the inline backend), from ``resume`` (a
+    checkpoint) when given: a Ray task of a sweep. With ``events`` (a queue), each round's
+    metrics and each checkpoint go to the driver as ``(kind, token, round, payload)``, and
+    the driver shows the progress; alone, it prints its own progress lines. The engine's
+    messages are printed on the task's stderr, which Ray forwards to the driver's terminal."""
+    from simulator.engine import make_engine
+    from simulator.progress import Progress
+    from simulator.runtime.backend import InlineBackend
+
+    with to_stderr():
+        engine = make_engine(scenario, InlineBackend())
+        if events is not None:
+            return engine.run(lambda r, m: events.put(("round", token, r, m)),
+                              lambda r, s: events.put(("checkpoint", token, r, s)), resume)
+        bar = Progress(label, scenario.rounds, quiet=True, stream=sys.stderr) if label else None
+        return engine.run(bar.update if bar is not None else None, None, resume)
+
+
+def _task_resources(sc: Scenario, gpus: float, parallel: int) -> dict[str, float]:
+    """A sweep point's Ray task: ``runtime.num_cpus`` CPUs and, for a point on a GPU, its
+    ``num_gpus`` or the cluster's GPUs shared out among the points run at once."""
+    from simulator.runtime.backend import gpu_share
+
+    rt = sc.runtime
+    share = gpu_share(rt.num_gpus, rt.device != "cpu" or rt.server_device != "cpu", gpus,
+                      parallel)
+    return {"num_cpus": rt.num_cpus, **({"num_gpus": share} if share > 0 else {})}
+
+
+class TaskExecutor:
+    """Points several at a time (at most ``cap``), each a Ray task on ``backend`` (a
+    RayBackend). One failed point does not stop the others: it is marked FAILED and named
+    in ``exp.result.failed``. On an interrupt the points in flight are cancelled and marked
+    KILLED."""
+
+    def __init__(self, backend: Any, cap: int) -> None:
+        self.backend, self.cap, self.ray = backend, cap, backend.ray
+        self.live: dict[int, PointRun] = {}  # token -> the point run its task streams to
+
+    def run(self, exp: Experiment, works: list[Work], tmp: Path) -> None:
+        from ray.util.queue import Queue
+
+        if not works:
+            return
+        events = Queue(actor_options={"num_cpus": 0})
+        remote = self.ray.remote(num_cpus=1, max_retries=1)(_simulate)
+        pending: dict[Any, tuple[int, Work]] = {}
+        todo = list(enumerate(works))
+        try:
+            while todo or pending:
+                while todo and len(pending) < self.cap:
+                    token, work = todo.pop(0)
+                    self.live[token] = exp.start(work, self.backend, tmp / str(token))
+                    resources = _task_resources(work.point.scenario, self.backend.gpus(),
+                                                self.cap)
+                    logger.debug("%s: a Ray task with %s%s", work.label, resources,
+                                 f", from round {work.state['round'] + 2}" if work.state else "")
+                    task = remote.options(**resources)
+                    ref = task.remote(work.point.scenario, work.label, work.state, events, token)
+                    pending[ref] = (token, work)
+                ready, _ = self.ray.wait(list(pending), num_returns=1, timeout=POLL_SECONDS)
+                self._drain(exp, events)  # a finished task's puts are all in the queue
+                for ref in ready:
+                    self._collect(exp, ref, *pending.pop(ref), len(works))
+        except BaseException as e:
+            for ref in pending:
+                self.ray.cancel(ref, force=True)
+            for run in list(self.live.values()):  # in flight, or being collected
+                exp.end(run, None, end_status("FAILED", e))
+            raise
+        finally:
+            self.ray.kill(events.actor)
+
+    def _drain(self, exp: Experiment, events: Any) -> None:
+        """The rounds and checkpoints the tasks streamed, to the callbacks of their runs. A
+        task retried after its worker died sends again rounds the driver has: skipped."""
+        n = events.qsize()
+        for kind, token, r, payload in events.get_nowait_batch(n) if n else []:
+            run = self.live[token]
+            if kind == "round" and r >= len(run.rows):
+                exp.on_round(run, r, payload)
+            elif kind == "checkpoint" and r + 1 >= len(run.rows):
+                exp.on_checkpoint(run, r, payload)
+
+    def _collect(self, exp: Experiment, ref: Any, token: int, work: Work, total: int) -> None:
+        """A task that ended: its run's end (FINISHED, or FAILED with its error in one
+        line), its headline."""
+        run = self.live[token]
+        try:
+            result = self.ray.get(ref)
+        except Exception as e:  # noqa: BLE001 - one failed point does not stop the sweep
+            cause = getattr(e, "cause", None) or e  # a RayTaskError wraps the real error
+            text = (str(cause).strip().splitlines() or [""])[-1]
+            logger.warning("%s: FAILED (%s: %s)", work.label, type(cause).__name__, text)
+            exp.end(run, None, "FAILED")
+            exp.result.failed.append(work.label)
+            del self.live[token]
+            return
+        exp.end(run, result, "FINISHED")
+        del self.live[token]
+        done = summary(run.run_id, run.point, result)
+        exp.result.runs.append(done)
+        logger.info("%s: %s  (run %s; %d/%d)", work.label, final_text(done), run.run_id,
+                    len(exp.result.runs) + len(exp.result.failed), total)
