@@ -107,7 +107,7 @@ def _load(client: Any, run: Any) -> RunData:
                 t = pq.read_table(client.download_artifacts(run.info.run_id,
                                                             "privacy/tradeoff.parquet", tmp))
                 data.tradeoff = (t.column("alpha").to_pylist(), t.column("beta").to_pylist())
-        except Exception:  # noqa: BLE001 - an older run without the artifact: no curve
+        except Exception:  # noqa: BLE001 - a run that logged no trade-off: no curve
             data.tradeoff = None
     return data
 

@@ -73,8 +73,8 @@ def test_mean_is_broken_by_one_nonfinite_row():
 
 
 def test_rules_taking_f_are_checked_with_the_byzantine_rows_of_the_matrices():
-    """A rule that takes ``f`` is built with f = F (it was built with f = 0 before, which
-    checked nothing of its robustness)."""
+    """A rule that takes ``f`` is built with f = F, the Byzantine rows of the test matrices
+    (with f = 0 the checks would test nothing of its robustness)."""
     from fedray.testing import build
     from strategies.aggregators import CoordinateWiseTrimmedMean, Krum
 
