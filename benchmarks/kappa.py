@@ -50,7 +50,7 @@ def make_rule(name: str, f: int, with_nnm: bool):
     def rule(x: torch.Tensor) -> torch.Tensor:
         if with_nnm:
             x = NearestNeighborMixing(f)(x)
-        return agg(x, gen) if agg.traits.random else agg(x)
+        return agg(x, generator=gen)
     return rule
 
 

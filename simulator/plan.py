@@ -19,7 +19,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from simulator import registry
-from simulator.config.schema import DEFAULT_TRAINER, Scenario
+from simulator.config.schema import (
+    DEFAULT_TRAINER,
+    GRADIENT_RULE_TRAINER,
+    SAMPLE_PRIVACY_TRAINER,
+    Scenario,
+)
 from simulator.registry import PluginSpec
 
 Loc = tuple[str | int, ...]
@@ -115,16 +120,21 @@ def _rule_traits(spec: PluginSpec, from_server: bool) -> Any:
 def choose_trainer(sc: Scenario, rule_traits: Any, rule_key: Loc = ("local", "optimizer")
                    ) -> tuple[PluginSpec, Loc]:
     """(the trainer, the scenario key that chose it): ``local.trainer`` when given; else the
-    one the privacy plugin runs with (DP-SGD), else the client rule's (a gradient rule),
-    else the default trainer, or its batched twin under ``runtime.vectorize``."""
+    one the privacy plugin runs with (its ``traits.trainer``; sample-level privacy's default),
+    else the client rule's (its ``traits.trainer``; a gradient rule's default), else the
+    default trainer, or its batched twin under ``runtime.vectorize``."""
     if sc.local.trainer is not None:
         return sc.local.trainer, ("local", "trainer")
     if sc.privacy is not None:
-        named = registry.get("privacy", sc.privacy["name"]).traits.trainer
-        if named is not None:
-            return {"name": named}, ("privacy", "name")
+        traits = registry.get("privacy", sc.privacy["name"]).traits
+        if traits.trainer is not None:
+            return {"name": traits.trainer}, ("privacy", "name")
+        if traits.privacy_level == "sample":
+            return SAMPLE_PRIVACY_TRAINER, ("privacy", "name")
     if rule_traits.trainer is not None:
         return {"name": rule_traits.trainer}, rule_key
+    if rule_traits.gradient_rule:
+        return GRADIENT_RULE_TRAINER, rule_key
     default = DEFAULT_TRAINER
     if sc.runtime.vectorize:
         twin = registry.get("trainers", default["name"]).traits.batched

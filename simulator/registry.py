@@ -26,23 +26,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, create_model, field_validator
 
 from simulator.errors import FedrayError
+from strategies.kinds import KINDS as _KINDS
 
-KINDS: tuple[str, ...] = (
-    "aggregators",
-    "preaggregators",
-    "meta",
-    "attacks",
-    "topologies",
-    "gossip_defenses",
-    "datasets",
-    "models",
-    "optimizers",
-    "client_optimizers",
-    "trainers",
-    "partitioners",
-    "privacy",
-    "tasks",
-)
+KINDS: tuple[str, ...] = tuple(_KINDS)  # strategies/kinds.py: the one table of kinds
 
 # Non-finite numbers are refused wherever a float is expected (a plugin or a field opts in
 # with ``Annotated[float, AllowInfNan(True)]`` where inf means something, such as "no
@@ -160,6 +146,11 @@ def contract(kind: str) -> type:
     return import_module("strategies.protocols").CONTRACTS[kind]
 
 
+# kinds whose rules are called with the round's generator, by keyword (deterministic rules
+# ignore it): the pipeline calls every rule the same way
+GENERATOR_KINDS = ("aggregators", "preaggregators", "meta")
+
+
 @cache
 def _loaded(kind: str, name: str) -> type:
     ep = _entry_points(kind)[name]
@@ -168,6 +159,10 @@ def _loaded(kind: str, name: str) -> type:
     if not (inspect.isclass(cls) and issubclass(cls, base)):
         raise BadPlugin(f"{kind.removesuffix('s')} {name!r} ({_origin(ep)}) does not subclass "
                         f"{base.__module__}.{base.__qualname__}, the contract of its kind")
+    if kind in GENERATOR_KINDS and "generator" not in inspect.signature(cls.__call__).parameters:
+        raise BadPlugin(f"{kind.removesuffix('s')} {name!r} ({_origin(ep)}): __call__ must take "
+                        "generator=None (the one signature of aggregation rules, "
+                        f"{base.__module__}.{base.__qualname__}); a deterministic rule ignores it")
     return cls
 
 

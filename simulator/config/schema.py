@@ -19,6 +19,10 @@ from simulator.errors import brief_text
 from simulator.registry import FINITE, PluginSpec, refuse_bool_numbers
 
 DEFAULT_TRAINER: PluginSpec = {"name": "sgd"}  # local SGD, when nothing asks for another
+# the trainers a gradient client rule and sample-level privacy run with when their plugin's
+# traits name none (Traits.trainer)
+GRADIENT_RULE_TRAINER: PluginSpec = {"name": "gradient_rule"}
+SAMPLE_PRIVACY_TRAINER: PluginSpec = {"name": "dp_sgd"}
 
 
 class Strict(BaseModel):

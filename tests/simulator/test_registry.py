@@ -48,6 +48,7 @@ version = "0.0.1"
 
 [project.entry-points."fedray.aggregators"]
 scaled_mean = "fedray_plugin_example:ScaledMean"
+old_mean = "fedray_plugin_example:OldMean"
 """
 
 PLUGIN_CODE = '''\
@@ -64,8 +65,16 @@ class ScaledMean(Aggregator):
     def __init__(self, factor: Annotated[float, Ge(0)] = 1.0) -> None:
         self.factor = factor
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
         return self.factor * x.mean(dim=0)
+
+
+class OldMean(Aggregator):
+    """A rule without the generator keyword."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=0)
 '''
 
 
@@ -107,6 +116,12 @@ def test_third_party_plugin_is_usable_from_a_scenario(third_party_plugin, tmp_pa
     with pytest.raises(ScenarioError, match=r"aggregator.factr: unknown key for aggregator "
                                             r"'scaled_mean'; did you mean 'factor'\?"):
         load(p)
+    # a rule without the one signature is refused in one line, before anything runs
+    p.write_text(p.read_text().replace("{name: scaled_mean, factr: 2}", "{name: old_mean}"))
+    with pytest.raises(registry.BadPlugin) as e:
+        load(p)
+    assert len(str(e.value).splitlines()) == 1
+    assert "aggregator 'old_mean'" in str(e.value) and "must take generator=None" in str(e.value)
 
 
 def test_a_boolean_is_never_read_as_a_number():
