@@ -281,7 +281,7 @@ def test_the_backend_shuts_down_while_the_last_points_model_is_logged(tmp_path, 
     assert MlflowClient(mlflow_uri).get_run(out["runs"][1]["run_id"]).info.status == "FINISHED"
 
     events.clear()
-    monkeypatch.setattr("simulator.engine.Engine.run_round", _boom)
+    monkeypatch.setattr("simulator.rounds.server.ServerRounds.run_round", _boom)
     with pytest.raises(RuntimeError, match="boom"):
         run_loaded(load(p, ["sweep={}"]), tracking_uri=mlflow_uri, quiet=True,
                    callbacks=[Ends()])
