@@ -338,7 +338,8 @@ class ClientRule(Plugin, ABC):
     """What a client sends (``local.optimizer``). A rule without ``traits.gradient_rule``
     is the model delta of the trainer's local SGD; a gradient rule builds its message from
     minibatch gradients and keeps per-client state across rounds, in the worker that owns
-    the client."""
+    the client. A rule with ``traits.client_state`` keeps state too, with a trainer of its
+    own (``traits.trainer``) that reads and writes ``ClientData.state``."""
 
     def client_message(self, round_: int, x: torch.Tensor,
                        grad: Callable[[torch.Tensor], tuple[torch.Tensor, float]],
@@ -387,7 +388,7 @@ class ClientData:
     """One virtual client in one round, as a worker hands it to its trainer: its samples
     (writable float32 features and int64 labels, poisoned already for a data-poisoning
     Byzantine client), its random stream (seed, round, client) and its state (``{}`` until a
-    gradient rule has stored some; the trainer replaces it)."""
+    client rule with state has stored some; the trainer replaces it, the worker keeps it)."""
 
     client: int
     x: torch.Tensor
