@@ -11,7 +11,7 @@ import yaml
 
 from simulator.config.errors import Loc, Problem, ScenarioError
 from simulator.config.schema import RunPoint, Scenario
-from simulator.config.sweep import expand, set_path
+from simulator.config.sweep import MAX_DEPTH, expand, path_problem, set_path, sweep_paths
 from simulator.config.validate import PLUGIN_FIELDS, get_path, plugin_class
 from simulator.errors import brief, brief_text
 
@@ -61,10 +61,66 @@ MAX_FILE_BYTES = 1 << 20  # a scenario file is text of a few kB
 MAX_VALUES = 100_000  # values in a scenario once YAML aliases are expanded
 
 
+def _too_deep(loc: Loc, line: int | None = None) -> ScenarioError:
+    return ScenarioError([Problem(loc, f"nested more than {MAX_DEPTH} levels deep; at most "
+                                  f"{MAX_DEPTH} are allowed (a scenario is a few levels "
+                                  "deep)", line)])
+
+
+def _check_event_depth(text: str, loc: Loc) -> None:
+    """Refuse a text nested more than MAX_DEPTH levels before it is composed: PyYAML's
+    parser is a state machine (no recursion), its composer recurses once per level."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _too_deep(loc, event.start_mark.line + 1 if not loc else None)
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for kv in node.value for n in kv]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def _node_depth(root: yaml.Node, limit: int) -> int:
+    """How deep the node graph goes once aliases are followed (a shared node is one node,
+    an alias inside itself is infinitely deep), computed without recursion; stops past
+    ``limit`` (returns ``limit + 1``)."""
+    depth: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        children = _children(node)
+        if done:
+            on_path.discard(key)
+            depth[key] = 1 + max((depth[id(c)] for c in children), default=0)
+            if depth[key] > limit:
+                return limit + 1
+            continue
+        if key in depth:
+            continue
+        if key in on_path:  # an alias of a node inside itself
+            return limit + 1
+        on_path.add(key)
+        stack.append((node, True))
+        for c in children:
+            if id(c) in on_path:
+                return limit + 1
+            if id(c) not in depth:
+                stack.append((c, False))
+    return depth.get(id(root), 0)
+
+
 def _expanded_size(root: yaml.Node | None, limit: int) -> int:
     """How many values the YAML document holds once its aliases are expanded (counted on the
     node graph, where an alias is a shared node: a small file cannot make this walk big);
-    stops counting past ``limit``."""
+    stops counting past ``limit``. The graph is at most MAX_DEPTH deep here."""
     sizes: dict[int, int] = {}
 
     def size(node: yaml.Node) -> int:
@@ -83,15 +139,59 @@ def _expanded_size(root: yaml.Node | None, limit: int) -> int:
     return 0 if root is None else size(root)
 
 
+def _key_text(node: yaml.Node) -> str:
+    return str(node.value) if isinstance(node, yaml.ScalarNode) else "?"
+
+
+def _duplicate_keys(root: yaml.Node | None, loc: Loc) -> list[Problem]:
+    """A problem per key given twice in one mapping (YAML keeps the last one silently),
+    with both lines. The graph is at most MAX_DEPTH deep here."""
+    problems: list[Problem] = []
+    seen: set[int] = set()
+
+    def walk(node: yaml.Node, path: Loc) -> None:
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[tuple[str, str], int] = {}
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+                    line = k.start_mark.line + 1
+                    at = first.get((k.tag, k.value))
+                    if at is None:
+                        first[(k.tag, k.value)] = line
+                    else:
+                        problems.append(Problem(
+                            loc + path + (k.value,), f"given twice (lines {at} and {line}); "
+                            "YAML would keep the last one silently: keep one",
+                            None if loc else line))
+                walk(v, path + (_key_text(k),))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                walk(v, path + (i,))
+
+    if root is not None:
+        walk(root, ())
+    return problems
+
+
 def read_yaml(text: str, loc: Loc = ()) -> tuple[Any, yaml.Node | None]:
     """``(value, node tree)`` of a YAML text; ``ScenarioError`` (one line) when it is not
-    valid YAML or holds more than MAX_VALUES values once its aliases are expanded."""
+    valid YAML, is nested more than MAX_DEPTH levels, gives a key twice in one mapping or
+    holds more than MAX_VALUES values once its aliases are expanded."""
     try:
-        root = yaml.compose(text)
+        _check_event_depth(text, loc)
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        if root is not None and _node_depth(root, MAX_DEPTH) > MAX_DEPTH:
+            raise _too_deep(loc)  # through aliases
         n = _expanded_size(root, MAX_VALUES)
         if n > MAX_VALUES:
             raise ScenarioError([Problem(loc, f"more than {MAX_VALUES:,} values once its YAML "
                                          "aliases are expanded; a scenario is far smaller")])
+        duplicates = _duplicate_keys(root, loc)
+        if duplicates:
+            raise ScenarioError(duplicates)
         return yaml.safe_load(text), root
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -105,9 +205,33 @@ def parse_override(item: str) -> tuple[str, Any]:
     key, sep, value = item.partition("=")
     if not sep or not key:
         raise ScenarioError([Problem(("--set",), f"expected KEY=VALUE, got {brief(item)}")])
+    key = key.strip()
+    where = (f"--set {brief_text(key, 60)}",)
+    bad = path_problem(key)
+    if bad:
+        raise ScenarioError([Problem(where, bad)])
     if not value.strip():
-        return key.strip(), None
-    return key.strip(), read_yaml(value, (f"--set {brief_text(key.strip(), 60)}",))[0]
+        return key, None
+    return key, read_yaml(value, where)[0]
+
+
+def _overlaps(a: str, b: str) -> bool:
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _swept_overrides(raw: dict, keys: list[str]) -> list[Problem]:
+    """``--set`` keys that the scenario's sweep also sets (the sweep would silently win)."""
+    paths = sweep_paths(raw)
+    out = []
+    for key in keys:
+        if key == "sweep" or key.startswith("sweep."):
+            continue
+        hit = next((p for p in paths if _overlaps(key, p)), None)
+        if hit is not None:
+            out.append(Problem((f"--set {brief_text(key, 60)}",), f"the scenario's sweep also "
+                               f"sets {brief_text(hit, 60)} (each point would override it); "
+                               "change the sweep's values instead"))
+    return out
 
 
 def _read_text(path: Path) -> str:
@@ -136,9 +260,14 @@ def load(path: str | Path, overrides: list[str] | None = None) -> LoadedScenario
         raw, root = read_yaml(text)
         raw = {} if raw is None else raw
         if isinstance(raw, dict):
+            keys = []
             for item in overrides or []:
                 k, v = parse_override(item)
                 set_path(raw, k, v)
+                keys.append(k)
+            swept = _swept_overrides(raw, keys)
+            if swept:
+                raise ScenarioError(swept)
     except ScenarioError as e:
         raise ScenarioError(e.problems, source) from None
     if isinstance(raw, dict):

@@ -26,6 +26,19 @@ def set_path(d: dict, dotted: str, value: Any) -> None:
 
 
 MAX_POINTS = 10_000  # sweep points of one scenario file
+# levels of nesting of a scenario (a plugin block's list of lists is 4 or 5 deep), and parts
+# of a dotted path; PyYAML's composer and every walk after it recurse once per level
+MAX_DEPTH = 32
+
+
+def path_problem(dotted: str) -> str | None:
+    """What is wrong with a dotted path (``--set`` or a sweep key), or None."""
+    parts = dotted.split(".")
+    if len(parts) > MAX_DEPTH:
+        return f"a path of {len(parts)} parts; a scenario is at most {MAX_DEPTH} levels deep"
+    if not all(parts):
+        return "an empty part in a dotted path"
+    return None
 
 
 def _sweep_parts(key: str) -> list[str]:
@@ -47,6 +60,10 @@ def _check_sweep(raw: dict) -> dict[str, list[Any]]:
         if not isinstance(v, list) or not v:
             problems.append(Problem(("sweep", k), f"must be a non-empty list of values, got {brief(v)}"))
             continue
+        bad_path = next((m for part in _sweep_parts(k) if (m := path_problem(part))), None)
+        if bad_path:
+            problems.append(Problem(("sweep", k), bad_path))
+            continue
         width = len(_sweep_parts(k))
         bad = [e for e in v if width > 1 and (not isinstance(e, list) or len(e) != width)]
         if bad:
@@ -59,6 +76,13 @@ def _check_sweep(raw: dict) -> dict[str, list[Any]]:
         raise ScenarioError([Problem(("sweep",), f"{n_grid:,} points; at most {MAX_POINTS:,} "
                                      "(split the study into several files)")])
     return sweep
+
+
+def sweep_paths(raw: Any) -> list[str]:
+    """The dotted paths a mapping's ``sweep`` sets (zipped keys split into their paths)."""
+    sweep = raw.get("sweep") if isinstance(raw, dict) else None
+    return [part for k in sweep for part in _sweep_parts(str(k))] \
+        if isinstance(sweep, dict) else []
 
 
 def _sweep_key_of(problem: Problem, keys: list[str]) -> str | None:
