@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,9 +35,7 @@ def _dash(pattern: str) -> Any:
     return (0, tuple(float(x) / 2 for x in pattern.split()))
 
 
-def _lines(ax: Any, spec: dict[str, Any]) -> None:
-    series = spec["series"]
-    log = wants_log(series)
+def _draw(ax: Any, series: list[dict], log: bool) -> None:
     for i, s in enumerate(series):
         c = s.get("color") or PALETTE[i % len(PALETTE)]
         pts = [(x, y) for x, y in zip(s["x"], s["mean"]) if math.isfinite(y)
@@ -44,48 +43,129 @@ def _lines(ax: Any, spec: dict[str, Any]) -> None:
         if not pts:
             continue
         ax.plot([p[0] for p in pts], [p[1] for p in pts], color=c,
-                linestyle=_dash(s.get("dash", "")), linewidth=1.6, label=s["label"])
+                linestyle=_dash(s.get("dash", "")), linewidth=1.4, label=s["label"])
         lo, hi = s.get("lo"), s.get("hi")
         if lo and hi and any(a != b for a, b in zip(lo, hi)):
             ax.fill_between(s["x"], lo, hi, color=c, alpha=0.15, linewidth=0)
     if log:
         ax.set_yscale("log")
-    ax.set_xlabel(spec["x_label"])
-    ax.set_ylabel(spec["y_label"])
     ax.grid(alpha=0.3)
-    ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8, frameon=False)
+
+
+LEGEND_FONT = 7.5  # pt
+ROW = LEGEND_FONT * 1.45 / 72  # in: a legend row
+
+
+def _legend_layout(entries: list[str], grid_w: float, grid_h: float
+                   ) -> tuple[str, int, float, float]:
+    """Where the legend goes so that the plot keeps its size: (``right`` or ``below``, its
+    columns, the width and the height it adds to the figure, in inches), whichever leaves
+    the plot the larger share of the page."""
+    col_w = 0.45 + 0.56 * LEGEND_FONT / 72 * max((len(e) for e in entries), default=0)
+    best = None
+    per_col = max(1, int(grid_h / ROW))
+    ncol = math.ceil(len(entries) / per_col)
+    right = ("right", ncol, ncol * col_w + 0.1, 0.0)
+    ncol = max(1, min(len(entries), int(grid_w / col_w)))
+    below = ("below", ncol, 0.0, math.ceil(len(entries) / ncol) * ROW + 0.45)
+    for layout in (right, below):
+        share = grid_w * grid_h / ((grid_w + layout[2]) * (grid_h + layout[3]))
+        if best is None or share > best[0]:
+            best = (share, layout)
+    assert best is not None
+    return best[1]
+
+
+def _lines_figure(spec: dict[str, Any]) -> Any:
+    """A chart as a matplotlib figure: one plot, or small multiples (``spec["panels"]``, one
+    per condition, on shared axes); the legend outside the plots, beside or below them,
+    where it takes the less room, and the figure grown by it so the plots keep their size."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    panels = spec.get("panels") or [("", spec["series"])]
+    every = [s for _, series in panels for s in series]
+    log = wants_log(every)
+    n = len(panels)
+    ncols = 1 if n == 1 else 2 if n <= 4 else 3
+    nrows = math.ceil(n / ncols)
+    pw, ph = (5.2, 3.0) if n == 1 else (3.2, 2.1)
+    entries = list(dict.fromkeys(s["label"] for s in every))
+    where, legend_cols, add_w, add_h = _legend_layout(entries, ncols * pw, nrows * ph)
+    # margins: ticks and axis labels, the title
+    fig_w, fig_h = ncols * pw + 0.9 + add_w, nrows * ph + 0.9 + 0.35 * (nrows - 1) + add_h
+    fig, axes = plt.subplots(nrows, ncols, figsize=(fig_w, fig_h), sharex=True, sharey=True,
+                             squeeze=False, layout="constrained")
+    for k, ax in enumerate(axes.flat):
+        if k >= n:
+            ax.set_visible(False)
+            continue
+        title, series = panels[k]
+        _draw(ax, series, log)
+        if spec["x_label"] == "round":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if n > 1:
+            ax.set_title(title, fontsize=9)
+        if k % ncols == 0:
+            ax.set_ylabel(spec["y_label"])
+        if k + ncols >= n:
+            ax.set_xlabel(spec["x_label"])
+            ax.xaxis.set_tick_params(labelbottom=True)
+    handles: dict[str, Any] = {}
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    fig.legend(list(handles.values()), list(handles), fontsize=LEGEND_FONT, frameon=False,
+               ncols=legend_cols, loc="outside right center" if where == "right" else
+               "outside lower center")
+    fig.suptitle("\n".join(textwrap.wrap(spec["title"], 90)), fontsize=10)
+    return fig
 
 
 def _heat(fig: Any, ax: Any, spec: dict[str, Any]) -> None:
     import numpy as np
+    from matplotlib.patches import Rectangle
 
     rows, cols, values = spec["rows"], spec["cols"], spec["values"]
     grid = np.full((len(rows), len(cols)), np.nan)
+    diverged = np.zeros((len(rows), len(cols)), dtype=int)
     for i, r in enumerate(rows):
         for j, c in enumerate(cols):
-            grid[i, j] = values.get((r, c), (math.nan,))[0]
+            v = values.get((r, c), (math.nan, math.nan, 0))
+            grid[i, j] = v[0]
+            diverged[i, j] = v[3] if len(v) > 3 else 0
+    grid[diverged > 0] = np.nan  # marked, never a colour of the scale
     finite = grid[np.isfinite(grid)]
-    lo = float(finite.min()) if finite.size else 0.0
-    hi = float(finite.max()) if finite.size else 1.0
-    im = ax.imshow(grid, cmap="viridis", vmin=lo, vmax=hi if hi > lo else lo + 1e-9,
-                   aspect="auto")
+    lo = float(spec["lo"]) if spec.get("lo") is not None else \
+        (float(finite.min()) if finite.size else 0.0)
+    hi = float(spec["hi"]) if spec.get("hi") is not None else \
+        (float(finite.max()) if finite.size else 1.0)
+    im = ax.imshow(np.ma.masked_invalid(grid), cmap="viridis", vmin=lo,
+                   vmax=hi if hi > lo else lo + 1e-9, aspect="auto")
+    ax.set_facecolor("#cccccc")  # a missing cell
     ax.set_xticks(range(len(cols)), [str(c) for c in cols])
     ax.set_yticks(range(len(rows)), [str(r) for r in rows])
     ax.set_xlabel(spec["col_label"])
     ax.set_ylabel(spec["row_label"])
     for i in range(len(rows)):
         for j in range(len(cols)):
-            if math.isfinite(grid[i, j]):
+            if diverged[i, j]:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="white",
+                                       edgecolor="#d62728", hatch="///", linewidth=1.5))
+                ax.text(j, i, "diverged", ha="center", va="center", fontsize=8,
+                        color="#d62728", bbox={"facecolor": "white", "edgecolor": "none",
+                                               "pad": 1})
+            elif math.isfinite(grid[i, j]):
                 light = hi > lo and (grid[i, j] - lo) > 0.6 * (hi - lo)
                 ax.text(j, i, f"{grid[i, j]:.3g}", ha="center", va="center", fontsize=9,
                         color="black" if light else "white")
-    fig.colorbar(im, ax=ax)
+    bar = fig.colorbar(im, ax=ax)
+    if spec.get("shared", 1) > 1:
+        bar.set_label(f"one scale for all {spec['shared']} maps", fontsize=8)
 
 
 def write_figures(exports: Exports, folder: Path) -> list[Path]:
     """Each figure as ``NN-title.pdf`` and ``.svg`` in ``folder``; the paths written."""
-    import textwrap
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -94,11 +174,14 @@ def write_figures(exports: Exports, folder: Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     for i, (kind, spec) in enumerate(exports.figures):
-        fig, ax = plt.subplots(figsize=(7.5, 3.8) if kind == "lines" else
-                               (1.4 + 1.1 * len(spec["cols"]), 1.4 + 0.5 * len(spec["rows"])))
-        _lines(ax, spec) if kind == "lines" else _heat(fig, ax, spec)
-        ax.set_title("\n".join(textwrap.wrap(spec["title"], 70)), fontsize=10)
-        fig.tight_layout()
+        if kind == "lines":
+            fig = _lines_figure(spec)
+        else:
+            fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(spec["cols"]),
+                                            1.6 + 0.5 * len(spec["rows"])))
+            _heat(fig, ax, spec)
+            ax.set_title("\n".join(textwrap.wrap(spec["title"], 60)), fontsize=10)
+            fig.tight_layout()
         for ext in ("pdf", "svg"):
             path = folder / f"{i + 1:02d}-{slug(spec['title'])}.{ext}"
             fig.savefig(path, bbox_inches="tight")

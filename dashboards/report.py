@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dashboards.robust import NO_ATTACK, Cell, Robust, robust
 from dashboards.stats import Summary, from_mlflow, summarize
 from dashboards.svg import heat_map, line_chart
 from simulator.metric_names import mlflow_name
@@ -48,6 +49,16 @@ class RunData:
     def final(self, key: str) -> float:
         h = self.history.get(key)
         return h[-1][1] if h else math.nan
+
+    @property
+    def diverged(self) -> bool:
+        """Whether the run diverged: its final test loss or accuracy is not finite, or the
+        aggregate was not finite in some round (the server then keeps the model, so the
+        accuracy it logs is that of a model the rule no longer moves)."""
+        if any(v != 0 for _, v in self.history.get("nonfinite_aggregate", [])):
+            return True
+        return any(key in self.history and not math.isfinite(self.final(key))
+                   for key in ("test_loss", "test_accuracy"))
 
 
 def _group(name: str) -> str:
@@ -92,7 +103,8 @@ def _load(client: Any, run: Any) -> RunData:
     name = run.info.run_name
     data = RunData(run.info.run_id, name, _group(name), run.data.tags.get("seed", ""),
                    dict(run.data.tags), dict(run.data.params))
-    for key, _ in CURVES:  # plain names here, MLflow's (eval/test_accuracy) there
+    for key in [k for k, _ in CURVES] + ["nonfinite_aggregate"]:  # plain names here,
+        # MLflow's (eval/test_accuracy) there
         if mlflow_name(key) in run.data.metrics:
             hist = sorted(client.get_metric_history(run.info.run_id, mlflow_name(key)),
                           key=lambda m: m.step)
@@ -176,35 +188,93 @@ def _pick(series: list[dict]) -> tuple[list[dict], str]:
                  "points shown; click a faded legend entry to show its curve)")
 
 
-def _sweep_paths(runs: list[RunData], skip: set[str]) -> list[str]:
-    """Params of the swept paths (from the points' labels' varying params) except ``skip``."""
-    keys = set().union(*(r.params for r in runs)) if runs else set()
-    varying = [k for k in sorted(keys) if len({r.params.get(k) for r in runs}) > 1]
-    return [k for k in varying if not any(k == s or k.startswith(s + ".") for s in skip)
-            and k not in ("seeds", "seed")]
+def _panels(runs: list[RunData], key: str) -> list[tuple[str, list[dict]]] | None:
+    """The exported figure of a chart with too many curves for one plot, as small multiples:
+    one panel per condition ("no attack", then each attack), in each a curve per setting,
+    in the same colour and dash in every panel (so one legend reads them all); the runs of a
+    setting with no attack (every attack name its f = 0 runs were given) make one curve. None
+    when the runs are not settings under conditions."""
+    from dashboards.svg import PALETTE
 
-
-def _heat_maps(page: Page, runs: list[RunData], row_tag: str, col_tag: str, col_label: str,
-               skip: set[str]) -> list[str]:
-    rows_vals = list(dict.fromkeys(r.tags.get(row_tag, "?") for r in runs))
-    cols_vals = list(dict.fromkeys(r.tags.get(col_tag, "?") for r in runs))
-    if len(rows_vals) < 2 and len(cols_vals) < 2:
-        return []
-    context_keys = _sweep_paths(runs, skip)
-    contexts: dict[tuple, list[RunData]] = {}
-    for r in runs:
-        contexts.setdefault(tuple(r.params.get(k, "") for k in context_keys), []).append(r)
+    rb = robust(runs)
+    if len(rb.conditions) < 2 or len(rb.settings) < 2:
+        return None
+    style = {_setting_text(rb, s): {"color": PALETTE[i % len(PALETTE)],
+                                    "dash": DASHES[i // len(PALETTE) % len(DASHES)]}
+             for i, s in enumerate(rb.settings)}
     out = []
-    for ctx, members in list(contexts.items())[:24]:
-        cells: dict[tuple[str, str], list[float]] = {}
-        for r in members:
-            cells.setdefault((r.tags.get(row_tag, "?"), r.tags.get(col_tag, "?")), []).append(
-                r.final("test_accuracy"))
-        values = {k: summarize(v)[:3] for k, v in cells.items()}
-        where = ", ".join(f"{k}={v}" for k, v in zip(context_keys, ctx)) or "all runs"
-        out.append(page.heat(f"final test accuracy: {row_tag} x {col_label} ({where})", rows_vals,
-                         cols_vals, values, row_tag, col_label))  # colours: the data's range
-    return out
+    for c in rb.conditions:
+        groups = {_setting_text(rb, s): cell.runs for s in rb.settings
+                  if (cell := rb.cell(s, c)).runs}
+        series = _series(groups, key, style)
+        if series:
+            out.append((rb.label(c), series))
+    return out if len(out) > 1 else None
+
+
+def _setting_text(rb: Robust, setting: tuple[str, ...]) -> str:
+    """A setting in one line: ``cwtm(f=3), local.lr=0.1``."""
+    return ", ".join([setting[0], *(f"{k}={v}" for k, v in zip(rb.extra, setting[1:]))])
+
+
+def _heat_maps(page: Page, runs: list[RunData]) -> tuple[list[str], list[str]]:
+    """(aggregator x attack maps, aggregator x f maps) of the final test accuracy. Rows are the
+    rules (with the hyperparameters that differ between runs of a rule), columns the
+    conditions ("no attack" beside the attacks) or the Byzantine counts (one map per attack);
+    one map per value of the other swept paths, named in its title (only what varies). Every
+    map of the report takes one colour range, which its colour bar says; a diverged cell is
+    marked, not averaged."""
+    rb = robust(runs)
+    maps: list[tuple[str, list[dict]]] = []  # (section, specs)
+    contexts = list(dict.fromkeys(s[1:] for s in rb.settings))
+    rows_all = list(dict.fromkeys(s[0] for s in rb.settings))
+    fs = list(dict.fromkeys(c.f for c in rb.attacked))
+    multi_f = len(fs) > 1
+
+    def values(cells: dict[tuple[str, str], Cell]) -> dict:
+        return {k: (c.mean, c.std, len(c.runs), c.diverged) for k, c in cells.items() if c.runs}
+
+    def where(ctx: tuple[str, ...], more: list[str]) -> str:
+        named = [f"{k}={v}" for k, v in zip(rb.extra, ctx)] + more
+        return f" ({', '.join(named)})" if named else ""
+
+    cols_all = [rb.label(c) for c in rb.clean] + \
+        list(dict.fromkeys(rb.label(c, with_f=False) for c in rb.attacked))
+    if len(rows_all) >= 2 or len(cols_all) >= 2:
+        specs = []
+        for ctx in contexts:
+            rows = [s[0] for s in rb.settings if s[1:] == ctx]
+            for f in fs if multi_f else [None]:
+                conds = rb.clean + [c for c in rb.attacked if f is None or c.f == f]
+                cols = [rb.label(c, with_f=None if c.clean else False) for c in conds]
+                cells = {(row, col): rb.cell((row, *ctx), c) for row in rows
+                         for col, c in zip(cols, conds)}
+                specs.append({"title": "final test accuracy: aggregator x attack" + where(
+                    ctx, [f"f={f}"] if f is not None else []), "rows": rows, "cols": cols,
+                    "values": values(cells), "row_label": "aggregator", "col_label": "attack"})
+        maps.append(("attack", specs[:24]))
+    all_f = sorted({c.f for c in rb.conditions})
+    if len(all_f) > 1 and rb.attacked:
+        specs = []
+        zero = [c for c in rb.clean if c.f == 0]
+        for ctx in contexts:
+            rows = [s[0] for s in rb.settings if s[1:] == ctx]
+            for attack in dict.fromkeys(c.attack for c in rb.attacked):
+                conds = zero + [c for c in rb.attacked if c.attack == attack]
+                cells = {(row, str(c.f)): rb.cell((row, *ctx), c) for row in rows
+                         for c in conds}
+                specs.append({"title": "final test accuracy: aggregator x f (Byzantine clients)"
+                              + where(ctx, [f"attack={attack}"]), "rows": rows,
+                              "cols": [str(c.f) for c in conds], "values": values(cells),
+                              "row_label": "aggregator", "col_label": "f (Byzantine clients)"})
+        maps.append(("f", specs[:24]))
+    finite = [v[0] for _, specs in maps for spec in specs for v in spec["values"].values()
+              if math.isfinite(v[0])]
+    lo, hi = min(finite, default=0.0), max(finite, default=1.0)
+    shared = sum(len(specs) for _, specs in maps)
+    drawn = {section: [page.heat(**spec, lo=lo, hi=hi, shared=shared) for spec in specs]
+             for section, specs in maps}
+    return drawn.get("attack", []), drawn.get("f", [])
 
 
 @dataclass
@@ -215,19 +285,25 @@ class Page:
 
     exports: Exports | None = None
 
-    def chart(self, title: str, series: list[dict], x_label: str, y_label: str) -> str:
+    def chart(self, title: str, series: list[dict], x_label: str, y_label: str,
+              note: str = "", panels: list[tuple[str, list[dict]]] | None = None) -> str:
+        """A line chart; ``note`` (how to read the HTML chart) goes in the HTML title only,
+        ``panels`` (title, series) split the exported figure into small multiples."""
         if self.exports is not None:
             self.exports.figures.append(("lines", {"title": title, "series": series,
-                                                   "x_label": x_label, "y_label": y_label}))
-        return line_chart(title, series, x_label, y_label)
+                                                   "x_label": x_label, "y_label": y_label,
+                                                   "panels": panels}))
+        return line_chart(title + note, series, x_label, y_label)
 
     def heat(self, title: str, rows: list[str], cols: list[str], values: dict, row_label: str,
-             col_label: str) -> str:
+             col_label: str, lo: float | None = None, hi: float | None = None,
+             shared: int = 1) -> str:
         if self.exports is not None:
             self.exports.figures.append(("heat", {"title": title, "rows": rows, "cols": cols,
                                                   "values": values, "row_label": row_label,
-                                                  "col_label": col_label}))
-        return heat_map(title, rows, cols, values, row_label, col_label)
+                                                  "col_label": col_label, "lo": lo, "hi": hi,
+                                                  "shared": shared}))
+        return heat_map(title, rows, cols, values, row_label, col_label, lo, hi, shared)
 
     def table(self, head: Sequence[str], rows: Sequence[Sequence[str]], cls: str) -> str:
         if self.exports is not None:
@@ -256,7 +332,7 @@ svg{margin:6px 12px 6px 0;background:#fff}
 .title{font-size:13px;font-weight:600}.tick{font-size:11px;fill:#444}.axis{font-size:12px}
 .frame{fill:none;stroke:#999}.grid{stroke:#eee}
 .curve{fill:none;stroke-width:2}.band{opacity:.15;stroke:none}
-.legend{cursor:pointer}.off{opacity:.15}.cellv{font-size:11px;pointer-events:none}
+.legend{cursor:pointer}.off{opacity:.15}.band.off{opacity:.02}.cellv{font-size:11px;pointer-events:none}
 .note{color:#666;font-size:13px}.context{font-size:14px}
 """
 
@@ -361,48 +437,46 @@ def context(runs: list[RunData]) -> str:
     return f'<p class="context">{" · ".join(parts)}</p>'
 
 
-def _point_means(runs: list[RunData], extra: list[str]) -> dict[tuple, dict[str, float]]:
-    """{(aggregator, *extra values): {attack: mean final accuracy over seeds}}."""
-    cells: dict[tuple, dict[str, list[float]]] = {}
-    for r in runs:
-        key = (r.tags.get("aggregator", "?"), *(r.params.get(k, "") for k in extra))
-        cells.setdefault(key, {}).setdefault(r.tags.get("attack", "none"), []).append(
-            r.final("test_accuracy"))
-    return {k: {a: summarize(v).mean for a, v in by.items()} for k, by in cells.items()}
-
-
 def byzfl_views(runs: list[RunData], page: Page | None = None) -> list[str]:
-    """ByzFL's benchmark views (González et al., 2025): per aggregator, the accuracy under
-    each attack and the worst over attacks; and, when another value is swept (a learning
-    rate, a trimming parameter), the value that is best under the worst attack. Drawn on
-    ``page`` (default: a page that exports nothing)."""
+    """ByzFL's benchmark views (González et al., 2025): per setting (a rule, its
+    hyperparameters and the other swept values) the accuracy with no attack and under each
+    attack, and the worst attack; and per rule the setting that is best under its worst
+    attack. The Byzantine count and the attack are the condition: a run with no Byzantine
+    client or no attack is the "no attack" column, never a worst case. Drawn on ``page``
+    (default: a page that exports nothing)."""
     page = page or Page()
-    attacks = list(dict.fromkeys(r.tags.get("attack", "none") for r in runs))
-    if len(attacks) < 2:
+    rb = robust(runs)
+    if not rb.attacked or len(rb.conditions) < 2:
         return []
-    extra = _sweep_paths(runs, {"aggregator", "aggregator.name", "attack", "attack.name"})
-    means = _point_means(runs, extra)
+    cols = [rb.label(c) for c in rb.conditions]
     rows = []
-    for key, by in means.items():
-        worst = min(by.items(), key=lambda kv: (kv[1] if math.isfinite(kv[1]) else -math.inf))
-        rows.append([*key, *(f"{by[a]:.4g}" if a in by else "-" for a in attacks),
-                     f"{worst[1]:.4g}", worst[0]])
-    head = ["aggregator", *extra, *attacks, "worst", "worst attack"]
+    for s in rb.settings:
+        w = rb.worst(s)
+        rows.append([*s, *(rb.cell(s, c).text() for c in rb.conditions),
+                     w[0].text() if w else "-", rb.label(w[1]) if w else "-"])
+    head = ["aggregator", *rb.extra, *cols, "worst", "worst attack"]
     out = ["<h2>Worst case over attacks</h2>",
-           ('<p class="note">Mean final test accuracy over seeds under each attack, and the '
-            "worst of them per aggregator (ByzFL's benchmark view).</p>"),
+           ('<p class="note">Mean final test accuracy over seeds with no attack (no Byzantine '
+            "client, or no attack) and under each attack, and the worst attack per setting "
+            "(ByzFL's benchmark view). The number of Byzantine clients and the attack are the "
+            "condition; the rule, its hyperparameters and the other swept values the setting. "
+            "A run diverged when its loss or aggregate became non-finite; its cell says so and "
+            "ranks below every accuracy.</p>"),
            page.table(head, rows, "worst-case")]
-    if extra:
-        best: dict[str, tuple[float, tuple, str]] = {}
-        for key, by in means.items():
-            worst_acc = min((v for v in by.values()), default=math.nan)
-            agg = key[0]
-            if agg not in best or (math.isfinite(worst_acc) and worst_acc > best[agg][0]):
-                best[agg] = (worst_acc, key[1:], min(by, key=lambda a: by[a]))
-        out += ["<h2>Best setting under the worst attack</h2>", page.table(
-            ["aggregator", *extra, "worst-case accuracy", "worst attack"],
-            [[agg, *vals, f"{acc:.4g}", att] for agg, (acc, vals, att) in best.items()],
-            "best-under-worst")]
+    best = rb.best_under_worst()
+    clean = rb.clean[0] if len(rb.clean) == 1 else None
+    out += ["<h2>Best setting under the worst attack</h2>",
+            ('<p class="note">Per rule, the setting whose worst attack leaves the highest '
+             "accuracy, best first" + (f"; {NO_ATTACK}: the same setting's accuracy with no "
+                                       "attack" if clean else "") + ".</p>"),
+            page.table(["aggregator", *(["hyperparameters"] if rb.hyper else []), *rb.extra,
+                        "worst-case accuracy", "worst attack",
+                        *([NO_ATTACK] if clean else [])],
+                       [[rb.rule_of[next(r.run_id for r in rb.runs
+                                         if rb.setting_of[r.run_id] == s)],
+                         *([s[0]] if rb.hyper else []), *s[1:], cell.text(), rb.label(c),
+                         *([rb.cell(s, clean).text()] if clean else [])]
+                        for s, cell, c in best], "best-under-worst")]
     return out
 
 
@@ -434,7 +508,8 @@ def render(title: str, runs: list[RunData], exports: Exports | None = None) -> s
     for key, label in CURVES:
         series, note = _pick(_series(groups, key, style))
         if series:
-            charts.append(page.chart(label + note, series, "round", key))
+            charts.append(page.chart(label, series, "round", key, note,
+                                     _panels(runs, key) if len(series) > MAX_SERIES else None))
     if charts:
         parts += ["<h2>Curves</h2>", *charts]
     mechanisms = _mechanisms(runs)
@@ -445,14 +520,11 @@ def render(title: str, runs: list[RunData], exports: Exports | None = None) -> s
             "type I error alpha; higher is more private)", trade, "alpha", "beta"),
             *_mechanism_table(page, mechanisms)]
     parts += byzfl_views(runs, page)
-    maps = _heat_maps(page, runs, "aggregator", "attack", "attack",
-                      {"aggregator", "aggregator.name", "attack", "attack.name"})
-    if maps:
-        parts += ["<h2>Aggregator x attack</h2>", *maps]
-    if len({r.tags.get("f") for r in runs}) > 1:
-        parts += ["<h2>Aggregator x f</h2>", *_heat_maps(
-            page, runs, "aggregator", "f", "f (Byzantine clients)",
-            {"aggregator", "aggregator.name", "clients.byzantine", "clients.b_hat"})]
+    by_attack, by_f = _heat_maps(page, runs)
+    if by_attack:
+        parts += ["<h2>Aggregator x attack</h2>", *by_attack]
+    if by_f:
+        parts += ["<h2>Aggregator x f</h2>", *by_f]
     parts += _topology_section(page, runs)
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>fedray report: {html.escape(title)}</title><style>{CSS}</style></head>"

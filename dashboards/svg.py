@@ -212,12 +212,16 @@ def line_chart(title: str, series: Sequence[dict], x_label: str = "round", y_lab
 
 
 def heat_map(title: str, rows: Sequence[str], cols: Sequence[str], values: dict, row_label: str,
-             col_label: str, lo: float | None = None, hi: float | None = None) -> str:
-    """``values[(row, col)] = (mean, std, count)``; one ``<rect class="cell">`` per
-    (row, col), its value written in it (missing combinations grey and empty). The colour
-    scale (viridis: colour-blind safe and readable in grey) spans the data's range unless
-    ``lo``/``hi`` are given, and a colour bar (``<g class="colorbar" data-lo data-hi>``)
-    says so. Labels are never cut: cells and margins are as wide as they need."""
+             col_label: str, lo: float | None = None, hi: float | None = None,
+             shared: int = 1) -> str:
+    """``values[(row, col)] = (mean, std, count[, diverged])``; one ``<rect class="cell">``
+    per (row, col), its value written in it (missing combinations grey and empty; a cell
+    with ``diverged`` runs white with a red frame, "diverged" written in it and no value:
+    never a colour of the scale). The colour scale (viridis: colour-blind safe and readable
+    in grey) spans the data's range unless ``lo``/``hi`` are given, and a colour bar
+    (``<g class="colorbar" data-lo data-hi data-shared>``) says so; ``shared``: the number of
+    maps that take this one range (said under the bar when more than one). Labels are never
+    cut: cells and margins are as wide as they need."""
     finite = [v[0] for v in values.values() if math.isfinite(v[0])]
     lo = min(finite, default=0.0) if lo is None else lo
     hi = max(finite, default=1.0) if hi is None else hi
@@ -243,31 +247,44 @@ def heat_map(title: str, rows: Sequence[str], cols: Sequence[str], values: dict,
         out.append(f'<text x="{left - 6}" y="{y + ch / 2 + 4}" class="tick" '
                    f'text-anchor="end">{_esc(r)}</text>')
         for j, c in enumerate(cols):
-            mean, std, n = values.get((r, c), (math.nan, math.nan, 0))
+            mean, std, n, *rest = values.get((r, c), (math.nan, math.nan, 0))
+            diverged = rest[0] if rest else 0
             x = left + cw * j
-            fill = color(mean, lo, hi)
+            fill = "#ffffff" if diverged else color(mean, lo, hi)
+            frame = ' stroke="#d62728" stroke-width="2"' if diverged else ""
             ink = "#000" if math.isfinite(mean) and (mean - lo) > 0.6 * (hi - lo) else "#fff"
+            what = (f"diverged ({diverged} of {n} runs)" if diverged else
+                    f'{_fmt(mean)} ± {_fmt(std)} ({n} run{"s" if n != 1 else ""})')
             out.append(f'<rect class="cell" x="{x}" y="{y}" width="{cw - 2}" height="{ch - 2}" '
-                       f'fill="{fill}" data-row="{_esc(r)}" data-col="{_esc(c)}" '
-                       f'data-value="{mean}"><title>{_esc(r)} × {_esc(c)}: {_fmt(mean)} ± '
-                       f'{_fmt(std)} ({n} run{"s" if n != 1 else ""})</title></rect>')
-            if math.isfinite(mean):
+                       f'fill="{fill}"{frame} data-row="{_esc(r)}" data-col="{_esc(c)}" '
+                       f'data-value="{math.nan if diverged else mean}" '
+                       f'data-diverged="{diverged}"><title>{_esc(r)} × {_esc(c)}: {what}'
+                       '</title></rect>')
+            if diverged:
+                out.append(f'<text x="{x + cw / 2 - 1}" y="{y + ch / 2 + 4}" class="cellv" '
+                           'text-anchor="middle" fill="#d62728">diverged</text>')
+            elif math.isfinite(mean):
                 out.append(f'<text x="{x + cw / 2 - 1}" y="{y + ch / 2 + 4}" class="cellv" '
                            f'text-anchor="middle" fill="{ink}">{_fmt(mean)}</text>')
-    out.append(colorbar(grid_w + 24, top, 110, lo, hi))
+    out.append(colorbar(grid_w + 24, top, 110, lo, hi, shared))
     out.append("</svg>")
     return "".join(out)
 
 
-def colorbar(x: float, y: float, h: float, lo: float, hi: float) -> str:
-    """A vertical viridis bar from ``lo`` (bottom) to ``hi`` (top) with both ends labelled."""
+def colorbar(x: float, y: float, h: float, lo: float, hi: float, shared: int = 1) -> str:
+    """A vertical viridis bar from ``lo`` (bottom) to ``hi`` (top) with both ends labelled;
+    under it, when ``shared`` maps take this range, a note saying so."""
     steps = 20
-    parts = [f'<g class="colorbar" data-lo="{lo}" data-hi="{hi}">']
+    parts = [f'<g class="colorbar" data-lo="{lo}" data-hi="{hi}" data-shared="{shared}">']
     for k in range(steps):
         v = hi - (hi - lo) * (k + 0.5) / steps
         parts.append(f'<rect x="{x}" y="{y + h * k / steps:.1f}" width="14" '
                      f'height="{h / steps + 0.5:.1f}" fill="{color(v, lo, hi)}"/>')
     parts += [f'<rect x="{x}" y="{y}" width="14" height="{h}" class="frame"/>',
               f'<text x="{x + 18}" y="{y + 9}" class="tick cbmax">{_fmt(hi)}</text>',
-              f'<text x="{x + 18}" y="{y + h}" class="tick cbmin">{_fmt(lo)}</text>', "</g>"]
+              f'<text x="{x + 18}" y="{y + h}" class="tick cbmin">{_fmt(lo)}</text>']
+    if shared > 1:
+        parts += [f'<text x="{x - 16}" y="{y + h + 16}" class="tick cbshared">one scale,</text>',
+                  f'<text x="{x - 16}" y="{y + h + 30}" class="tick cbshared">all {shared} maps</text>']
+    parts.append("</g>")
     return "".join(parts)
