@@ -97,5 +97,18 @@ def brief(value: Any) -> str:
     return _REPR.repr(value)
 
 
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on or hide (ESC, BEL, NUL, newlines,
+    direction overrides such as U+202E, zero-width characters) written as its escape
+    (``\\x1b``, ``\\u202e``): user text in a message can never drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 def brief_text(text: str, limit: int = 300) -> str:
+    """User text for a one-line message: control characters escaped, at most ``limit``
+    characters."""
+    text = printable(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."

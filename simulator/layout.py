@@ -90,9 +90,7 @@ def common_tags(loaded: LoadedScenario, where: dict[str, str]) -> dict[str, str]
 def run_name(point: RunPoint) -> str:
     """A child run's name: the values that differ between points and the seed; a scenario
     without a sweep adds its name (``quickstart seed=0``), not a bare ``seed=0``."""
-    if point.values or not point.scenario.name:
-        return point.label
-    return f"{point.scenario.name} {point.label}"
+    return point.run_name
 
 
 def open_parent(loaded: LoadedScenario, where: dict[str, str], tracker: Tracker, tmp: Path,

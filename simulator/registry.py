@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, create_model, field_validator
 
-from simulator.errors import FedrayError
+from simulator.errors import FedrayError, brief
 from strategies.kinds import KINDS as _KINDS
 
 KINDS: tuple[str, ...] = tuple(_KINDS)  # strategies/kinds.py: the one table of kinds
@@ -93,6 +93,51 @@ def refuse_bool_numbers(cls: type[BaseModel], value: Any, info: Any) -> Any:
         raise PydanticCustomError(
             "bool_for_number", "must be a number, got a boolean (YAML reads true, false, yes, "
             "no, on and off as booleans)")
+    return value
+
+
+# A plugin's integer key without a bound of its own gets this one: no count, size or index a
+# simulation takes reaches 2**31, and a larger one validated, then exhausted the machine (a
+# layer of 2**62 units) or overflowed a C integer after runs existed
+PLUGIN_INT_BOUND = 2**31
+
+
+def _takes_int(tp: Any) -> bool:
+    """Whether a type hint takes integers anywhere (int, or a union, list, tuple or mapping
+    of them)."""
+    if tp is int:
+        return True
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return False
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _takes_int(args[0])
+    return any(_takes_int(a) for a in args if a is not Ellipsis)
+
+
+def _out_of_bound(value: Any) -> int | None:
+    """The first integer in ``value`` (through lists, tuples and mappings) outside
+    (-PLUGIN_INT_BOUND, PLUGIN_INT_BOUND), if any."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if abs(value) >= PLUGIN_INT_BOUND else None
+    items = value.values() if isinstance(value, dict) else \
+        value if isinstance(value, (list, tuple)) else ()
+    return next((v for v in map(_out_of_bound, items) if v is not None), None)
+
+
+def bound_plugin_ints(cls: type[BaseModel], value: Any, info: Any) -> Any:
+    """An after-validator of every key of a plugin's params model: an integer key (as its
+    type hint says) whose value is PLUGIN_INT_BOUND or more in size is refused."""
+    from pydantic_core import PydanticCustomError
+
+    field = cls.model_fields.get(info.field_name) if info.field_name else None
+    if field is not None and _takes_int(field.annotation):
+        bad = _out_of_bound(value)
+        if bad is not None:
+            raise PydanticCustomError(
+                "int_bound", "must be > -2**31 and < 2**31 (a plugin's integer), got {got}",
+                {"got": brief(bad)})
     return value
 
 
@@ -215,8 +260,11 @@ def params_model(cls: Any) -> type[BaseModel]:
             fields[p.name] = (tp, ... if p.default is p.empty else p.default)
     return create_model(f"{cls.__name__}Params",
                         __config__=ConfigDict(extra="forbid", **FINITE),
-                        __validators__={"_no_bool_numbers": field_validator("*", mode="before")(
-                            refuse_bool_numbers)}, **fields)
+                        __validators__={
+                            "_no_bool_numbers": field_validator("*", mode="before")(
+                                refuse_bool_numbers),
+                            "_bounded_ints": field_validator("*", mode="after")(
+                                bound_plugin_ints)}, **fields)
 
 
 def keys(kind: str, name: str) -> dict[str, Any]:

@@ -211,6 +211,22 @@ def _available_memory() -> int | None:
     return None
 
 
+def check_local_workers(n: int | None, num_cpus: float, where: str) -> None:
+    """On a local Ray instance (its CPUs are this machine's, known before it starts): ``n``
+    ClientWorkers of ``num_cpus`` CPUs each that could never all be placed are refused in one
+    line (UsageError), before Ray starts; ``where`` names the option or field that asked."""
+    from simulator.errors import UsageError
+
+    have = os.cpu_count() or 1  # Ray's local instance gets at most this many CPUs
+    if n is None or n * num_cpus <= have:
+        return
+    fit = int(have // num_cpus)
+    fewer = f"{where} {fit} or fewer, " if fit >= 1 else ""
+    raise UsageError(f"{where}: {n} ClientWorkers need {n * num_cpus:g} CPUs ({num_cpus:g} "
+                     f"each, runtime.num_cpus), and this machine has {have}; use {fewer}a "
+                     "smaller runtime.num_cpus, or --address a cluster")
+
+
 CPU_CHECK_BYTES = 1 << 30  # a model larger than this is shape-checked on torch's meta device
 
 
@@ -295,6 +311,7 @@ def _check_model(sc: Scenario, info: Any, problems: list[Problem]) -> None:
     if model_buffers(model):
         _check_buffers(sc, problems)
     d = sum(p.numel() for p in model.parameters())
+    _check_work(sc, info, d, problems)
     workers = sc.runtime.workers or os.cpu_count() or 1
     # per worker: parameters, gradients, an optimizer buffer and the update; the server: the
     # model, the round's (n, d) update matrix and the optimizer's state; per-client state
@@ -310,6 +327,43 @@ def _check_model(sc: Scenario, info: Any, problems: list[Problem]) -> None:
                                 f"{sc.clients.sampled} updates a round"
                                 + (f", state for {sc.clients.total} clients" if stateful else "")
                                 + f"), more than the {have / 2**30:.1f} GiB available here"))
+
+
+# The most work a scenario may ask for, in model-parameter x training-example products (a
+# forward and backward pass cost about 6 floating-point operations each): 1e18 is about
+# 6e18 operations, weeks of a CPU and hours of a large GPU, and 10,000 times the largest
+# published study the shipped scenarios follow
+MAX_WORK = 10**18
+
+
+def _check_work(sc: Scenario, info: Any, d: int, problems: list[Problem]) -> None:
+    """The scenario's total work estimated before anything runs: rounds x clients a round x
+    training examples each client processes a round x model parameters (plus, under D-SGD,
+    rounds x gossip steps x peers x peers x parameters, the dense mixing); refused past
+    MAX_WORK with the fields that make it."""
+    c, local = sc.clients, sc.local
+    sampled = c.total if sc.topology is not None else min(c.sampled, c.total)
+    if resolve(sc).gradient_rule:
+        examples, how = local.batch_size, f"local.batch_size {local.batch_size:,}"
+    elif local.steps is not None:
+        examples = local.steps * local.batch_size
+        how = f"local.steps {local.steps:,} x local.batch_size {local.batch_size:,}"
+    else:
+        epochs = local.epochs or 1
+        examples = epochs * -(-info.train_samples // c.total)
+        how = f"local.epochs {epochs} x {-(-info.train_samples // c.total):,} examples"
+    work = sc.rounds * sampled * examples * d
+    parts = [(f"rounds {sc.rounds:,} x {sampled:,} clients a round x ({how}) x {d:,} "
+             "model parameters")]
+    if sc.topology is not None:
+        work += sc.rounds * sc.dsgd.gossip_steps * c.total * c.total * d
+        parts.append(f"rounds x dsgd.gossip_steps {sc.dsgd.gossip_steps:,} x "
+                     f"{c.total:,}^2 peers x parameters")
+    if work > MAX_WORK:
+        problems.append(Problem((), f"the total work is about {work:.1e} parameter x example "
+                                f"products ({' + '.join(parts)}); at most {MAX_WORK:.0e} "
+                                "(hours of a large GPU): lower rounds, clients.per_round, "
+                                "the local work or the model"))
 
 
 def _check_buffers(sc: Scenario, problems: list[Problem]) -> None:

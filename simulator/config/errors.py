@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from simulator.errors import brief
+from simulator.errors import brief, printable
 
 Loc = tuple[Any, ...]
 
@@ -35,7 +35,8 @@ class ScenarioError(ValueError):
     def __init__(self, problems: list[Problem], source: str | None = None) -> None:
         self.problems = problems
         self.source = source
-        self.lines = list(dict.fromkeys(p.format(source) for p in problems))
+        # user text (keys, values, the file's name) never reaches a terminal raw
+        self.lines = list(dict.fromkeys(printable(p.format(source)) for p in problems))
         super().__init__("\n".join(self.lines))
 
 

@@ -12,10 +12,11 @@ import json
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from annotated_types import Ge, Gt, Lt
-from pydantic import AllowInfNan, BaseModel, ConfigDict, field_validator
+from annotated_types import Ge, Gt, Le, Lt
+from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
-from simulator.errors import brief_text
+from simulator.errors import brief, brief_text
 from simulator.registry import FINITE, PluginSpec, refuse_bool_numbers
 
 DEFAULT_TRAINER: PluginSpec = {"name": "sgd"}  # local SGD, when nothing asks for another
@@ -23,6 +24,37 @@ DEFAULT_TRAINER: PluginSpec = {"name": "sgd"}  # local SGD, when nothing asks fo
 # traits name none (Traits.trainer)
 GRADIENT_RULE_TRAINER: PluginSpec = {"name": "gradient_rule"}
 SAMPLE_PRIVACY_TRAINER: PluginSpec = {"name": "dp_sgd"}
+
+# Upper bounds of the schema's integers (README, "A scenario file, field by field"): each far
+# above any study, far below what exhausts a machine or overflows a C integer before the
+# first round (`Overflow when unpacking long long`)
+MAX_ROUNDS = 1_000_000
+MAX_CLIENTS = 10_000_000  # a simulated population (1 M clients of 200 samples fill 24 GB)
+MAX_EPOCHS = 1_000  # local epochs a round
+MAX_STEPS = 100_000  # local minibatch steps a round
+MAX_BATCH = 65_536
+MAX_GOSSIP_STEPS = 1_000  # gossip steps a D-SGD round (each one mixes every peer's model)
+MAX_WORKERS = 10_000  # ClientWorker actors (one per CPU of a cluster)
+MAX_THREADS = 1_024  # torch threads of one process
+MAX_CPUS = 1_024.0  # CPUs of one worker
+MAX_GPUS = 64.0  # GPUs of one worker
+MAX_SEEDS = 1_000
+# MLflow's limits: an experiment's name (its store's column: 256 characters) and a run's
+# name (250)
+MAX_EXPERIMENT_NAME = 256
+MAX_RUN_NAME = 250
+
+
+def check_name(value: str, what: str, limit: int) -> str | None:
+    """What is wrong with a name MLflow stores and fedray prints, or None."""
+    if not value.strip():
+        return f"{what} must not be empty, got {brief(value)}"
+    if len(value) > limit:
+        return f"{what} must be at most {limit} characters (MLflow's limit), got {len(value):,}"
+    if not value.isprintable():
+        return (f"{what} must hold no control characters (ESC, BEL, NUL, direction "
+                f"overrides such as U+202E: a terminal would act on them), got {brief(value)}")
+    return None
 
 
 class Strict(BaseModel):
@@ -50,7 +82,7 @@ class BHat(Strict):
     rule: Literal["fixed", "kl", "hypergeometric"] = "fixed"
     level: Annotated[float, Gt(0), Lt(1)] = 0.05
     clamp: bool = False
-    value: Annotated[int, Ge(0)] | None = None
+    value: Annotated[int, Ge(0), Le(MAX_CLIENTS)] | None = None
 
 
 class Stragglers(Strict):
@@ -69,9 +101,9 @@ class Clients(Strict):
     per round and client); ``stragglers``: honest clients too slow for the round's deadline.
     Byzantine clients never miss a round (the worst case). Both are logged per round."""
 
-    total: Annotated[int, Ge(1)]
-    per_round: Annotated[int, Ge(1)] | None = None
-    byzantine: Annotated[int, Ge(0)] = 0
+    total: Annotated[int, Ge(1), Le(MAX_CLIENTS)]
+    per_round: Annotated[int, Ge(1), Le(MAX_CLIENTS)] | None = None
+    byzantine: Annotated[int, Ge(0), Le(MAX_CLIENTS)] = 0
     b_hat: BHat | None = None
     dropout: Annotated[float, Ge(0), Lt(1)] = 0.0
     stragglers: Stragglers | None = None
@@ -93,9 +125,9 @@ class Local(Strict):
     # one the rest asks for (``simulator.plan.choose_trainer``), else DEFAULT_TRAINER
     trainer: PluginSpec | None = None
 
-    epochs: Annotated[int, Ge(1)] | None = None
-    steps: Annotated[int, Ge(1)] | None = None
-    batch_size: Annotated[int, Ge(1)] = 32
+    epochs: Annotated[int, Ge(1), Le(MAX_EPOCHS)] | None = None
+    steps: Annotated[int, Ge(1), Le(MAX_STEPS)] | None = None
+    batch_size: Annotated[int, Ge(1), Le(MAX_BATCH)] = 32
     lr: Annotated[float, Gt(0)] = 0.05
     momentum: Annotated[float, Ge(0), Lt(1)] = 0.0
     weight_decay: Annotated[float, Ge(0)] = 0.0
@@ -123,13 +155,13 @@ class DSGD(Strict):
     over each peer's neighbourhood)."""
 
     order: Literal["local_then_gossip", "gossip_then_local"] = "local_then_gossip"
-    gossip_steps: Annotated[int, Ge(1)] = 1
+    gossip_steps: Annotated[int, Ge(1), Le(MAX_GOSSIP_STEPS)] = 1
     defense: str = "none"
     clip_tau: Annotated[float, Gt(0), AllowInfNan(True)] | None = None  # inf: plain gossip
 
 
 class Evaluation(Strict):
-    every: Annotated[int, Ge(1)] = 1
+    every: Annotated[int, Ge(1), Le(MAX_ROUNDS)] = 1
 
 
 class Runtime(Strict):
@@ -137,8 +169,8 @@ class Runtime(Strict):
     rounds (0: never) so that ``fedray resume RUN_ID`` continues it exactly."""
 
     backend: Literal["ray", "inline"] = "ray"
-    workers: Annotated[int, Ge(1)] | None = None
-    checkpoint_every: Annotated[int, Ge(0)] = 0
+    workers: Annotated[int, Ge(1), Le(MAX_WORKERS)] | None = None
+    checkpoint_every: Annotated[int, Ge(0), Le(MAX_ROUNDS)] = 0
     # train a worker's clients together (torch.func vmap) when their rule allows: the same
     # numbers as one at a time up to float rounding (not bit for bit across worker counts)
     vectorize: bool = False
@@ -152,13 +184,13 @@ class Runtime(Strict):
     # shared out among the workers, at most 1 each) and torch runs ``threads`` threads.
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     server_device: Literal["cpu", "cuda", "auto"] = "cpu"
-    num_cpus: Annotated[float, Gt(0)] = 1.0
-    num_gpus: Annotated[float, Ge(0)] | None = None
-    threads: Annotated[int, Ge(1)] = 1
+    num_cpus: Annotated[float, Gt(0), Le(MAX_CPUS)] = 1.0
+    num_gpus: Annotated[float, Ge(0), Le(MAX_GPUS)] | None = None
+    threads: Annotated[int, Ge(1), Le(MAX_THREADS)] = 1
     # torch threads of the server's (and D-SGD mixer's) evaluation, which runs while the
     # workers wait: more is faster on a CPU; 1 (the default) gives the same test metrics on
     # any machine, more may move a loss in its last digits (training is not affected)
-    eval_threads: Annotated[int, Ge(1)] = 1
+    eval_threads: Annotated[int, Ge(1), Le(MAX_THREADS)] = 1
     # fp32, or bf16 autocast of the clients' forward passes (updates stay float32)
     precision: Literal["fp32", "bf16"] = "fp32"
     # torch's deterministic algorithms (cuDNN included): bit-identical reruns on one GPU
@@ -172,9 +204,9 @@ class Scenario(Strict):
 
     name: str = ""
     description: str = ""
-    rounds: Annotated[int, Gt(0)]
+    rounds: Annotated[int, Gt(0), Le(MAX_ROUNDS)]
     # derived seeds take 32 bits of it: 2**32 would repeat seed 0
-    seeds: list[Annotated[int, Ge(0), Lt(2**32)]] = [0]
+    seeds: Annotated[list[Annotated[int, Ge(0), Lt(2**32)]], Field(max_length=MAX_SEEDS)] = [0]
     data: Data
     model: PluginSpec
     # what the model learns: a plugin of fedray.tasks (classification | next_token |
@@ -194,6 +226,16 @@ class Scenario(Strict):
     evaluation: Evaluation = Evaluation()
     runtime: Runtime = Runtime()
     sweep: dict[str, list[Any]] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        """The experiment's name in MLflow (the file's name by default), printed by every
+        command."""
+        bad = check_name(value, "the experiment's name", MAX_EXPERIMENT_NAME)
+        if bad:
+            raise PydanticCustomError("name", bad)
+        return value
 
 
 def default_at(loc: tuple[str | int, ...]) -> Any:
@@ -223,6 +265,15 @@ class RunPoint:
             key = last if lasts.count(last) == 1 else k
             parts.append(short(v) if last == "name" else f"{key}={short(v)}")
         return " ".join([*parts, f"seed={self.seed}"])
+
+    @property
+    def run_name(self) -> str:
+        """A child run's name in MLflow: the values that differ between points and the seed;
+        a scenario without a sweep adds its name (``quickstart seed=0``), not a bare
+        ``seed=0``."""
+        if self.values or not self.scenario.name:
+            return self.label
+        return f"{self.scenario.name} {self.label}"
 
 
 def short(v: Any) -> str:

@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from simulator.config.errors import Loc, Problem, ScenarioError
-from simulator.config.schema import RunPoint, Scenario, short
+from simulator.config.schema import MAX_RUN_NAME, RunPoint, Scenario, check_name, short
 from simulator.config.validate import validate_point
 from simulator.errors import brief
 
@@ -106,6 +106,22 @@ def _grid(sweep: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _run_name_problems(points: list[RunPoint]) -> list[Problem]:
+    """The first run name MLflow would refuse (too long) or a terminal would act on (control
+    characters), at the sweep key whose value made it."""
+    for point in points:
+        bad = check_name(point.run_name, "a run's name", MAX_RUN_NAME)
+        if bad:
+            if len(point.run_name) > MAX_RUN_NAME:
+                bad += f" ({brief(point.run_name)})"
+            key = next((k for k, v in point.values.items()
+                        if not isinstance(v, (int, float)) and check_name(short(v), "", 60)
+                        ), None)
+            return [Problem(("sweep", key) if key else ("name",),
+                            bad + "; a run is named after its sweep values and seed")]
+    return []
+
+
 def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
     """Validate a scenario mapping and expand its sweep grid x seeds into run points.
 
@@ -142,6 +158,7 @@ def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
             for p, where in group:
                 p.message += f" (sweep point {where})"
                 problems.append(p)
+    problems += _run_name_problems(points)
     if problems:
         raise ScenarioError(problems)
     assert base is not None

@@ -109,3 +109,128 @@ def test_set_on_a_key_the_sweep_sets_is_refused(tmp_path, key):
         (f"{p}: --set {key}: the scenario's sweep also sets {hit} (each point would override "
         "it); change the sweep's values instead")]
     assert len(load(p, ["local.momentum=0.5"]).points) == 2  # a key the sweep leaves alone
+
+
+# ---------------------------------------------------------------- 2. integers that exhaust
+
+@pytest.mark.parametrize(("key", "allowed"), [
+    ("rounds", "<= 1000000"), ("local.epochs", "<= 1000"), ("local.steps", "<= 100000"),
+    ("local.batch_size", "<= 65536"), ("clients.total", "<= 10000000"),
+    ("clients.per_round", "<= 10000000"), ("clients.byzantine", "<= 10000000"),
+    ("dsgd.gossip_steps", "<= 1000"), ("evaluation.every", "<= 1000000"),
+    ("runtime.workers", "<= 10000"), ("runtime.checkpoint_every", "<= 1000000"),
+    ("runtime.threads", "<= 1024"), ("runtime.eval_threads", "<= 1024"),
+    ("runtime.num_cpus", "<= 1024.0"), ("runtime.num_gpus", "<= 64.0"),
+])
+def test_every_integer_of_the_schema_has_an_upper_bound(tmp_path, key, allowed):
+    p = _file(tmp_path, BASE)
+    big = 2**63 - 1
+    lines = _refused(p, [f"{key}={big}"])
+    assert len(lines) == 1 and lines[0].endswith(f" {key}: must be {allowed}, got {big}")
+
+
+def test_seeds_are_bounded_in_number(tmp_path):
+    p = _file(tmp_path, BASE)
+    assert _refused(p, [f"seeds={list(range(1001))}"]) == [
+        f"{p}:1: seeds: list should have at most 1000 items after validation, not 1001, "
+        "got [0, 1, 2, 3, 4, 5, ...]"]
+
+
+@pytest.mark.parametrize(("override", "loc", "got"), [
+    ("aggregator={name: cwtm, f: 9223372036854775807}", "aggregator.f", 2**63 - 1),
+    ("model={name: mlp, hidden: [4, 4294967296]}", "model.hidden", 2**32),
+    ("data.partitioner={name: shards, k: 4294967296}", "data.partitioner.k", 2**32),
+])
+def test_a_plugins_integer_keys_are_bounded(tmp_path, override, loc, got):
+    p = _file(tmp_path, BASE)
+    lines = _refused(p, [override])
+    assert len(lines) == 1 and lines[0].endswith(
+        f" {loc}: must be > -2**31 and < 2**31 (a plugin's integer), got {got}")
+
+
+def test_a_third_party_plugins_unbounded_int_hint_is_bounded():
+    from simulator import registry
+    from strategies.protocols import Aggregator
+
+    class Scaled(Aggregator):
+        def __init__(self, k: int = 1, sizes: list[int] | None = None) -> None:
+            self.k, self.sizes = k, sizes
+
+    model = registry.params_model(Scaled)
+    assert model.model_validate({"k": 2**31 - 1, "sizes": [1, -(2**31) + 1]}).k == 2**31 - 1
+    for bad in ({"k": 2**31}, {"sizes": [1, 2**40]}):
+        with pytest.raises(Exception, match=r"must be > -2\*\*31 and < 2\*\*31"):
+            model.model_validate(bad)
+
+
+def test_the_total_work_is_estimated_and_refused_past_the_limit(tmp_path):
+    p = _file(tmp_path, BASE)
+    lines = _refused(p, ["rounds=1000000", "local.steps=100000", "local.batch_size=65536"])
+    assert lines == [
+        f"{p}: scenario: the total work is about 3.4e+19 parameter x example products "
+        "(rounds 1,000,000 x 8 clients a round x (local.steps 100,000 x local.batch_size "
+        "65,536) x 650 model parameters); at most 1e+18 (hours of a large GPU): lower rounds, "
+        "clients.per_round, the local work or the model"]
+    assert load(p, ["rounds=1000", "local.steps=100"]).points  # a large study is fine
+
+
+def test_huge_gossip_work_is_refused(tmp_path):
+    p = _file(tmp_path, BASE.replace("per_round: 8", "per_round: 10") + "topology: {name: ring}\n")
+    assert load(p).points
+    lines = _refused(p, ["rounds=1000000", "dsgd.gossip_steps=1000", "clients.total=1000",
+                         "clients.per_round=1000", "local.steps=1",
+                         "model={name: mlp, hidden: [4096]}"])
+    assert len(lines) == 1 and "dsgd.gossip_steps 1,000 x 1,000^2 peers" in lines[0]
+
+
+# ---------------------------------------------------------------- 3. names MLflow refuses
+
+@pytest.mark.parametrize(("name", "why"), [
+    ("''", "must not be empty, got ''"),
+    ("'   '", "must not be empty, got '   '"),
+    ("x" * 257, "must be at most 256 characters (MLflow's limit), got 257"),
+    ('"a\\eb"', "must hold no control characters (ESC, BEL, NUL, direction overrides such as "
+     "U+202E: a terminal would act on them), got 'a\\x1bb'"),
+    ('"a\\u202eb"', "must hold no control characters (ESC, BEL, NUL, direction overrides "
+     "such as U+202E: a terminal would act on them), got 'a\\u202eb'"),
+])
+def test_the_experiment_name_is_one_mlflow_accepts(tmp_path, name, why):
+    p = _file(tmp_path, BASE)
+    lines = _refused(p, [f"name={name}"])
+    assert lines == [f"{p}:1: name: the experiment's name {why}"]
+
+
+def test_the_file_name_as_experiment_name_is_checked(tmp_path):
+    p = _file(tmp_path, BASE.replace("name: t\n", ""), "a\x07b.yaml")
+    assert _refused(p) == [
+        f"{str(p).replace(chr(7), chr(92) + 'x07')}:1: name: the experiment's name must hold no "
+        "control characters (ESC, BEL, NUL, direction overrides such as U+202E: a terminal "
+        "would act on them), got 'a\\x07b'"]
+
+
+def test_run_names_mlflow_would_refuse_are_refused(tmp_path):
+    p = _file(tmp_path, BASE + f"sweep: {{description: [short, {'x' * 300}]}}\n")
+    lines = _refused(p)
+    assert len(lines) == 1 and lines[0].startswith(
+        f"{p}:7: sweep.description: a run's name must be at most 250 characters (MLflow's "
+        "limit), got 319 ('description=xxx")
+    assert lines[0].endswith("; a run is named after its sweep values and seed")
+    p = _file(tmp_path, BASE + 'sweep: {description: ["\\0x"]}\n', "b.yaml")
+    assert _refused(p) == [
+        f"{p}:7: sweep.description: a run's name must hold no control characters (ESC, BEL, "
+        "NUL, direction overrides such as U+202E: a terminal would act on them), got "
+        "'description=\\x00x seed=0'; a run is named after its sweep values and seed"]
+
+
+def test_control_characters_in_error_lines_are_escaped(tmp_path):
+    p = _file(tmp_path, BASE + '"\\e[2J\\a\\u202e": 1\n')
+    line, = _refused(p)
+    assert line.startswith(f"{p}:7: \\x1b[2J\\x07\\u202e: unknown key; allowed: name, ")
+    assert line.isprintable()
+    r = fedray("resume", "ab\x1b[2Jc\x07", "--tracking-uri", "sqlite:////nonexistent/m.db",
+               cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.isprintable() is False  # its one newline
+    assert r.stderr.splitlines() == [
+        "fedray resume: no run 'ab\\x1b[2Jc\\x07' in sqlite:////nonexistent/m.db: there is no "
+        "tracking store there (no m.db in /nonexistent); pass --tracking-uri, or run the "
+        "command where the runs were made"]
