@@ -13,9 +13,11 @@ import pyarrow as pa
 
 from simulator import registry
 from simulator.data.datasets import DataError, DatasetSplit
+from simulator.data.prepare import FetchedFile, fetch
 from simulator.messages import EvalData
 
-__all__ = ["DataError", "DatasetSplit", "FederatedData", "build", "client_arrays"]
+__all__ = ["DataError", "DatasetSplit", "FederatedData", "FetchedFile", "build", "client_arrays",
+           "fetch"]
 
 TRAIN_EVAL_MAX = 10_000
 

@@ -32,7 +32,7 @@ def feature_matrix(arr: Any, name: str, path: str) -> np.ndarray:
     import pyarrow.compute as pc
 
     if not _is_list(arr):
-        return _numeric(arr.to_numpy(zero_copy_only=False))[:, None]
+        return _numeric(_finite(arr.to_numpy(zero_copy_only=False), name, path, 1))[:, None]
     if arr.null_count:
         raise DataError(f"features: column {name!r} of {path} has {arr.null_count} missing rows")
     lengths = pc.list_value_length(arr)
@@ -41,7 +41,29 @@ def feature_matrix(arr: Any, name: str, path: str) -> np.ndarray:
         raise DataError(f"features: the rows of list column {name!r} of {path} have "
                         f"{lo} to {hi} values; every sample needs the same number")
     values = arr.flatten()  # the rows' values in order (offsets of a slice respected)
-    return _numeric(values.to_numpy(zero_copy_only=False)).reshape(len(arr), -1)
+    width = max(int(hi or 0), 1)
+    return _numeric(_finite(values.to_numpy(zero_copy_only=False), name, path, width)
+                    ).reshape(len(arr), -1)
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _finite(values: np.ndarray, name: str, path: str, width: int) -> np.ndarray:
+    """``values`` when they are numbers a float32 model can take: not NaN, not infinite, not
+    beyond float32's range (1e300 would become inf); DataError naming the first row else."""
+    if values.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            bad = np.flatnonzero(~(np.abs(values) <= FLOAT32_MAX))
+        if len(bad):
+            i = int(bad[0])
+            raise DataError(f"features: column {name!r} of {path} holds {values[i]:g} in row "
+                            f"{i // width}; expected finite numbers within float32's range "
+                            f"(|x| <= {FLOAT32_MAX:.3g})")
+    elif values.dtype.kind not in "iub":
+        raise DataError(f"features: column {name!r} of {path} holds {values.dtype} values; "
+                        "expected numbers")
+    return values
 
 
 def _numeric(values: np.ndarray) -> np.ndarray:
@@ -298,6 +320,30 @@ class ParquetDataset(Dataset):
                 if col is not None and col not in names:
                     raise DataError(f"{what}: column {col!r} not in {p}; columns: "
                                      f"{', '.join(names[:20])}")
+            self._check_types(pq.read_schema(p), p)
+
+    def _check_types(self, schema: Any, path: str) -> None:
+        """The columns' types, from the file's schema: integer labels and client ids,
+        numeric features (or lists of numbers)."""
+        import pyarrow.types as pt
+
+        def kind(t: Any) -> Any:
+            return t.value_type if pt.is_list(t) or pt.is_large_list(t) or \
+                pt.is_fixed_size_list(t) else t
+
+        label = schema.field(self.label).type
+        if not pt.is_integer(label):
+            raise DataError(f"label: column {self.label!r} of {path} must hold integer class "
+                            f"ids, got {label}")
+        if self.client is not None and not pt.is_integer(schema.field(self.client).type):
+            raise DataError(f"client: column {self.client!r} of {path} must hold integer "
+                            f"client ids, got {schema.field(self.client).type}")
+        feats = self.features or [c for c in schema.names if c not in (self.label, self.client)]
+        for name in feats:
+            t = kind(schema.field(name).type)
+            if not (pt.is_integer(t) or pt.is_floating(t)):
+                raise DataError(f"features: column {name!r} of {path} must hold numbers (or "
+                                f"lists of numbers), got {schema.field(name).type}")
 
     def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
         """Rows, feature width and classes, reading the label and feature columns in batches
@@ -321,7 +367,11 @@ class ParquetDataset(Dataset):
 
         if self.client is None:
             return 0
-        ids = pq.read_table(self.path, columns=[self.client]).column(self.client).to_numpy()
+        column = pq.read_table(self.path, columns=[self.client]).column(self.client)
+        if column.null_count:
+            raise DataError(f"client: column {self.client!r} of {self.path} has "
+                            f"{column.null_count} missing client ids")
+        ids = column.to_numpy()
         if not self.test_path:
             ids = ids[self._holdout(len(ids), seed, test_fraction)[0]]
         return len(np.unique(ids))
@@ -346,6 +396,8 @@ class ParquetDataset(Dataset):
             y = batch.column(0)
             if not pa.types.is_integer(y.type):
                 raise DataError(f"label: column {self.label!r} must hold integers, got {y.type}")
+            if y.null_count:
+                raise DataError(f"label: column {self.label!r} of {path} has missing labels")
             lo, hi = pc.min_max(y).values()
             if lo.as_py() is not None and lo.as_py() < 0:
                 raise DataError(f"label: column {self.label!r} holds {lo.as_py()}; labels are "
@@ -353,14 +405,11 @@ class ParquetDataset(Dataset):
             top = max(top, hi.as_py() if hi.as_py() is not None else -1)
             w = 0
             for name, col in zip(batch.schema.names[1:], batch.columns[1:]):
-                if _is_list(col):
-                    feature_matrix(col, name, path)  # same lengths, no missing rows
                 values = col.flatten() if _is_list(col) else col
-                if len(col) and values.null_count:
+                if len(col) and (col.null_count or values.null_count):
                     raise DataError(f"features: {path} has missing feature values")
-                if len(values) and pa_is_float(values) and not pc.all(pc.is_finite(values)).as_py():
-                    raise DataError(f"features: {path} has NaN or infinite feature values")
-                w += len(values) // max(len(col), 1)
+                # same lengths; finite, within float32's range
+                w += feature_matrix(col, name, path).shape[1] if len(col) else 0
             width = width or w
             rows += batch.num_rows
         return width, rows, top

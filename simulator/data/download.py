@@ -1,20 +1,68 @@
 """``download: true``: a data set's published files fetched into ``root`` once, each checked
 against its published MD5 before it is used (a wrong or truncated file is deleted and named),
 never fetched again while a file with the right checksum is there. Archives are unpacked
-with tarfile's ``data`` filter (no absolute paths, no links out of ``root``)."""
+with tarfile's ``data`` filter (no absolute paths, no links out of ``root``).
+
+Every transfer is bounded: ``http``/``https`` mirrors only (redirects too), at most
+``DEADLINE`` seconds from the first byte asked to the last one received (a server that drips
+a byte now and then is cut off), and at most the published size plus ``SIZE_MARGIN`` bytes
+(an endless body never fills the disk). ``simulator.data.fetch`` does all of it for a
+scenario before any MLflow run exists.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
+import socket
 import tarfile
-import urllib.error
-import urllib.request
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
 from pathlib import Path
 
-from simulator.errors import DataError
+from simulator.errors import DataError, brief
 
 TIMEOUT = 60.0  # seconds without a byte from the server
+DEADLINE = 600.0  # seconds for one file, connection to last byte (tests set less)
+SIZE_MARGIN = 1 << 20  # bytes allowed beyond a file's published size
+UNKNOWN_SIZE = 1 << 30  # the cap of a file whose size is not published
+REDIRECTS = 5
+SCHEMES = ("http", "https")
+
+
+@dataclass(frozen=True)
+class FetchedFile:
+    """A published file a scenario needs, in its ``root``: ``downloaded`` now, or found
+    there already with its published checksum."""
+
+    path: Path
+    size: int
+    downloaded: bool
+
+
+def check_mirror(mirror: str, key: str = "mirror") -> str:
+    """``mirror`` when it is an ``http://`` or ``https://`` URL with a host; DataError naming
+    ``key`` otherwise (a ``file://`` mirror, a path, a URL with a bad port)."""
+    text = brief(mirror)
+    if any(ord(c) < 33 or ord(c) == 127 for c in mirror):
+        raise DataError(f"{key}: must be an http:// or https:// URL without spaces or control "
+                        f"characters, got {text}")
+    parts = urllib.parse.urlsplit(mirror)
+    if parts.scheme.lower() not in SCHEMES:
+        raise DataError(f"{key}: must be an http:// or https:// URL, got {text}"
+                        + (f" (a {parts.scheme}:// mirror is not fetched)" if parts.scheme
+                           else ""))
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if not parts.hostname or port == -1 or port == 0:
+        raise DataError(f"{key}: must be an http:// or https:// URL with a host (and a port "
+                        f"1-65535, if any), got {text}")
+    return mirror
 
 
 def md5(path: Path) -> str:
@@ -25,19 +73,27 @@ def md5(path: Path) -> str:
     return h.hexdigest()
 
 
-def fetch(url: str, dest: Path, checksum: str) -> Path:
-    """``dest``, fetched from ``url`` unless a file with ``checksum`` (MD5) is there."""
+class _Refused(Exception):
+    """A transfer this module stops (over its size, past its deadline, a bad redirect):
+    raised and caught here only, with the one-line reason."""
+
+
+def fetch(url: str, dest: Path, checksum: str, size: int | None = None) -> Path:
+    """``dest``, fetched from ``url`` unless a file with ``checksum`` (MD5) is there; at most
+    ``size`` (the published size) plus ``SIZE_MARGIN`` bytes, within ``DEADLINE`` seconds."""
     if dest.is_file() and md5(dest) == checksum:
         return dest
+    check_mirror(url, "mirror")
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
+    cap = (size if size is not None else UNKNOWN_SIZE) + SIZE_MARGIN
     try:
-        with urllib.request.urlopen(url, timeout=TIMEOUT) as response, part.open("wb") as out:
-            for block in iter(lambda: response.read(1 << 20), b""):
-                out.write(block)
-    except (urllib.error.URLError, OSError) as e:
+        _transfer(url, part, cap)
+    except (_Refused, OSError, http.client.HTTPException) as e:
         part.unlink(missing_ok=True)
-        reason = getattr(e, "reason", None) or e
+        if isinstance(e, _Refused):
+            raise DataError(f"download: {url}: {e}; nothing was kept") from None
+        reason = getattr(e, "reason", None) or e.__class__.__name__ + (f": {e}" if str(e) else "")
         raise DataError(f"download: could not fetch {url} ({reason}); fetch it by hand into "
                         f"{dest.parent} (docs/datasets.md) or set mirror") from None
     got = md5(part)
@@ -47,6 +103,80 @@ def fetch(url: str, dest: Path, checksum: str) -> Path:
                         "nothing was kept (a wrong mirror, or a truncated transfer)")
     os.replace(part, dest)
     return dest
+
+
+def _transfer(url: str, part: Path, cap: int) -> None:
+    """The body of ``url`` (redirects followed, http(s) only) into ``part``: at most ``cap``
+    bytes, ended at ``DEADLINE`` seconds by a watchdog that shuts the socket, whatever the
+    server sends or withholds (headers dripped a byte at a time included)."""
+    deadline = time.monotonic() + DEADLINE
+    for _ in range(REDIRECTS + 1):
+        parts = urllib.parse.urlsplit(url)
+        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        conn = cls(parts.hostname or "", parts.port,
+                   timeout=max(0.1, min(TIMEOUT, deadline - time.monotonic())))
+        expired = threading.Event()
+        watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), _cut, (conn, expired))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            target = _get(conn, parts, part, cap, deadline, expired)
+        except (OSError, http.client.HTTPException):
+            if expired.is_set():
+                raise _Refused(f"not complete after {DEADLINE:g} s (the download "
+                               "deadline)") from None
+            raise
+        finally:
+            watchdog.cancel()
+            conn.close()
+        if target is None:
+            return
+        url = urllib.parse.urljoin(url, target)
+        try:
+            check_mirror(url, "redirect")
+        except DataError as e:
+            raise _Refused(f"redirected to a URL that is not fetched ({e})") from None
+    raise _Refused(f"more than {REDIRECTS} redirects")
+
+
+def _cut(conn: http.client.HTTPConnection, expired: threading.Event) -> None:
+    """The watchdog: the connection's socket shut, which ends any read waiting on it."""
+    expired.set()
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed: the transfer is over
+
+
+def _get(conn: http.client.HTTPConnection, parts: urllib.parse.SplitResult, part: Path,
+         cap: int, deadline: float, expired: threading.Event) -> str | None:
+    """One GET: its body into ``part`` (None), or the redirect's target."""
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    conn.request("GET", path, headers={"User-Agent": "fedray"})
+    response = conn.getresponse()
+    if response.status in (301, 302, 303, 307, 308):
+        return response.getheader("Location") or ""
+    if response.status != 200:
+        raise _Refused(f"the server answered {response.status} {response.reason}")
+    length = response.getheader("Content-Length")
+    if length is not None and length.isdigit() and int(length) > cap:
+        raise _Refused(f"the server announces {int(length):,} bytes, more than the published "
+                       f"size allows ({cap:,} bytes)")
+    got = 0
+    with part.open("wb") as out:
+        while True:
+            block = response.read1(1 << 20)
+            if expired.is_set() or time.monotonic() > deadline:
+                raise _Refused(f"not complete after {DEADLINE:g} s (the download deadline)")
+            if not block:
+                return None
+            got += len(block)
+            if got > cap:
+                raise _Refused(f"more than {cap:,} bytes, more than the published size "
+                               "allows")
+            out.write(block)
 
 
 def unpack(archive: Path, into: Path) -> None:

@@ -16,7 +16,6 @@ download, and a model that takes tokens (``char_lstm``) classifies it.
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 from pathlib import Path
@@ -26,6 +25,7 @@ import numpy as np
 from annotated_types import Ge
 
 from simulator.data.datasets import feature_block, feature_matrix, holdout
+from simulator.data.formats import load_json
 from simulator.errors import DataError
 from strategies.protocols import Dataset, DatasetInfo, DatasetSplit, Traits
 
@@ -109,13 +109,22 @@ class HuggingFace(Dataset):
     def _files(self, split: str) -> list[Path]:
         folder = self._folder()
         if (folder / "dataset_dict.json").is_file():  # DatasetDict.save_to_disk
-            splits = json.loads((folder / "dataset_dict.json").read_text()).get("splits", [])
+            splits = _json_field(folder / "dataset_dict.json", "splits", [])
+            if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
+                raise DataError(f"path: {folder / 'dataset_dict.json'}: splits must be a list "
+                                "of split names (strings)")
             if split not in splits:
                 return []
             folder = folder / split
         if (folder / "state.json").is_file():  # Dataset.save_to_disk
-            state = json.loads((folder / "state.json").read_text())
-            return [folder / f["filename"] for f in state.get("_data_files", [])]
+            files = _json_field(folder / "state.json", "_data_files", [])
+            names = [f.get("filename") if isinstance(f, dict) else None for f in files] \
+                if isinstance(files, list) else [None]
+            for name in names:
+                if not isinstance(name, str) or not _plain_name(name):
+                    raise DataError(f"path: {folder / 'state.json'}: _data_files must be a list "
+                                    "of {\"filename\": NAME}, each a file in its folder")
+            return [folder / str(name) for name in names]
         return _split_files(folder, split)
 
     def _table(self, split: str) -> Any:
@@ -160,11 +169,19 @@ class HuggingFace(Dataset):
         import pyarrow.types as pt
 
         if pt.is_struct(col.type):  # HF Image: {bytes, path}
-            return np.stack([_decode(v, self.image, i)
-                             for i, v in enumerate(col.field("bytes").to_pylist())])
+            images = [_decode(v, self.image, i)
+                      for i, v in enumerate(col.field("bytes").to_pylist())]
+            odd = next((i for i, im in enumerate(images) if im.shape != images[0].shape), None)
+            if odd is not None:
+                raise DataError(f"image: row {odd} of column {self.image!r} is "
+                                f"{_dims(images[odd])}, row 0 {_dims(images[0])}; every image "
+                                "needs the same size and channels")
+            return np.stack(images)
         return feature_block([feature_matrix(col, self.image, "the data")])
 
     def _split(self, table: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        import pyarrow.types as pt
+
         self._columns(table, "label")
         x = self._x(table)
         if self.shape is not None:
@@ -172,43 +189,45 @@ class HuggingFace(Dataset):
                 raise DataError(f"shape: {list(self.shape)} holds {int(np.prod(self.shape))} "
                                 f"values, the samples have {int(np.prod(x.shape[1:]))}")
             x = x.reshape(len(x), *self.shape)
-        y = table.column(self.label).to_numpy()
-        if not np.issubdtype(y.dtype, np.integer) or (len(y) and y.min() < 0):
+        label = table.column(self.label)
+        if not pt.is_integer(label.type) or label.null_count:
             raise DataError(f"label: column {self.label!r} must hold class indices 0.., got "
-                            f"{y.dtype}")
-        c = table.column(self.client).to_numpy() if self.client else None
-        if c is not None:
-            c = np.unique(c, return_inverse=True)[1].astype(np.int64)  # any ids -> 0..k-1
+                            f"{label.type}" + (f" with {label.null_count} missing" if
+                                               label.null_count else ""))
+        y = label.to_numpy()
+        if len(y) and y.min() < 0:
+            raise DataError(f"label: column {self.label!r} holds {int(y.min())}; labels are "
+                            "class indices 0..")
+        c = None
+        if self.client:
+            col = table.column(self.client)
+            if not (pt.is_integer(col.type) or pt.is_string(col.type) or
+                    pt.is_large_string(col.type)) or col.null_count:
+                raise DataError(f"client: column {self.client!r} must hold client ids "
+                                f"(integers or strings) in every row, got {col.type}"
+                                + (f" with {col.null_count} missing" if col.null_count else ""))
+            # any ids -> 0..k-1
+            c = np.unique(col.to_numpy(zero_copy_only=False), return_inverse=True)[1]
+            c = c.astype(np.int64)
         return x, y.astype(np.int64), c
 
     def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
-        """Rows and classes from the label columns, the shape from the first sample alone
-        (no image but one is decoded)."""
-        self.check(num_clients)
-        table = self._table(self.train_split)
-        self._columns(table, "label")
-        first = self._x(table.slice(0, 1))
-        shape = tuple(self.shape) if self.shape is not None else tuple(first.shape[1:])
-        if int(np.prod(shape)) != int(np.prod(first.shape[1:])):
-            raise DataError(f"shape: {list(shape)} holds {int(np.prod(shape))} values, the "
-                            f"samples have {int(np.prod(first.shape[1:]))}")
-        y = table.column(self.label).to_numpy()
-        test = self._table(self.test_split)
-        top = int(y.max()) if len(y) else -1
-        if test is not None:
-            top = max(top, int(test.column(self.label).to_numpy().max()))
-        n = len(y) if test is not None else len(y) - round(len(y) * test_fraction)
-        natural = 0
-        if self.client:
-            ids = table.column(self.client).to_numpy()
-            natural = len(np.unique(ids if test is not None else
-                                    ids[holdout(len(ids), test_fraction, _rng(seed))[0]]))
-        return DatasetInfo(n, shape, top + 1, bool(self.text),
-                           TEXT_VOCABULARY if self.text else None, natural_clients=natural)
+        """What ``load`` gives, found by loading it: every row is read and checked (each
+        image decoded, features finite, labels and client ids of their types), so that what
+        the run would find wrong, validation finds first."""
+        split = self.load(num_clients, seed, test_fraction)
+        natural = 0 if split.clients_train is None else len(np.unique(split.clients_train))
+        return DatasetInfo(len(split.y_train), tuple(split.input_shape), split.num_classes,
+                           bool(self.text), TEXT_VOCABULARY if self.text else None,
+                           natural_clients=natural)
 
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
         self.check(num_clients)
-        x, y, c = self._split(self._table(self.train_split))
+        table = self._table(self.train_split)
+        if table is None or not table.num_rows:
+            raise DataError(f"train_split: the {self.train_split!r} split of {self._folder()} "
+                            "has no rows")
+        x, y, c = self._split(table)
         test = self._table(self.test_split)
         if test is not None:
             x_te, y_te, _ = self._split(test)
@@ -219,6 +238,21 @@ class HuggingFace(Dataset):
         classes = int(max(y.max(), y_te.max() if len(y_te) else 0)) + 1
         return DatasetSplit(x, y, x_te, y_te, tuple(x.shape[1:]), classes, c,
                             vocabulary=TEXT_VOCABULARY if self.text else None)
+
+
+def _json_field(path: Path, key: str, default: Any) -> Any:
+    """``key`` of the JSON object in ``path`` (``default`` where it is missing); DataError
+    naming the file when it is no JSON object."""
+    doc = load_json(path, "path")
+    if not isinstance(doc, dict):
+        raise DataError(f"path: {path} holds a JSON {type(doc).__name__}; expected an object "
+                        f"with {key!r}, as save_to_disk writes it")
+    return doc.get(key, default)
+
+
+def _plain_name(name: str) -> bool:
+    """A file name inside its folder: no folder part, not . or .."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name
 
 
 def _rng(seed: int) -> np.random.Generator:
@@ -232,6 +266,11 @@ def byte_tokens(text: str, length: int) -> np.ndarray:
     out = np.zeros(length, dtype=np.int32)
     out[length - len(ids):] = ids
     return out
+
+
+def _dims(image: np.ndarray) -> str:
+    """An image's (C, H, W) shape as 'W x H, C channel(s)'."""
+    return f"{image.shape[2]}x{image.shape[1]} with {image.shape[0]} channel(s)"
 
 
 def _decode(data: bytes | None, column: str, row: int) -> np.ndarray:

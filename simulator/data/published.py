@@ -16,15 +16,17 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 from annotated_types import Ge
 
+from simulator.data.download import FetchedFile
 from simulator.data.formats import (
     find,
     idx_header,
+    idx_verify,
     leaf_index,
     read_cifar_batch,
     read_idx,
     read_leaf,
 )
-from simulator.errors import DataError
+from simulator.errors import DataError, brief
 from strategies.protocols import Dataset, DatasetInfo, DatasetSplit, Traits
 
 
@@ -38,17 +40,35 @@ def _root(root: str) -> Path:
 # ---------------------------------------------------------------------------- IDX
 
 
+def _class_labels(y: np.ndarray, classes: int, path: Path | str, what: str, offset: int = 0
+                  ) -> np.ndarray:
+    """``y`` (less ``offset``) as int64 class ids 0..classes-1; DataError naming the file, the
+    first label out of range and the format's classes otherwise."""
+    ids = np.asarray(y).astype(np.int64) - offset
+    bad = np.flatnonzero((ids < 0) | (ids >= classes))
+    if len(bad):
+        i = int(bad[0])
+        raise DataError(f"root: {path}: label {int(ids[i]) + offset} at row {i}; expected "
+                        f"{offset}..{classes - 1 + offset} ({what}'s {classes} classes)")
+    return ids
+
+
 class MNIST(Dataset):
     """MNIST (LeCun, Bottou, Bengio, Haffner, Proc. IEEE 1998): 60,000 + 10,000 28x28
     grey-level digits, shape (1, 28, 28), 10 classes, from the four IDX files
     ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``,
     ``t10k-labels-idx1-ubyte`` in ``root`` (each may be gzipped, with ``.gz``). The test
-    split is the data set's own: ``test_fraction`` is not used."""
+    split is the data set's own: ``test_fraction`` is not used. Validation (``describe``)
+    reads every file through: unsigned-byte images of 28x28 as long as their headers say,
+    one label per image, each label one of the format's classes."""
 
     traits = Traits(path_params=("root",))
     LAYOUT = ("train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and "
               "t10k-labels-idx1-ubyte (optionally .gz), as published")
     PREFIX: ClassVar[dict[str, str]] = {"train": "train", "test": "t10k"}
+    NAME = "MNIST"
+    CLASSES = 10
+    IMAGE = (28, 28)
     # the published files and their MD5s (as torchvision lists them); ``download: true``
     # fetches them from ``mirror`` (a base URL), by default torchvision's mirror of them
     MIRROR = "https://ossci-datasets.s3.amazonaws.com/mnist/"
@@ -57,6 +77,11 @@ class MNIST(Dataset):
         "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
         "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
         "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+    }
+    # their published sizes in bytes: a download is cut beyond them (plus a margin)
+    SIZES: ClassVar[dict[str, int]] = {
+        "train-images-idx3-ubyte.gz": 9_912_422, "train-labels-idx1-ubyte.gz": 28_881,
+        "t10k-images-idx3-ubyte.gz": 1_648_877, "t10k-labels-idx1-ubyte.gz": 4_542,
     }
 
     def __init__(self, root: str, download: bool = False, mirror: str | None = None) -> None:
@@ -67,14 +92,24 @@ class MNIST(Dataset):
         return self.download and bool(self.FILES) and not all(
             Path(self.root, name).is_file() for name in self.FILES)
 
-    def _fetch(self) -> None:
-        """``download: true``: the published files into ``root``, once (checked by MD5)."""
-        if self.download and self.FILES:
-            from simulator.data.download import fetch
+    def fetch(self) -> list[FetchedFile]:
+        """``download: true``: the published files into ``root``, once (checked by MD5, each
+        within its published size and the download deadline); what was fetched or found."""
+        if not (self.download and self.FILES):
+            return []
+        from simulator.data.download import fetch
 
-            base = (self.mirror or self.MIRROR).rstrip("/") + "/"
-            for name, checksum in self.FILES.items():
-                fetch(base + name, Path(self.root) / name, checksum)
+        base = (self.mirror or self.MIRROR).rstrip("/") + "/"
+        out = []
+        for name, checksum in self.FILES.items():
+            dest = Path(self.root) / name
+            there = dest.is_file()
+            fetch(base + name, dest, checksum, self.SIZES.get(name))
+            out.append(FetchedFile(dest, dest.stat().st_size, not there))
+        return out
+
+    def _fetch(self) -> None:
+        self.fetch()
 
     def _files(self, split: str) -> tuple[Path, Path]:
         root, p = _root(self.root), self.PREFIX[split]
@@ -82,30 +117,44 @@ class MNIST(Dataset):
                 find(root, [f"{p}-labels-idx1-ubyte", f"{p}-labels.idx1-ubyte"], self.LAYOUT))
 
     def check(self, n: int) -> None:
+        """The mirror, then the four files' headers: unsigned-byte 28x28 images, as many
+        unsigned-byte labels."""
+        if self.mirror is not None:
+            from simulator.data.download import check_mirror
+
+            check_mirror(self.mirror)
         if self._pending():
-            return  # fetched when the run loads it
+            return  # fetched before the run starts (simulator.data.fetch)
         for split in ("train", "test"):
             images, labels = self._files(split)
-            _, dims = idx_header(images)
-            _, ldims = idx_header(labels)
-            if len(dims) != 3 or ldims != dims[:1]:
-                raise DataError(f"root: {images.name} holds {dims}, {labels.name} {ldims}: "
-                                "expected (N, rows, columns) images and (N,) labels")
+            itype, dims = idx_header(images)
+            ltype, ldims = idx_header(labels)
+            for path, kind in ((images, itype), (labels, ltype)):
+                if kind != np.dtype(">u1"):
+                    raise DataError(f"root: {path} holds IDX values of type {kind.name}; "
+                                    f"expected unsigned bytes (type 0x08), as {self.NAME} "
+                                    "publishes them")
+            if len(dims) != 3 or dims[1:] != self.IMAGE or ldims != dims[:1]:
+                raise DataError(f"root: {images} holds {dims}, {labels} {ldims}: "
+                                f"expected (N, {self.IMAGE[0]}, {self.IMAGE[1]}) images and "
+                                "(N,) labels")
 
-    def _labels(self, y: np.ndarray) -> np.ndarray:
-        return y.astype(np.int64)
+    def _labels(self, y: np.ndarray, path: Path) -> np.ndarray:
+        return _class_labels(y, self.CLASSES, path, self.NAME)
 
     def _images(self, x: np.ndarray) -> np.ndarray:
         return x
 
     def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo | None:
         if self._pending():
-            return None  # not fetched yet: checked when the run loads it
+            return None  # not fetched yet: simulator.data.fetch checks it once fetched
         self.check(num_clients)
-        images, labels = self._files("train")
-        _, dims = idx_header(images)
-        return DatasetInfo(dims[0], (1, dims[1], dims[2]),
-                           int(self._labels(read_idx(labels)).max()) + 1, natural_clients=0)
+        for split in ("train", "test"):  # every byte, as load will read it
+            images, labels = self._files(split)
+            idx_verify(images)
+            self._labels(read_idx(labels), labels)
+        _, dims = idx_header(self._files("train")[0])
+        return DatasetInfo(dims[0], (1, *self.IMAGE), self.CLASSES, natural_clients=0)
 
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
         self._fetch()
@@ -113,10 +162,10 @@ class MNIST(Dataset):
         out: list[np.ndarray] = []
         for split in ("train", "test"):
             images, labels = self._files(split)
-            x = self._images(read_idx(images)).astype(np.uint8)
-            out += [x.reshape(len(x), 1, *x.shape[1:]), self._labels(read_idx(labels))]
-        classes = int(max(out[1].max(), out[3].max())) + 1
-        return DatasetSplit(out[0], out[1], out[2], out[3], tuple(out[0].shape[1:]), classes)
+            x = self._images(read_idx(images))
+            out += [x.reshape(len(x), 1, *x.shape[1:]), self._labels(read_idx(labels), labels)]
+        return DatasetSplit(out[0], out[1], out[2], out[3], tuple(out[0].shape[1:]),
+                            self.CLASSES)
 
 
 class FashionMNIST(MNIST):
@@ -124,12 +173,18 @@ class FashionMNIST(MNIST):
     clothing, in MNIST's four IDX files and names; ``download: true`` fetches them from
     Zalando Research's own mirror, checked against the MD5s its README publishes."""
 
+    NAME = "Fashion-MNIST"
+
     MIRROR = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
     FILES: ClassVar[dict[str, str]] = {
         "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
         "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
         "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
         "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+    }
+    SIZES: ClassVar[dict[str, int]] = {
+        "train-images-idx3-ubyte.gz": 26_421_880, "train-labels-idx1-ubyte.gz": 29_515,
+        "t10k-images-idx3-ubyte.gz": 4_422_102, "t10k-labels-idx1-ubyte.gz": 5_148,
     }
 
 
@@ -140,12 +195,17 @@ class EMNIST(MNIST):
     1..26 become 0..25."""
 
     FILES: ClassVar[dict[str, str]] = {}  # one 560 MB archive of every split: by hand
+    # the classes of each split (letters: labelled 1..26 in the files)
+    SPLIT_CLASSES: ClassVar[dict[str, int]] = {"byclass": 62, "bymerge": 47, "balanced": 47,
+                                               "letters": 26, "digits": 10, "mnist": 10}
 
     def __init__(self, root: str,
                  split: Literal["byclass", "bymerge", "balanced", "letters", "digits",
                                 "mnist"] = "balanced") -> None:
         super().__init__(root)
         self.split = split
+        self.NAME = f"EMNIST {split}"
+        self.CLASSES = self.SPLIT_CLASSES[split]
 
     def _files(self, split: str) -> tuple[Path, Path]:
         root, p = _root(self.root), f"emnist-{self.split}-{'train' if split == 'train' else 'test'}"
@@ -154,8 +214,9 @@ class EMNIST(MNIST):
         return (find(root, [f"{p}-images-idx3-ubyte"], layout),
                 find(root, [f"{p}-labels-idx1-ubyte"], layout))
 
-    def _labels(self, y: np.ndarray) -> np.ndarray:
-        return y.astype(np.int64) - (1 if self.split == "letters" else 0)
+    def _labels(self, y: np.ndarray, path: Path) -> np.ndarray:
+        return _class_labels(y, self.CLASSES, path, self.NAME,
+                             1 if self.split == "letters" else 0)
 
     def _images(self, x: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(x.transpose(0, 2, 1))
@@ -220,19 +281,33 @@ class CIFAR10(Dataset):
     MIRROR = "https://www.cs.toronto.edu/~kriz/"
     ARCHIVE = ("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a")
 
+    SIZE = 170_498_071  # the archive's published size in bytes
+
     def __init__(self, root: str, download: bool = False, mirror: str | None = None) -> None:
         self.root, self.download, self.mirror = root, download, mirror
 
-    def _fetch(self) -> None:
-        """``download: true``: the archive into ``root`` (checked by MD5), unpacked, once."""
-        if not self.download or (Path(self.root) / self.FOLDER).is_dir():
-            return
+    def _pending(self) -> bool:
+        return self.download and not (Path(self.root) / self.FOLDER).is_dir()
+
+    def fetch(self) -> list[FetchedFile]:
+        """``download: true``: the archive into ``root`` (checked by MD5, within its published
+        size and the download deadline), unpacked, once; what was fetched or found."""
+        if not self.download:
+            return []
         from simulator.data.download import fetch, unpack
 
         name, checksum = self.ARCHIVE
-        archive = fetch((self.mirror or self.MIRROR).rstrip("/") + "/" + name,
-                        Path(self.root) / name, checksum)
+        dest = Path(self.root) / name
+        if not self._pending():
+            return [FetchedFile(dest, dest.stat().st_size if dest.is_file() else 0, False)]
+        there = dest.is_file()
+        archive = fetch((self.mirror or self.MIRROR).rstrip("/") + "/" + name, dest, checksum,
+                        self.SIZE)
         unpack(archive, Path(self.root))
+        return [FetchedFile(dest, dest.stat().st_size, not there)]
+
+    def _fetch(self) -> None:
+        self.fetch()
 
     def _dir(self) -> Path:
         root = _root(self.root)
@@ -244,30 +319,48 @@ class CIFAR10(Dataset):
         return [find(d, [name], layout) for name in names]
 
     def check(self, n: int) -> None:
-        if self.download and not (Path(self.root) / self.FOLDER).is_dir():
-            return  # fetched when the run loads it
+        if self.mirror is not None:
+            from simulator.data.download import check_mirror
+
+            check_mirror(self.mirror)
+        if self._pending():
+            return  # fetched before the run starts (simulator.data.fetch)
         self._paths(self.TRAIN + self.TEST)
 
     def _read(self, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """The images and labels of the batches ``names``: one label per image, each one of
+        the data set's classes."""
         xs, ys = [], []
         for path in self._paths(names):
             batch = read_cifar_batch(path)
             if self.LABELS not in batch:
                 raise DataError(f"root: {path} has no {self.LABELS!r}; keys: "
                                 f"{', '.join(sorted(batch))}")
-            x = np.asarray(batch["data"], dtype=np.uint8)
+            x = batch["data"]
+            labels = batch[self.LABELS]
+            array = isinstance(labels, np.ndarray) and labels.ndim == 1 and \
+                labels.dtype.kind in "iu"
+            if not array and not (isinstance(labels, list) and all(
+                    isinstance(v, int) and not isinstance(v, bool) for v in labels)):
+                raise DataError(f"root: {path}: {self.LABELS!r} must be a list of integer "
+                                "class ids")
+            if len(labels) != len(x):
+                raise DataError(f"root: {path}: {len(labels)} {self.LABELS!r} for {len(x)} "
+                                "images; expected one label per image")
             xs.append(x.reshape(len(x), 3, 32, 32))
-            ys.append(np.asarray(batch[self.LABELS], dtype=np.int64))
+            ys.append(_class_labels(np.asarray(labels, dtype=np.int64), self.classes(), path,
+                                    type(self).__name__))
         return np.concatenate(xs), np.concatenate(ys)
 
     def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo | None:
-        if self.download and not (Path(self.root) / self.FOLDER).is_dir():
-            return None  # not fetched yet: checked when the run loads it
+        if self._pending():
+            return None  # not fetched yet: simulator.data.fetch checks it once fetched
         self.check(num_clients)
         _, y = self._read(self.TRAIN)
-        return DatasetInfo(len(y), (3, 32, 32), self.classes(y), natural_clients=0)
+        self._read(self.TEST)  # every batch, as load will read it
+        return DatasetInfo(len(y), (3, 32, 32), self.classes(), natural_clients=0)
 
-    def classes(self, y: np.ndarray) -> int:
+    def classes(self, y: np.ndarray | None = None) -> int:
         return 10
 
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
@@ -275,7 +368,7 @@ class CIFAR10(Dataset):
         self.check(num_clients)
         x, y = self._read(self.TRAIN)
         x_te, y_te = self._read(self.TEST)
-        return DatasetSplit(x, y, x_te, y_te, (3, 32, 32), self.classes(y))
+        return DatasetSplit(x, y, x_te, y_te, (3, 32, 32), self.classes())
 
 
 class CIFAR100(CIFAR10):
@@ -286,6 +379,7 @@ class CIFAR100(CIFAR10):
     TRAIN = ("train",)
     TEST = ("test",)
     ARCHIVE = ("cifar-100-python.tar.gz", "eb9058c3a382ffc7106e4002c42a8d85")
+    SIZE = 169_001_437
 
     def __init__(self, root: str, labels: Literal["fine", "coarse"] = "fine",
                  download: bool = False, mirror: str | None = None) -> None:
@@ -293,7 +387,7 @@ class CIFAR100(CIFAR10):
         self.labels = labels
         self.LABELS = f"{labels}_labels"
 
-    def classes(self, y: np.ndarray) -> int:
+    def classes(self, y: np.ndarray | None = None) -> int:
         return 100 if self.labels == "fine" else 20
 
 
@@ -317,8 +411,9 @@ class _Leaf(Dataset):
     def __init__(self, root: str, min_samples: Annotated[int, Ge(1)] = 1) -> None:
         self.root, self.min_samples = root, min_samples
 
-    def _samples(self, x: list, y: list) -> tuple[np.ndarray, np.ndarray]:
-        """One user's samples as the table stores them."""
+    def _samples(self, x: list, y: list, where: str) -> tuple[np.ndarray, np.ndarray]:
+        """One user's samples as the table stores them; ``where`` (file and user) names
+        the first sample that is not one of the data set's."""
         raise NotImplementedError
 
     def _files(self, split: str) -> list[Path]:
@@ -328,6 +423,27 @@ class _Leaf(Dataset):
             raise DataError(f"root: no {split}/*.json in {self.root}; expected LEAF's layout: "
                             "train/*.json and test/*.json (users, num_samples, user_data)")
         return files
+
+    def _scan(self) -> dict[str, int]:
+        """Every file of both splits read through and checked (``read_leaf``: the file
+        agrees with itself; ``_samples``: each sample is one of the data set's; a user in
+        one file of a split only), one file in memory at a time; every user's training
+        sample count."""
+        counts: dict[str, int] = {}
+        for split in ("train", "test"):
+            first: dict[str, Path] = {}
+            for path in self._files(split):
+                data = read_leaf(path)["user_data"]
+                for user, mine in data.items():
+                    if user in first:
+                        raise DataError(f"root: user {brief(user)} is listed in both "
+                                        f"{first[user]} and {path}; expected each user in "
+                                        f"one {split} file")
+                    first[user] = path
+                    self._samples(mine["x"], mine["y"], f"{path}: user_data[{brief(user)}]")
+                    if split == "train":
+                        counts[user] = len(mine["y"])
+        return counts
 
     def _users(self) -> dict[str, int]:
         """Every user with at least ``min_samples`` training samples -> its sample count."""
@@ -355,7 +471,9 @@ class _Leaf(Dataset):
         self._files("test")
 
     def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
-        counts = self._users()
+        """The chosen users' training samples, after every file was read through and
+        checked (``_scan``): what ``load`` finds wrong, validation finds first."""
+        counts = {u: k for u, k in self._scan().items() if k >= self.min_samples}
         chosen = self._chosen(counts, num_clients, seed)
         return DatasetInfo(sum(counts[u] for u in chosen), self.SHAPE, self.CLASSES,
                            self.VOCABULARY is not None, self.VOCABULARY,
@@ -368,7 +486,8 @@ class _Leaf(Dataset):
         for path in self._files(split):
             data: dict[str, Any] = read_leaf(path)["user_data"]
             for user in sorted(set(data) & set(chosen)):
-                x, y = self._samples(data[user]["x"], data[user]["y"])
+                x, y = self._samples(data[user]["x"], data[user]["y"],
+                                     f"{path}: user_data[{brief(user)}]")
                 xs.append(x)
                 ys.append(y)
                 cs.append(np.full(len(y), chosen[user], dtype=np.int64))
@@ -393,10 +512,48 @@ class FEMNIST(_Leaf):
     SHAPE = (1, 28, 28)
     CLASSES = 62
 
-    def _samples(self, x: list, y: list) -> tuple[np.ndarray, np.ndarray]:
-        pixels = np.asarray(x, dtype=np.float32).reshape(-1, *self.SHAPE)
-        return (np.rint(np.clip(pixels, 0, 1) * 255).astype(np.uint8),
-                np.asarray(y, dtype=np.int64))
+    def _samples(self, x: list, y: list, where: str) -> tuple[np.ndarray, np.ndarray]:
+        """784 pixel values in [0, 1] per sample (LEAF's FEMNIST), one of 62 class ids per
+        label."""
+        width = int(np.prod(self.SHAPE))
+        if not x:
+            return np.zeros((0, *self.SHAPE), np.uint8), np.zeros(0, np.int64)
+        bad = next((i for i, row in enumerate(x) if not isinstance(row, list)
+                    or len(row) != width), None)
+        if bad is not None:
+            got = f"{len(x[bad])} values" if isinstance(x[bad], list) else \
+                type(x[bad]).__name__
+            raise DataError(f"root: {where}: x[{bad}] holds {got}; expected {width} pixel "
+                            "values in [0, 1] (28x28)")
+        pixels = _numbers(x, f"{where}: x", "pixel values in [0, 1]")
+        if pixels.ndim != 2:
+            raise DataError(f"root: {where}: x holds nested lists; expected {width} pixel "
+                            "values in [0, 1] per sample")
+        outside = np.flatnonzero(~((pixels >= 0) & (pixels <= 1)).all(axis=1))
+        if len(outside):
+            i = int(outside[0])
+            value = pixels[i][~((pixels[i] >= 0) & (pixels[i] <= 1))][0]
+            raise DataError(f"root: {where}: x[{i}] holds {value:g}; expected pixel values "
+                            "in [0, 1]")
+        labels = _numbers(y, f"{where}: y", f"class ids 0..{self.CLASSES - 1}")
+        if labels.ndim != 1 or labels.dtype.kind not in "iu":
+            raise DataError(f"root: {where}: y must hold integer class ids 0.."
+                            f"{self.CLASSES - 1}")
+        labels = _class_labels(labels, self.CLASSES, f"{where}: y", "FEMNIST")
+        return (np.rint(pixels.reshape(-1, *self.SHAPE) * 255).astype(np.uint8), labels)
+
+
+def _numbers(values: list, where: str, expected: str) -> np.ndarray:
+    """A list (of lists) of JSON numbers as a NumPy array: strings, booleans, nulls or
+    ragged rows are refused, naming ``where``."""
+    try:
+        array = np.asarray(values)
+    except ValueError:  # ragged rows: NumPy's refusal of this JSON, at its conversion
+        array = np.asarray([], dtype=object)
+    if array.dtype.kind not in "iuf" or (array.size == 0 and len(values)):
+        raise DataError(f"root: {where} holds values that are not numbers; expected "
+                        f"{expected}")
+    return array
 
 
 # LEAF's character set for Shakespeare (its language_utils.ALL_LETTERS): 80 characters
@@ -419,10 +576,18 @@ class Shakespeare(_Leaf):
     CLASSES = len(LEAF_LETTERS)
     VOCABULARY = len(LEAF_LETTERS)
 
-    def _samples(self, x: list, y: list) -> tuple[np.ndarray, np.ndarray]:
-        if any(len(seq) != self.SHAPE[0] for seq in x):
-            raise DataError(f"root: a Shakespeare sample is not {self.SHAPE[0]} characters "
-                            "long (LEAF's sequence length)")
+    def _samples(self, x: list, y: list, where: str) -> tuple[np.ndarray, np.ndarray]:
+        """80-character strings per sample, one character per label."""
+        n = self.SHAPE[0]
+        bad = next((i for i, seq in enumerate(x) if not isinstance(seq, str) or len(seq) != n),
+                   None)
+        if bad is not None:
+            raise DataError(f"root: {where}: x[{bad}] is not a string of {n} characters "
+                            "(LEAF's sequence length)")
+        bad = next((i for i, c in enumerate(y) if not isinstance(c, str) or len(c) != 1), None)
+        if bad is not None:
+            raise DataError(f"root: {where}: y[{bad}] is not one character; expected the "
+                            "character after its x")
         tokens = np.asarray([leaf_tokens(seq) for seq in x], dtype=np.int32).reshape(
             len(x), *self.SHAPE)
         return tokens, np.asarray([leaf_tokens(c)[0] for c in y], dtype=np.int64)

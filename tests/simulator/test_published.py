@@ -65,6 +65,8 @@ def test_emnist_is_transposed_back_and_letters_start_at_zero(tmp_path):
     y_file = formats.images(60, 0, classes=26)[1] + 1  # letters are labelled 1..26
     formats.write_idx(tmp_path / "emnist-letters-train-labels-idx1-ubyte",
                       y_file.astype(np.uint8), gz=True)
+    formats.write_idx(tmp_path / "emnist-letters-test-labels-idx1-ubyte",  # 1..26 too
+                      (formats.images(20, 1, classes=26)[1] + 1).astype(np.uint8), gz=True)
     split = dataset("emnist", root=str(tmp_path), split="letters").load(4, 0, 0.2)
     np.testing.assert_array_equal(split.x_train[:, 0], written["x"].transpose(0, 2, 1))
     np.testing.assert_array_equal(split.y_train, y_file - 1)
