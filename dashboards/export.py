@@ -52,6 +52,7 @@ def _draw(ax: Any, series: list[dict], log: bool) -> None:
     ax.grid(alpha=0.3)
 
 
+MIN_SHARE = 0.6  # of the page the plots take, by the layout's estimate
 LEGEND_FONT = 7.5  # pt
 ROW = LEGEND_FONT * 1.45 / 72  # in: a legend row
 
@@ -76,6 +77,20 @@ def _legend_layout(entries: list[str], grid_w: float, grid_h: float
     return best[1]
 
 
+def _figure_size(entries: list[str], ncols: int, nrows: int, pw: float, ph: float
+                 ) -> tuple[str, int, float, float]:
+    """(where the legend goes, its columns, the figure's width and height in inches) for
+    ``nrows`` x ``ncols`` plots of ``pw`` x ``ph``: plots grown while the legend beside them
+    would leave them less than MIN_SHARE of the page, never a thumbnail."""
+    while True:
+        where, legend_cols, add_w, add_h = _legend_layout(entries, ncols * pw, nrows * ph)
+        # margins: ticks and axis labels, the title
+        fig_w, fig_h = ncols * pw + 0.9 + add_w, nrows * ph + 0.9 + 0.35 * (nrows - 1) + add_h
+        if ncols * pw * nrows * ph >= MIN_SHARE * fig_w * fig_h or pw > 16:
+            return where, legend_cols, fig_w, fig_h
+        pw, ph = pw * 1.15, ph * 1.1
+
+
 def _lines_figure(spec: dict[str, Any]) -> Any:
     """A chart as a matplotlib figure: one plot, or small multiples (``spec["panels"]``, one
     per condition, on shared axes); the legend outside the plots, beside or below them,
@@ -91,9 +106,7 @@ def _lines_figure(spec: dict[str, Any]) -> Any:
     nrows = math.ceil(n / ncols)
     pw, ph = (5.2, 3.0) if n == 1 else (3.2, 2.1)
     entries = list(dict.fromkeys(s["label"] for s in every))
-    where, legend_cols, add_w, add_h = _legend_layout(entries, ncols * pw, nrows * ph)
-    # margins: ticks and axis labels, the title
-    fig_w, fig_h = ncols * pw + 0.9 + add_w, nrows * ph + 0.9 + 0.35 * (nrows - 1) + add_h
+    where, legend_cols, fig_w, fig_h = _figure_size(entries, ncols, nrows, pw, ph)
     fig, axes = plt.subplots(nrows, ncols, figsize=(fig_w, fig_h), sharex=True, sharey=True,
                              squeeze=False, layout="constrained")
     for k, ax in enumerate(axes.flat):
@@ -164,6 +177,20 @@ def _heat(fig: Any, ax: Any, spec: dict[str, Any]) -> None:
         bar.set_label(f"one scale for all {spec['shared']} maps", fontsize=8)
 
 
+def _heat_figure(spec: dict[str, Any]) -> Any:
+    """A heat map as a matplotlib figure: cells at least 0.95 x 0.42 in and the map at least
+    5 x 3.4 in, so its labels, title and colour bar take less of the page than the map."""
+    import matplotlib.pyplot as plt
+
+    rows, cols = spec["rows"], spec["cols"]
+    w, h = max(0.95 * len(cols), 5.0), max(0.42 * len(rows), 3.4)
+    label = max((len(str(r)) for r in rows), default=0) * 0.075 + 0.5
+    fig, ax = plt.subplots(figsize=(w + label + 1.1, h + 1.2), layout="constrained")
+    _heat(fig, ax, spec)
+    ax.set_title("\n".join(textwrap.wrap(spec["title"], 80)), fontsize=10)
+    return fig
+
+
 def write_figures(exports: Exports, folder: Path) -> list[Path]:
     """Each figure as ``NN-title.pdf`` and ``.svg`` in ``folder``; the paths written."""
     import matplotlib
@@ -177,11 +204,7 @@ def write_figures(exports: Exports, folder: Path) -> list[Path]:
         if kind == "lines":
             fig = _lines_figure(spec)
         else:
-            fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(spec["cols"]),
-                                            1.6 + 0.5 * len(spec["rows"])))
-            _heat(fig, ax, spec)
-            ax.set_title("\n".join(textwrap.wrap(spec["title"], 60)), fontsize=10)
-            fig.tight_layout()
+            fig = _heat_figure(spec)
         for ext in ("pdf", "svg"):
             path = folder / f"{i + 1:02d}-{slug(spec['title'])}.{ext}"
             fig.savefig(path, bbox_inches="tight")

@@ -170,12 +170,21 @@ class Robust:
         return sorted(best.values(), key=lambda b: -b[1].rank)
 
 
-def _fixed_by(runs: Sequence[RunData], key: str, group: dict[str, object]) -> bool:
-    """Whether ``key`` takes one value within each group of runs (it follows the group)."""
-    seen: dict[object, set[str | None]] = {}
+def _follows_condition(runs: Sequence[RunData], key: str, condition_of: dict[str, Condition]
+                       ) -> bool:
+    """Whether ``key`` is set by the condition: one value for each rule under each condition,
+    and for some rule different values under different conditions (an aggregator's f zipped
+    with the Byzantine count)."""
+    seen: dict[tuple[str, Condition], set[str | None]] = {}
     for r in runs:
-        seen.setdefault(group[r.run_id], set()).add(r.params.get(key))
-    return len(seen) > 1 and all(len(v) == 1 for v in seen.values())
+        seen.setdefault((plugin_name(r, "aggregator"), condition_of[r.run_id]), set()).add(
+            r.params.get(key))
+    if any(len(v) > 1 for v in seen.values()):
+        return False
+    per_rule: dict[str, set[str | None]] = {}
+    for (rule, _), v in seen.items():
+        per_rule.setdefault(rule, set()).update(v)
+    return any(len(v) > 1 for v in per_rule.values())
 
 
 def robust(runs: Sequence[RunData]) -> Robust:
@@ -193,7 +202,7 @@ def robust(runs: Sequence[RunData]) -> Robust:
     varying = [k for k in keys if len({r.params.get(k) for r in runs}) > 1
                and k not in IGNORED
                and not any(k == p or k.startswith(p + ".") for p in CONDITION_PATHS)
-               and not _fixed_by(runs, k, dict(condition_of))]
+               and not _follows_condition(runs, k, condition_of)]
     rule_keys = {k for k in varying if k.startswith("aggregator.")}
     extra = [k for k in varying if k not in rule_keys]
     rule_label = plugin_labels(runs, "aggregator", keep=rule_keys)
