@@ -70,3 +70,23 @@ pfl-venv:
 bench-pfl: $(STAMP)
 	test -x .venv-pfl/bin/python || $(MAKE) pfl-venv
 	$(PY) benchmarks/vs_pfl.py
+
+# every table of numbers in docs/ regenerated from its scenario file (a sweep into a fresh
+# sqlite:/// store, then `fedray table`) or from its benchmark script, rewritten between its
+# <!-- table|output ID: ... --> markers with the commands beside it (benchmarks/docs_tables.py;
+# tests/test_docs_tables.py recomputes a cell of each). Timing tables (docs/performance.md,
+# docs/models.md) are measurements: `make bench*` prints them.
+.PHONY: docs-tables
+docs-tables: $(STAMP)
+	$(PY) benchmarks/docs_tables.py docs/datasets.md mnist_byzantine
+	$(PY) benchmarks/docs_tables.py docs/datasets.md mnist_byzantine_no_attack
+	$(PY) benchmarks/docs_tables.py docs/privacy.md dp_sgd_digits
+	$(PY) benchmarks/docs_tables.py docs/privacy.md dp_fedavg_digits
+	$(PY) benchmarks/docs_tables.py docs/privacy.md privacy_delta
+	$(PY) benchmarks/docs_tables.py docs/fedro.md b_hat
+	$(PY) benchmarks/docs_tables.py docs/fedro.md fedro_sample_size
+	$(PY) benchmarks/docs_tables.py docs/fedro.md fedro_local_steps
+	$(PY) benchmarks/docs_tables.py docs/fedro.md fedro_meta_mu2sgd
+	$(PY) benchmarks/docs_tables.py docs/dsgd.md dsgd_topologies dsgd_topologies_paired
+	$(PY) benchmarks/docs_tables.py docs/dsgd.md dsgd_byzantine
+	$(PY) benchmarks/docs_tables.py docs/robust-aggregation.md kappa
