@@ -219,8 +219,12 @@ def regenerate(page: Path, ids: Sequence[str], runner: str, parallel: int | None
             ran = key in shared
             uri = shared.setdefault(key, f"sqlite:///{(folder / (b.id + '.db')).resolve()}")
             bodies[b.id] = sweep_body(b, block_table(b, uri, runner, parallel, run=not ran))
-    changed = [b.id for b in chosen if text[b.start:b.end] != bodies[b.id]]
-    for b in sorted(chosen, key=lambda b: b.start, reverse=True):
+    # the page as it is now: edited around the blocks while the sweeps ran, or another
+    # block of it rewritten by a concurrent regeneration, it keeps those edits
+    text = page.read_text()
+    now = [b for b in blocks(text) if b.id in bodies]
+    changed = [b.id for b in now if text[b.start:b.end] != bodies[b.id]]
+    for b in sorted(now, key=lambda b: b.start, reverse=True):
         text = text[:b.start] + bodies[b.id] + text[b.end:]
     return text, changed
 
