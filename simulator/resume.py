@@ -53,6 +53,7 @@ def resume_run(run_id: str, tracking_uri: str | None = None, backend_name: str |
         raise ResumeRefused(f"run {run.info.run_name} ({run_id}) is FINISHED: nothing to "
                             "resume (`fedray run` starts a new one)")
     parent = run_id if kind == "scenario" else run.data.tags.get("mlflow.parentRunId")
+    _fetch_data(tracker, run_id if kind == "point" else None, parent)
     exp = Experiment(Opening.existing(tracker), default_callbacks(quiet) + list(callbacks or []),
                      uri, "parent")
     pool = _Pool(backend_name, address, workers, ray_init)
@@ -70,6 +71,20 @@ def resume_run(run_id: str, tracking_uri: str | None = None, backend_name: str |
     return exp.result
 
 
+def _fetch_data(tracker: Tracker, point: str | None, parent: str | None) -> None:
+    """The published files the resumed point and its parent's points need, fetched and
+    checked (``simulator.data.fetch``) before any run is opened again."""
+    from simulator.data import fetch
+
+    with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
+        scenarios = [_logged_scenario(tracker, point, Path(tmp))] if point else []
+        if parent:
+            resolved = tracker.client.download_artifacts(parent, "scenario/resolved.yaml", tmp)
+            scenarios += [p.scenario for p in
+                          expand(yaml.safe_load(Path(resolved).read_text()))[0]]
+        fetch(scenarios)
+
+
 class _Pool:
     """The actor pool of a resume, made when a point first needs it (on the backend asked
     for, else the scenario's)."""
@@ -84,6 +99,11 @@ class _Pool:
         from simulator.runtime.backend import make_backend
 
         if self.backend is None:
+            if (self.name or sc.runtime.backend) == "ray" and self.address is None:
+                from simulator.config.checks import check_local_workers
+
+                check_local_workers(self.workers or sc.runtime.workers, sc.runtime.num_cpus,
+                                    "--workers" if self.workers else "runtime.workers")
             self.backend = make_backend(self.name or sc.runtime.backend, self.address,
                                         **self.ray_init)
             trap_sigterm()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from simulator.callbacks import Callback, default_callbacks
 from simulator.config import LoadedScenario
+from simulator.data import fetch
 from simulator.errors import UsageError
 from simulator.executors import PoolExecutor, TaskExecutor
 from simulator.experiment import Experiment, ExperimentResult, Work, final_text, summary
@@ -44,6 +45,7 @@ def run_loaded(
     """
     from simulator.runtime.backend import make_backend
 
+    fetch(loaded)  # downloads and their checks, before any run exists
     sc = loaded.scenario
     uri = tracking_uri or default_uri()
     opening = Opening(uri, sc.name)  # MLflow opens on its own thread while Ray starts
@@ -106,6 +108,7 @@ def run_sweep(
 
     if parallel is not None and parallel < 1:  # the CLI refuses it; here for the API
         raise UsageError(f"parallel: must be an integer >= 1, got {parallel}")
+    fetch(loaded)  # downloads and their checks, before any run exists
     uri = tracking_uri or default_uri()
     opening = Opening(uri, loaded.scenario.name)
     # the default callbacks with plain progress lines: several points run at once
