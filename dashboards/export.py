@@ -2,7 +2,13 @@
 and heat map as PDF and SVG (drawn again with matplotlib from the same numbers as the HTML's
 inline SVG, with the same colours, dashes, log axes and colour range), every table as
 Markdown and LaTeX (booktabs). ``fedray report`` writes them beside ``report.html``, in
-``figures/`` and ``tables/``."""
+``figures/`` and ``tables/``.
+
+A figure keeps its plot at least about half of the page: the legend goes outside the plot
+(beside or below it, where it takes less room) and the figure grows by it; a chart with more
+curves than one plot reads is split into small multiples, one per condition of a robust-FL
+sweep (no attack, each attack), a curve per setting in the same style in every panel. The
+HTML's hints (which curves are faded, what a click does) stay out of the PDFs."""
 
 from __future__ import annotations
 
@@ -128,7 +134,8 @@ def _lines_figure(spec: dict[str, Any]) -> Any:
     for ax in axes.flat:
         for h, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, h)
-    fig.legend(list(handles.values()), list(handles), fontsize=LEGEND_FONT, frameon=False,
+    order = [e for e in entries if e in handles]  # the settings' order, in every chart
+    fig.legend([handles[e] for e in order], order, fontsize=LEGEND_FONT, frameon=False,
                ncols=legend_cols, loc="outside right center" if where == "right" else
                "outside lower center")
     fig.suptitle("\n".join(textwrap.wrap(spec["title"], 90)), fontsize=10)

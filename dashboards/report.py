@@ -3,10 +3,13 @@ or of one run, built from what MLflow holds; no server needed for the embedded s
 
 Sections, each present when the runs have what it needs: a summary table (final accuracy,
 mean ± std over seeds, per sweep point); curves per sweep point with the spread over seeds
-(min-max band); heat maps of final accuracy, aggregator x attack (one per combination of the
-other swept values) and aggregator x f; for D-SGD, a topology table (spectral gap, accuracy,
-generalization gap, consensus distance). The report is logged as ``report/report.html`` on
-the scenario's parent run.
+(min-max band); ByzFL's views (worst case over attacks, best setting under the worst attack;
+see dashboards/robust.py: the Byzantine count and the attack are the condition, "no attack"
+a column beside the attacks); heat maps of final accuracy, aggregator x attack and aggregator
+x f, every map on one colour range, titles naming only what varies, diverged cells marked;
+for D-SGD, a topology table (spectral gap, accuracy, generalization gap, consensus distance).
+The report is logged as ``report/report.html`` on the scenario's parent run; its figures and
+tables go to ``figures/`` (PDF, SVG: see dashboards/export.py) and ``tables/``.
 """
 
 from __future__ import annotations

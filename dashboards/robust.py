@@ -54,17 +54,19 @@ def plugin_labels(runs: Sequence[RunData], kind: str,
 
 
 def _f(run: RunData) -> int:
-    raw = run.tags.get("f") or run.params.get("clients.byzantine") or "0"
+    """The run's number of Byzantine clients; -1 when it does not say (then its attack alone
+    tells whether it was attacked)."""
+    raw = run.tags.get("f") or run.params.get("clients.byzantine") or ""
     try:
         return int(raw)
     except ValueError:
-        return 0
+        return -1
 
 
 @dataclass(frozen=True)
 class Condition:
-    """The threat a run was under: ``f`` Byzantine clients running ``attack`` (its label), or
-    NO_ATTACK."""
+    """The threat a run was under: ``f`` Byzantine clients (-1: not known) running ``attack``
+    (its label), or NO_ATTACK."""
 
     f: int
     attack: str
