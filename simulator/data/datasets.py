@@ -333,8 +333,8 @@ class ParquetDataset(Dataset):
 
         label = schema.field(self.label).type
         if not pt.is_integer(label):
-            raise DataError(f"label: column {self.label!r} of {path} must hold integer class "
-                            f"ids, got {label}")
+            raise DataError(f"label: column {self.label!r} must hold integers, got {label} "
+                            f"(class ids, in {path})")
         if self.client is not None and not pt.is_integer(schema.field(self.client).type):
             raise DataError(f"client: column {self.client!r} of {path} must hold integer "
                             f"client ids, got {schema.field(self.client).type}")

@@ -37,10 +37,12 @@ def fetch(target: LoadedScenario | Iterable[Scenario]) -> list[FetchedFile]:
     described: set[tuple[str, int, int, float]] = set()
     for sc in scenarios:
         spec = dict(sc.data.dataset)
+        if not spec.get("download"):
+            continue
         key = json.dumps(spec, sort_keys=True)
         dataset = _instance(spec)
         files: Any = getattr(dataset, "fetch", None)
-        if not callable(files) or not spec.get("download"):
+        if not callable(files):
             continue
         if key not in fetched:
             fetched.add(key)

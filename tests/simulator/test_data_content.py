@@ -299,8 +299,8 @@ def test_parquet_columns_of_the_wrong_type_or_non_finite(tmp_path, mlflow_uri, c
          ("SCENARIO:2: data.dataset.client: column 'user' of TMP/d.parquet must hold integer "
          "client ids, got string")),
         ({"label": rng.integers(0, 3, 40).astype(np.float64)}, "",
-         ("SCENARIO:2: data.dataset.label: column 'label' of TMP/d.parquet must hold integer "
-         "class ids, got double")),
+         ("SCENARIO:2: data.dataset.label: column 'label' must hold integers, got double "
+          "(class ids, in TMP/d.parquet)")),
         ({"f1": [str(v) for v in range(40)]}, "",
          ("SCENARIO:2: data.dataset.features: column 'f1' of TMP/d.parquet must hold numbers "
          "(or lists of numbers), got string")),
