@@ -25,6 +25,7 @@ from simulator.errors import (
     Terminated,
     UsageError,
     WorkerLost,
+    printable,
 )
 from simulator.interrupts import SIGNALS, Unfinished, trap_sigterm, unfinished_of
 from simulator.log import to_stderr
@@ -48,10 +49,30 @@ def _load(args: argparse.Namespace) -> LoadedScenario | None:
         return None
 
 
+def _before_anything(loaded: LoadedScenario | None, args: argparse.Namespace) -> None:
+    """What a run command can refuse before Ray starts and before MLflow is opened: the
+    tracking store's location, and (a local Ray instance, whose CPUs are this machine's)
+    more ClientWorkers than this machine could ever place."""
+    from simulator.tracking import check_target, default_uri
+
+    check_target(args.tracking_uri or default_uri())
+    backend = getattr(args, "backend", None) or (loaded.scenario.runtime.backend if loaded
+                                                  else None)
+    if loaded is None or backend != "ray" or args.address is not None:
+        return
+    from simulator.config.checks import check_local_workers
+
+    for point in loaded.points:
+        rt = point.scenario.runtime
+        check_local_workers(getattr(args, "workers", None) or rt.workers, rt.num_cpus,
+                            "--workers" if getattr(args, "workers", None) else "runtime.workers")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     loaded = _load(args)
     if loaded is None:
         return EXIT_INVALID
+    _before_anything(loaded, args)
     from simulator.runner import final_text, run_loaded
 
     out = run_loaded(loaded, args.backend, args.address, args.tracking_uri, args.quiet, args.workers,
@@ -78,6 +99,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     loaded = _load(args)
     if loaded is None:
         return EXIT_INVALID
+    _before_anything(None, args)
     from simulator.runner import run_sweep
 
     out = run_sweep(loaded, args.address, args.tracking_uri, args.parallel, args.fresh,
@@ -115,13 +137,33 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 1 if out["failed_runs"] else 0
 
 
+def _out_folder(text: str) -> Path:
+    """``--out``: a folder, or a path whose nearest existing part is a folder (the report
+    creates the rest)."""
+    out = Path(text)
+    for part in (out, *out.parents):
+        if part.exists() or part.is_symlink():
+            if not part.is_dir():
+                what = "is" if part == out else f"is under {printable(str(part))}, which is"
+                raise UsageError(f"--out {printable(text)}: {what} not a folder; give a "
+                                 "folder (the report writes report.html, figures/ and tables/ "
+                                 "into it)")
+            break
+    return out
+
+
 def cmd_report(args: argparse.Namespace) -> int:
+    from simulator.tracking import default_uri, require_store
+
+    out = _out_folder(args.out) if args.out else None
+    require_store(args.tracking_uri or default_uri(),
+                  f"no experiment or run {', '.join(map(repr, args.target))}")
     from dashboards.report import build_report
 
     try:
-        path = build_report(args.target, Path(args.out) if args.out else None, args.tracking_uri)
+        path = build_report(args.target, out, args.tracking_uri)
     except ValueError as e:
-        print(f"fedray report: {e}", file=sys.stderr)
+        print(printable(f"fedray report: {e}"), file=sys.stderr)
         return EXIT_INVALID
     print(f"report: {path.resolve()}")
     return 0
@@ -136,7 +178,8 @@ def cmd_privacy(args: argparse.Namespace) -> int:
     try:
         rows = privacy_compare(args.scenarios, args.set, args.delta)
     except (ScenarioError, ValueError) as e:
-        print("\n".join(e.lines) if isinstance(e, ScenarioError) else str(e), file=sys.stderr)
+        print("\n".join(e.lines) if isinstance(e, ScenarioError) else printable(str(e)),
+              file=sys.stderr)
         return EXIT_INVALID
     for r in rows:
         m = r["mechanism"]
@@ -163,7 +206,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print("\n".join(e.lines), file=sys.stderr)
             bad += 1
             continue
-        print(f"{f}: ok ({len(loaded.points)} run{'s' if len(loaded.points) != 1 else ''})")
+        print(f"{printable(f)}: ok ({len(loaded.points)} run{'s' if len(loaded.points) != 1 else ''})")
     return EXIT_INVALID if bad else 0
 
 
@@ -225,7 +268,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if loaded is None:
         return EXIT_INVALID
     sc = loaded.scenario
-    print(f"# {args.scenario}, resolved: every default filled in")
+    print(f"# {printable(args.scenario)}, resolved: every default filled in")
     print(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False).rstrip())
     points = loaded.points
     grid = len({tuple(sorted((k, repr(v)) for k, v in p.values.items())) for p in points})
@@ -478,7 +521,9 @@ def _command(args: argparse.Namespace, tracked: bool) -> int:
         return 128 + signum
     except (FedrayError, DataError) as e:
         resumable = isinstance(e, (WorkerLost, ClientStateLost))
-        print(f"fedray {args.command}: {e}{_unfinished(args.command, resumable, unfinished_of(e))}",
+        # user text in the message (a run id, a path) never reaches the terminal raw
+        print(printable(f"fedray {args.command}: {e}"
+                        f"{_unfinished(args.command, resumable, unfinished_of(e))}"),
               file=sys.stderr)
         return EXIT_INVALID if isinstance(e, (DataError, UsageError)) else 1
     except Exception as e:

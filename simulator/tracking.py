@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import simulator
-from simulator.errors import TrackingUnavailable, UsageError, brief_text
+from simulator.errors import TrackingUnavailable, UsageError, brief_text, printable
 from simulator.log import logger
 from simulator.metric_names import mlflow_name
 
@@ -82,6 +82,18 @@ def check_uri(uri: str) -> None:
             "there), or set MLFLOW_ALLOW_FILE_STORE=true")
 
 
+def check_target(uri: str) -> None:
+    """``check_uri``, and an embedded SQLite store's folder exists: checked by the commands
+    before anything starts (nothing is created by the check)."""
+    check_uri(uri)
+    db = _sqlite_path(uri)
+    if db is not None and not db.parent.is_dir():
+        # MLflow (and fedray) would create every missing folder of a mistyped path
+        raise UsageError(
+            f"tracking store {uri}: the folder {db.parent} does not exist; create it, or give "
+            "a path in an existing folder (fedray creates the database file, not its folder)")
+
+
 def ensure_store(uri: str) -> None:
     """Make the tracking store usable before anything is logged: an embedded SQLite store is
     created (MLflow's migrations) by one process at a time, under a lock file beside it, and a
@@ -89,7 +101,7 @@ def ensure_store(uri: str) -> None:
     cannot be reached raises TrackingUnavailable."""
     from mlflow.tracking import MlflowClient
 
-    check_uri(uri)
+    check_target(uri)
     if uri.startswith(("http://", "https://")):  # fail in seconds, journal, resend later
         for k, v in HTTP_DEFAULTS.items():
             os.environ.setdefault(k, v)
@@ -104,7 +116,6 @@ def ensure_store(uri: str) -> None:
                 f"{brief_text(str(e).splitlines()[0] if str(e) else '', 160)}); start it, or "
                 "leave out --tracking-uri and MLFLOW_TRACKING_URI for the embedded store") from None
         return
-    db.parent.mkdir(parents=True, exist_ok=True)
     with open(db.with_name(db.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         _diagnose_sqlite(db)
@@ -115,6 +126,18 @@ def ensure_store(uri: str) -> None:
                 f"tracking store {db} cannot be opened ({type(e).__name__}: "
                 f"{brief_text(str(e).splitlines()[0] if str(e) else '', 160)}); move it "
                 "away and run again, or pass --tracking-uri") from None
+
+
+def require_store(uri: str, what: str) -> None:
+    """For a command that reads runs (resume, report): an embedded SQLite store that does not
+    exist holds nothing, and is not created by looking (UsageError naming ``what`` is
+    missing)."""
+    check_uri(uri)
+    db = _sqlite_path(uri)
+    if db is not None and not db.is_file():
+        raise UsageError(f"{what} in {uri}: there is no tracking store there (no {db.name} in "
+                         f"{db.parent}); pass --tracking-uri, or run the command where the "
+                         "runs were made")
 
 
 def _diagnose_sqlite(db: Path) -> None:
@@ -194,6 +217,7 @@ class Tracker:
         """The tracker of an existing run's experiment (a missing run: ValueError)."""
         from mlflow.tracking import MlflowClient
 
+        require_store(uri, f"no run {run_id!r}")
         ensure_store(uri)
         try:
             run = MlflowClient(tracking_uri=uri).get_run(run_id)
@@ -436,10 +460,16 @@ def sync(base: Path | None = None, uri: str | None = None,
     from mlflow.tracking import MlflowClient
 
     root = (base or Path.cwd()) / PENDING
-    out = {"runs": 0, "metrics": 0, "artifacts": 0, "statuses": 0, "failed_runs": 0}
+    out = {"runs": 0, "metrics": 0, "artifacts": 0, "statuses": 0, "failed_runs": 0,
+           "skipped": 0}
     for d in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
         run_id = d.name
         if runs is not None and run_id not in runs:
+            continue
+        if not (d / "tracking_uri").is_file():  # not a folder fedray wrote: left alone
+            logger.warning("fedray sync: %s is not a run's journal (no tracking_uri file); "
+                           "skipped", printable(str(d)))
+            out["skipped"] += 1
             continue
         target = uri or (d / "tracking_uri").read_text().strip()
         client = MlflowClient(tracking_uri=target)

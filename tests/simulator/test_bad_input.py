@@ -132,8 +132,8 @@ def test_every_integer_of_the_schema_has_an_upper_bound(tmp_path, key, allowed):
 def test_seeds_are_bounded_in_number(tmp_path):
     p = _file(tmp_path, BASE)
     assert _refused(p, [f"seeds={list(range(1001))}"]) == [
-        f"{p}:1: seeds: list should have at most 1000 items after validation, not 1001, "
-        "got [0, 1, 2, 3, 4, 5, ...]"]
+        (f"{p}:1: seeds: list should have at most 1000 items after validation, not 1001, "
+        "got [0, 1, 2, 3, 4, 5, ...]")]
 
 
 @pytest.mark.parametrize(("override", "loc", "got"), [
@@ -167,10 +167,10 @@ def test_the_total_work_is_estimated_and_refused_past_the_limit(tmp_path):
     p = _file(tmp_path, BASE)
     lines = _refused(p, ["rounds=1000000", "local.steps=100000", "local.batch_size=65536"])
     assert lines == [
-        f"{p}: scenario: the total work is about 3.4e+19 parameter x example products "
+        (f"{p}: scenario: the total work is about 3.4e+19 parameter x example products "
         "(rounds 1,000,000 x 8 clients a round x (local.steps 100,000 x local.batch_size "
         "65,536) x 650 model parameters); at most 1e+18 (hours of a large GPU): lower rounds, "
-        "clients.per_round, the local work or the model"]
+        "clients.per_round, the local work or the model")]
     assert load(p, ["rounds=1000", "local.steps=100"]).points  # a large study is fine
 
 
@@ -189,10 +189,10 @@ def test_huge_gossip_work_is_refused(tmp_path):
     ("''", "must not be empty, got ''"),
     ("'   '", "must not be empty, got '   '"),
     ("x" * 257, "must be at most 256 characters (MLflow's limit), got 257"),
-    ('"a\\eb"', "must hold no control characters (ESC, BEL, NUL, direction overrides such as "
-     "U+202E: a terminal would act on them), got 'a\\x1bb'"),
-    ('"a\\u202eb"', "must hold no control characters (ESC, BEL, NUL, direction overrides "
-     "such as U+202E: a terminal would act on them), got 'a\\u202eb'"),
+    ('"a\\eb"', ("must hold no control characters (ESC, BEL, NUL, direction overrides such as "
+     "U+202E: a terminal would act on them), got 'a\\x1bb'")),
+    ('"a\\u202eb"', ("must hold no control characters (ESC, BEL, NUL, direction overrides "
+     "such as U+202E: a terminal would act on them), got 'a\\u202eb'")),
 ])
 def test_the_experiment_name_is_one_mlflow_accepts(tmp_path, name, why):
     p = _file(tmp_path, BASE)
@@ -203,9 +203,9 @@ def test_the_experiment_name_is_one_mlflow_accepts(tmp_path, name, why):
 def test_the_file_name_as_experiment_name_is_checked(tmp_path):
     p = _file(tmp_path, BASE.replace("name: t\n", ""), "a\x07b.yaml")
     assert _refused(p) == [
-        f"{str(p).replace(chr(7), chr(92) + 'x07')}:1: name: the experiment's name must hold no "
+        (f"{str(p).replace(chr(7), chr(92) + 'x07')}:1: name: the experiment's name must hold no "
         "control characters (ESC, BEL, NUL, direction overrides such as U+202E: a terminal "
-        "would act on them), got 'a\\x07b'"]
+        "would act on them), got 'a\\x07b'")]
 
 
 def test_run_names_mlflow_would_refuse_are_refused(tmp_path):
@@ -217,9 +217,9 @@ def test_run_names_mlflow_would_refuse_are_refused(tmp_path):
     assert lines[0].endswith("; a run is named after its sweep values and seed")
     p = _file(tmp_path, BASE + 'sweep: {description: ["\\0x"]}\n', "b.yaml")
     assert _refused(p) == [
-        f"{p}:7: sweep.description: a run's name must hold no control characters (ESC, BEL, "
+        (f"{p}:7: sweep.description: a run's name must hold no control characters (ESC, BEL, "
         "NUL, direction overrides such as U+202E: a terminal would act on them), got "
-        "'description=\\x00x seed=0'; a run is named after its sweep values and seed"]
+        "'description=\\x00x seed=0'; a run is named after its sweep values and seed")]
 
 
 def test_control_characters_in_error_lines_are_escaped(tmp_path):
@@ -231,6 +231,88 @@ def test_control_characters_in_error_lines_are_escaped(tmp_path):
                cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.isprintable() is False  # its one newline
     assert r.stderr.splitlines() == [
-        "fedray resume: no run 'ab\\x1b[2Jc\\x07' in sqlite:////nonexistent/m.db: there is no "
+        ("fedray resume: no run 'ab\\x1b[2Jc\\x07' in sqlite:////nonexistent/m.db: there is no "
         "tracking store there (no m.db in /nonexistent); pass --tracking-uri, or run the "
-        "command where the runs were made"]
+        "command where the runs were made")]
+
+
+# ---------------------------------------------------------------- 5. workers a local run cannot place
+
+def test_more_workers_than_this_machine_has_is_refused_before_ray_starts(tmp_path):
+    p = _file(tmp_path, BASE)
+    have = os.cpu_count()
+    r = fedray("run", str(p), "--workers", "99999", cwd=tmp_path)
+    assert (r.returncode, r.stderr.splitlines()) == (2, [
+        (f"fedray run: --workers: 99999 ClientWorkers need 99999 CPUs (1 each, "
+        f"runtime.num_cpus), and this machine has {have}; use --workers {have} or fewer, a "
+        "smaller runtime.num_cpus, or --address a cluster")])
+    assert not (tmp_path / "mlflow.db").exists()  # no MLflow run (and no Ray line above)
+    r = fedray("run", str(p), "--set", "runtime.workers=5000", "--set", "runtime.num_cpus=0.5",
+               cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith(
+        "fedray run: runtime.workers: 5000 ClientWorkers need 2500 CPUs (0.5 each")
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_resume_refuses_more_workers_than_this_machine_has_before_ray_starts(monkeypatch):
+    from simulator.config import Scenario
+    from simulator.errors import UsageError
+    from simulator.resume import _Pool
+
+    def no_ray(*a, **k):
+        raise AssertionError("Ray started")
+
+    monkeypatch.setattr("simulator.runtime.backend.make_backend", no_ray)
+    sc = Scenario.model_validate({"rounds": 1, "data": {"dataset": {"name": "digits"}},
+                                  "model": {"name": "logreg"}, "clients": {"total": 4}})
+    with pytest.raises(UsageError, match=r"^--workers: 99999 ClientWorkers need 99999 CPUs"):
+        _Pool(None, None, 99999, None).executor(sc)
+
+
+# ---------------------------------------------------------------- 6. tracking
+
+def test_a_sqlite_store_in_a_missing_folder_is_refused(tmp_path):
+    p = _file(tmp_path, BASE)
+    uri = f"sqlite:///{tmp_path}/nonexistent/dir/mlflow.db"
+    for cmd in ("run", "sweep"):
+        r = fedray(cmd, str(p), "--tracking-uri", uri, cwd=tmp_path)
+        assert (r.returncode, r.stderr.splitlines()) == (2, [
+            (f"fedray {cmd}: tracking store {uri}: the folder {tmp_path}/nonexistent/dir does "
+            "not exist; create it, or give a path in an existing folder (fedray creates the "
+            "database file, not its folder)")])
+    assert not (tmp_path / "nonexistent").exists()
+
+
+@pytest.mark.parametrize("cmd", ["resume", "report"])
+def test_resume_or_report_of_an_empty_folder_creates_no_store(tmp_path, cmd):
+    r = fedray(cmd, "0123abc", cwd=tmp_path)
+    what = "no run '0123abc'" if cmd == "resume" else "no experiment or run '0123abc'"
+    assert (r.returncode, r.stderr.splitlines()) == (2, [
+        (f"fedray {cmd}: {what} in sqlite:///{tmp_path.resolve()}/mlflow.db: there is no "
+        f"tracking store there (no mlflow.db in {tmp_path.resolve()}); pass --tracking-uri, "
+        "or run the command where the runs were made")])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sync_skips_a_stray_folder_in_pending(tmp_path):
+    stray = tmp_path / ".fedray" / "pending" / "junk"
+    stray.mkdir(parents=True)
+    (stray / "notes.txt").write_text("mine")
+    r = fedray("sync", cwd=tmp_path)
+    assert (r.returncode, r.stderr.splitlines()) == (0, [
+        (f"fedray sync: {stray.resolve()} is not a run's journal (no tracking_uri file); "
+        "skipped")])
+    assert (stray / "notes.txt").read_text() == "mine"  # left alone
+    assert r.stdout.startswith("synced 0 run(s)")
+
+
+@pytest.mark.parametrize("out", ["file.txt", "file.txt/sub"])
+def test_report_out_onto_a_file_is_one_line(tmp_path, mlflow_uri, out):
+    (tmp_path / "file.txt").write_text("keep")
+    r = fedray("report", "anything", "--out", str(tmp_path / out), "--tracking-uri", mlflow_uri,
+               cwd=tmp_path)
+    what = "is" if out == "file.txt" else f"is under {tmp_path / 'file.txt'}, which is"
+    assert (r.returncode, r.stderr.splitlines()) == (2, [
+        (f"fedray report: --out {tmp_path / out}: {what} not a folder; give a folder (the "
+        "report writes report.html, figures/ and tables/ into it)")])
+    assert (tmp_path / "file.txt").read_text() == "keep"
