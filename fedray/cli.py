@@ -100,6 +100,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if loaded is None:
         return EXIT_INVALID
     _before_anything(None, args)
+    have = os.cpu_count() or 1
+    for point in loaded.points if args.address is None else []:
+        if point.scenario.runtime.num_cpus > have:  # a Ray task no local node could take
+            raise UsageError(f"runtime.num_cpus: a sweep point's Ray task needs "
+                             f"{point.scenario.runtime.num_cpus:g} CPUs, and this machine has "
+                             f"{have}; use {have} or fewer, or --address a cluster")
     from simulator.runner import run_sweep
 
     out = run_sweep(loaded, args.address, args.tracking_uri, args.parallel, args.fresh,

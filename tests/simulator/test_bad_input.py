@@ -254,6 +254,16 @@ def test_more_workers_than_this_machine_has_is_refused_before_ray_starts(tmp_pat
     assert not (tmp_path / "mlflow.db").exists()
 
 
+def test_a_sweep_point_needing_more_cpus_than_this_machine_has_is_refused(tmp_path):
+    p = _file(tmp_path, BASE + "sweep: {local.lr: [0.1, 0.2]}\n")
+    have = os.cpu_count()
+    r = fedray("sweep", str(p), "--set", f"runtime.num_cpus={have + 1}", cwd=tmp_path)
+    assert (r.returncode, r.stderr.splitlines()) == (2, [
+        (f"fedray sweep: runtime.num_cpus: a sweep point's Ray task needs {have + 1} CPUs, and "
+        f"this machine has {have}; use {have} or fewer, or --address a cluster")])
+    assert not (tmp_path / "mlflow.db").exists()
+
+
 def test_resume_refuses_more_workers_than_this_machine_has_before_ray_starts(monkeypatch):
     from simulator.config import Scenario
     from simulator.errors import UsageError
