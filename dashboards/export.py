@@ -180,8 +180,9 @@ def _heat(fig: Any, ax: Any, spec: dict[str, Any]) -> None:
                 ax.text(j, i, f"{grid[i, j]:.3g}", ha="center", va="center", fontsize=9,
                         color="black" if light else "white")
     bar = fig.colorbar(im, ax=ax)
-    if spec.get("shared", 1) > 1:
-        bar.set_label(f"one scale for all {spec['shared']} maps", fontsize=8)
+    shared = spec.get("shared", 1)
+    bar.set_label(f"one scale for all {shared} maps" if shared > 1 else
+                  "the range of this map", fontsize=8)
 
 
 def _heat_figure(spec: dict[str, Any]) -> Any:

@@ -220,7 +220,7 @@ def heat_map(title: str, rows: Sequence[str], cols: Sequence[str], values: dict,
     never a colour of the scale). The colour scale (viridis: colour-blind safe and readable
     in grey) spans the data's range unless ``lo``/``hi`` are given, and a colour bar
     (``<g class="colorbar" data-lo data-hi data-shared>``) says so; ``shared``: the number of
-    maps that take this one range (said under the bar when more than one). Labels are never
+    maps that take this one range (said under the bar, as is a map's own range). Labels are never
     cut: cells and margins are as wide as they need."""
     finite = [v[0] for v in values.values() if math.isfinite(v[0])]
     lo = min(finite, default=0.0) if lo is None else lo
@@ -273,7 +273,7 @@ def heat_map(title: str, rows: Sequence[str], cols: Sequence[str], values: dict,
 
 def colorbar(x: float, y: float, h: float, lo: float, hi: float, shared: int = 1) -> str:
     """A vertical viridis bar from ``lo`` (bottom) to ``hi`` (top) with both ends labelled;
-    under it, when ``shared`` maps take this range, a note saying so."""
+    under it, whether ``shared`` maps take this range or it is this map's own."""
     steps = 20
     parts = [f'<g class="colorbar" data-lo="{lo}" data-hi="{hi}" data-shared="{shared}">']
     for k in range(steps):
@@ -283,8 +283,9 @@ def colorbar(x: float, y: float, h: float, lo: float, hi: float, shared: int = 1
     parts += [f'<rect x="{x}" y="{y}" width="14" height="{h}" class="frame"/>',
               f'<text x="{x + 18}" y="{y + 9}" class="tick cbmax">{_fmt(hi)}</text>',
               f'<text x="{x + 18}" y="{y + h}" class="tick cbmin">{_fmt(lo)}</text>']
-    if shared > 1:
-        parts += [f'<text x="{x - 16}" y="{y + h + 16}" class="tick cbshared">one scale,</text>',
-                  f'<text x="{x - 16}" y="{y + h + 30}" class="tick cbshared">all {shared} maps</text>']
+    first, second = ("one scale,", f"all {shared} maps") if shared > 1 else \
+        ("the range of", "this map")
+    parts += [f'<text x="{x - 16}" y="{y + h + 16}" class="tick cbshared">{first}</text>',
+              f'<text x="{x - 16}" y="{y + h + 30}" class="tick cbshared">{second}</text>']
     parts.append("</g>")
     return "".join(parts)

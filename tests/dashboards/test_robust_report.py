@@ -274,6 +274,7 @@ def test_diverged_cells_are_marked_not_averaged():
     assert (float(lo), float(hi)) == (pytest.approx(min(finite)), pytest.approx(max(finite)))
     assert (float(lo), float(hi)) == (pytest.approx(0.71), pytest.approx(0.81))
     assert ">diverged</text>" in page
+    assert "the range of</text>" in page and "this map</text>" in page  # its own range: said
 
 
 def test_the_pdf_heat_map_marks_a_diverged_cell(tmp_path):
