@@ -4,8 +4,9 @@ never fetched again while a file with the right checksum is there. Archives are 
 with tarfile's ``data`` filter (no absolute paths, no links out of ``root``).
 
 Every transfer is bounded: ``http``/``https`` mirrors only (redirects too), at most
-``DEADLINE`` seconds from the first byte asked to the last one received (a server that drips
-a byte now and then is cut off), and at most the published size plus ``SIZE_MARGIN`` bytes
+``DEADLINE`` seconds for all the files of a data set, from the first byte asked to the last
+one received (a server that drips a byte now and then is cut off), and at most each file's
+published size plus ``SIZE_MARGIN`` bytes
 (an endless body never fills the disk). ``simulator.data.fetch`` does all of it for a
 scenario before any MLflow run exists.
 """
@@ -78,9 +79,17 @@ class _Refused(Exception):
     raised and caught here only, with the one-line reason."""
 
 
-def fetch(url: str, dest: Path, checksum: str, size: int | None = None) -> Path:
+def deadline() -> float:
+    """The ``time.monotonic()`` by which the downloads starting now must be over: one
+    deadline for all the files of a data set (``DEADLINE`` seconds from now)."""
+    return time.monotonic() + DEADLINE
+
+
+def fetch(url: str, dest: Path, checksum: str, size: int | None = None,
+          until: float | None = None) -> Path:
     """``dest``, fetched from ``url`` unless a file with ``checksum`` (MD5) is there; at most
-    ``size`` (the published size) plus ``SIZE_MARGIN`` bytes, within ``DEADLINE`` seconds."""
+    ``size`` (the published size) plus ``SIZE_MARGIN`` bytes, over by ``until`` (a
+    ``deadline()``; by default ``DEADLINE`` seconds from now)."""
     if dest.is_file() and md5(dest) == checksum:
         return dest
     check_mirror(url, "mirror")
@@ -88,7 +97,7 @@ def fetch(url: str, dest: Path, checksum: str, size: int | None = None) -> Path:
     part = dest.with_name(dest.name + ".part")
     cap = (size if size is not None else UNKNOWN_SIZE) + SIZE_MARGIN
     try:
-        _transfer(url, part, cap)
+        _transfer(url, part, cap, deadline() if until is None else until)
     except (_Refused, OSError, http.client.HTTPException) as e:
         part.unlink(missing_ok=True)
         if isinstance(e, _Refused):
@@ -105,11 +114,10 @@ def fetch(url: str, dest: Path, checksum: str, size: int | None = None) -> Path:
     return dest
 
 
-def _transfer(url: str, part: Path, cap: int) -> None:
+def _transfer(url: str, part: Path, cap: int, deadline: float) -> None:
     """The body of ``url`` (redirects followed, http(s) only) into ``part``: at most ``cap``
-    bytes, ended at ``DEADLINE`` seconds by a watchdog that shuts the socket, whatever the
-    server sends or withholds (headers dripped a byte at a time included)."""
-    deadline = time.monotonic() + DEADLINE
+    bytes, ended at ``deadline`` (monotonic) by a watchdog that shuts the socket, whatever the server
+    sends or withholds (headers dripped a byte at a time included)."""
     for _ in range(REDIRECTS + 1):
         parts = urllib.parse.urlsplit(url)
         cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection

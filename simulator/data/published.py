@@ -97,14 +97,14 @@ class MNIST(Dataset):
         within its published size and the download deadline); what was fetched or found."""
         if not (self.download and self.FILES):
             return []
-        from simulator.data.download import fetch
+        from simulator.data.download import deadline, fetch
 
         base = (self.mirror or self.MIRROR).rstrip("/") + "/"
-        out = []
+        out, until = [], deadline()  # one deadline for the four files
         for name, checksum in self.FILES.items():
             dest = Path(self.root) / name
             there = dest.is_file()
-            fetch(base + name, dest, checksum, self.SIZES.get(name))
+            fetch(base + name, dest, checksum, self.SIZES.get(name), until)
             out.append(FetchedFile(dest, dest.stat().st_size, not there))
         return out
 

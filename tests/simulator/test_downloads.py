@@ -24,7 +24,7 @@ NAMES = list(MNIST.FILES)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    """``/files/NAME``: the served folder's file; ``/drip/``: a byte every 0.3 s after the
+    """``/files/NAME``: the served folder's file (``/slow/NAME``: after 0.8 s); ``/drip/``: a byte every 0.3 s after the
     headers; ``/dripheaders/``: the status line a byte at a time; ``/endless/``: zeros until
     the client goes; ``/huge/``: a Content-Length of a terabyte; ``/tofile/``: a redirect
     to ``file:///dev/zero``."""
@@ -34,6 +34,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: C901 (one branch per kind of server)
         kind, _, name = self.path.strip("/").partition("/")
         try:
+            if kind == "slow":
+                time.sleep(0.8)
+                kind = "files"
             if kind == "files" and (self.folder / name).is_file():
                 body = (self.folder / name).read_bytes()
                 self.send_response(200)
@@ -127,6 +130,22 @@ def test_a_server_that_drips_bytes_is_cut_at_the_deadline(tmp_path, mlflow_uri, 
     assert line == (f"fedray run: download: {url}{kind}/{NAMES[0]}: not complete after 1.5 s "
                     "(the download deadline); nothing was kept")
     assert not list((tmp_path / "fetched").glob("*"))
+
+
+def test_the_deadline_is_one_for_all_the_files_of_a_data_set(tmp_path, mlflow_uri, capsys,
+                                                             server, monkeypatch):
+    """Four files of 0.8 s each, within a 2 s deadline each but not together: the third is
+    cut, and the two fetched stay (each is whole and checked)."""
+    from simulator.data.download import md5
+
+    served, url = server
+    formats.write_mnist(served)
+    monkeypatch.setattr(MNIST, "FILES", {n: md5(served / n) for n in NAMES})
+    monkeypatch.setattr(download, "DEADLINE", 2.0)
+    assert run_line(tmp_path, mlflow_uri, capsys, f"{url}slow/") == (
+        f"fedray run: download: {url}slow/{NAMES[2]}: not complete after 2 s (the download "
+        "deadline); nothing was kept")
+    assert sorted(p.name for p in (tmp_path / "fetched").iterdir()) == sorted(NAMES[:2])
 
 
 def test_an_endless_body_is_cut_at_the_published_size(tmp_path, mlflow_uri, capsys, server,
