@@ -172,7 +172,7 @@ def _heat(fig: Any, ax: Any, spec: dict[str, Any]) -> None:
             if diverged[i, j]:
                 ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="white",
                                        edgecolor="#d62728", hatch="///", linewidth=1.5))
-                ax.text(j, i, "diverged", ha="center", va="center", fontsize=8,
+                ax.text(j, i, "diverged", ha="center", va="center", fontsize=9, weight="bold",
                         color="#d62728", bbox={"facecolor": "white", "edgecolor": "none",
                                                "pad": 1})
             elif math.isfinite(grid[i, j]):
