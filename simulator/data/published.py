@@ -10,8 +10,9 @@ indexes only, never the whole data.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, cast
 
 import numpy as np
 from annotated_types import Ge
@@ -28,6 +29,25 @@ from simulator.data.formats import (
 )
 from simulator.errors import DataError, brief
 from strategies.protocols import Dataset, DatasetInfo, DatasetSplit, Traits
+
+T = TypeVar("T")
+
+
+_CHECKED: dict[tuple[Any, ...], Any] = {}
+CHECKED_MAX = 16
+
+
+def _once(what: tuple[Any, ...], paths: list[Path], check: Callable[[], T]) -> T:
+    """``check()``, whose result stands while ``paths`` keep their size and modification time:
+    a sweep's points (other seeds, other client counts) do not read the same files through
+    again. A failed check is not remembered."""
+    stats = [p.stat() for p in paths]
+    key = (*what, *((str(p), st.st_size, st.st_mtime_ns) for p, st in zip(paths, stats)))
+    if key not in _CHECKED:
+        if len(_CHECKED) >= CHECKED_MAX:
+            _CHECKED.pop(next(iter(_CHECKED)))
+        _CHECKED[key] = check()
+    return cast(T, _CHECKED[key])
 
 
 def _root(root: str) -> Path:
@@ -149,12 +169,17 @@ class MNIST(Dataset):
         if self._pending():
             return None  # not fetched yet: simulator.data.fetch checks it once fetched
         self.check(num_clients)
-        for split in ("train", "test"):  # every byte, as load will read it
+        files = [*self._files("train"), *self._files("test")]
+        _once((self.NAME, self.CLASSES), files, self._verify)
+        _, dims = idx_header(files[0])
+        return DatasetInfo(dims[0], (1, *self.IMAGE), self.CLASSES, natural_clients=0)
+
+    def _verify(self) -> None:
+        """Every byte of the four files, as load will read them."""
+        for split in ("train", "test"):
             images, labels = self._files(split)
             idx_verify(images)
             self._labels(read_idx(labels), labels)
-        _, dims = idx_header(self._files("train")[0])
-        return DatasetInfo(dims[0], (1, *self.IMAGE), self.CLASSES, natural_clients=0)
 
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
         self._fetch()
@@ -356,9 +381,15 @@ class CIFAR10(Dataset):
         if self._pending():
             return None  # not fetched yet: simulator.data.fetch checks it once fetched
         self.check(num_clients)
+        n = _once((type(self).__name__, self.LABELS), self._paths(self.TRAIN + self.TEST),
+                  self._verify)
+        return DatasetInfo(n, (3, 32, 32), self.classes(), natural_clients=0)
+
+    def _verify(self) -> int:
+        """Every batch read and checked, as load will read them; the training images."""
         _, y = self._read(self.TRAIN)
-        self._read(self.TEST)  # every batch, as load will read it
-        return DatasetInfo(len(y), (3, 32, 32), self.classes(), natural_clients=0)
+        self._read(self.TEST)
+        return len(y)
 
     def classes(self, y: np.ndarray | None = None) -> int:
         return 10
@@ -473,7 +504,9 @@ class _Leaf(Dataset):
     def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
         """The chosen users' training samples, after every file was read through and
         checked (``_scan``): what ``load`` finds wrong, validation finds first."""
-        counts = {u: k for u, k in self._scan().items() if k >= self.min_samples}
+        files = self._files("train") + self._files("test")
+        scanned = _once((type(self).__name__,), files, self._scan)
+        counts = {u: k for u, k in scanned.items() if k >= self.min_samples}
         chosen = self._chosen(counts, num_clients, seed)
         return DatasetInfo(sum(counts[u] for u in chosen), self.SHAPE, self.CLASSES,
                            self.VOCABULARY is not None, self.VOCABULARY,

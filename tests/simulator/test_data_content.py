@@ -319,3 +319,26 @@ def test_parquet_columns_of_the_wrong_type_or_non_finite(tmp_path, mlflow_uri, c
         block = "{name: parquet, path: d.parquet" + (f", {client}" if client else "") + "}"
         assert refused(tmp_path, mlflow_uri, capsys, block,
                        "natural" if client else "iid") == line
+
+
+def test_a_sweep_reads_the_files_through_once(tmp_path, monkeypatch):
+    """Points of a sweep (other seeds, other client counts) describe the same files: they are
+    read through once while they keep their size and modification time, again once changed."""
+    from simulator import registry
+    from simulator.data import published
+
+    formats.write_leaf(tmp_path / "leaf", writers=6, per_writer=8, files=2)
+    reads: list[str] = []
+    real = published.read_leaf
+    monkeypatch.setattr(published, "read_leaf", lambda p: reads.append(p.name) or real(p))
+    femnist = registry.get("datasets", "femnist")(root=str(tmp_path / "leaf"))
+    for seed, clients in ((0, 4), (1, 4), (2, 5), (0, 6)):
+        assert femnist.describe(clients, seed, 0.2).train_samples == clients * 6
+    assert len(reads) == 4  # two train and two test files, once
+    path = tmp_path / "leaf" / "test" / "all_data_1_niid_0_keep_0_test_9.json"
+    doc = json.loads(path.read_text())
+    doc["user_data"][doc["users"][0]]["y"][0] = 99
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"y: label 99 at row 0; expected 0..61"):
+        femnist.describe(4, 0, 0.2)
+    assert len(reads) == 8

@@ -229,3 +229,32 @@ def test_downloads_and_their_checks_come_before_any_run(tmp_path, mlflow_uri, ca
     assert sorted((f.path.name, f.downloaded) for f in first) == sorted((n, True) for n in NAMES)
     assert all(f.size == (served / f.path.name).stat().st_size for f in first)
     assert all(not f.downloaded for f in fetch(loaded))  # there: checked, not fetched again
+
+
+def test_a_sweep_fetches_before_its_store_or_ray(tmp_path, mlflow_uri, server, monkeypatch):
+    """``run_sweep`` fetches first: a failed download is its DataError before the tracking
+    store is opened and before Ray starts."""
+    from mlflow.tracking import MlflowClient
+
+    from simulator.config import load
+    from simulator.errors import DataError
+    from simulator.runner import run_sweep
+
+    _, url = server
+    p = tmp_path / "s.yaml"
+    p.write_text(textwrap.dedent(f"""\
+        rounds: 2
+        data: {{dataset: {{name: mnist, root: fetched, download: true, mirror: '{url}none/'}}}}
+        model: {{name: logreg}}
+        clients: {{total: 4}}
+        sweep: {{local.lr: [0.1, 0.2]}}
+    """))
+    started: list[object] = []
+    monkeypatch.setattr("simulator.runtime.backend.RayBackend",
+                        lambda *a, **k: started.append(a))
+    with pytest.raises(DataError, match=rf"^download: {url}none/{NAMES[0]}: the server answered "
+                                        r"404 Not Found; nothing was kept$"):
+        run_sweep(load(p), tracking_uri=mlflow_uri)
+    assert started == []  # Ray was never asked for
+    client = MlflowClient(mlflow_uri)
+    assert client.search_runs([e.experiment_id for e in client.search_experiments()]) == []
