@@ -258,3 +258,44 @@ def test_a_sweep_fetches_before_its_store_or_ray(tmp_path, mlflow_uri, server, m
     assert started == []  # Ray was never asked for
     client = MlflowClient(mlflow_uri)
     assert client.search_runs([e.experiment_id for e in client.search_experiments()]) == []
+
+
+def test_resume_fetches_before_it_opens_a_run_again(tmp_path, mlflow_uri, server, monkeypatch):
+    """A resumed run whose data must be fetched again (another machine, a cleaned folder):
+    a failed download is one DataError before the parent or the point is opened again; their
+    statuses and the runs stay as they were."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    from simulator.config import load
+    from simulator.data.download import md5
+    from simulator.errors import DataError
+    from simulator.resume import resume_run
+    from simulator.runner import run_loaded
+
+    served, url = server
+    formats.write_mnist(served)
+    sums = {n: md5(served / n) for n in NAMES}
+    monkeypatch.setattr(MNIST, "FILES", sums)
+    p = tmp_path / "s.yaml"
+    p.write_text(textwrap.dedent(f"""\
+        rounds: 1
+        data: {{dataset: {{name: mnist, root: fetched, download: true, mirror: '{url}files/'}}}}
+        model: {{name: logreg}}
+        clients: {{total: 4}}
+        local: {{steps: 1, batch_size: 4}}
+        runtime: {{backend: inline}}
+    """))
+    out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True)
+    client = MlflowClient(mlflow_uri)
+    parent, child = out["parent_run_id"], out["runs"][0]["run_id"]
+    for run in (parent, child):
+        client.set_terminated(run, "KILLED")
+    shutil.rmtree(tmp_path / "fetched")
+    monkeypatch.setattr(MNIST, "FILES", {**sums, NAMES[0]: "0" * 32})
+    with pytest.raises(DataError, match=rf"^download: {url}files/{NAMES[0]} has MD5 "):
+        resume_run(child, tracking_uri=mlflow_uri, quiet=True)
+    runs = client.search_runs([client.get_run(parent).info.experiment_id])
+    assert sorted((r.info.run_id, r.info.status) for r in runs) == \
+        sorted([(parent, "KILLED"), (child, "KILLED")])
