@@ -100,10 +100,15 @@ class _Pool:
 
         if self.backend is None:
             if (self.name or sc.runtime.backend) == "ray" and self.address is None:
+                import ray
+
                 from simulator.config.checks import check_local_workers
 
-                check_local_workers(self.workers or sc.runtime.workers, sc.runtime.num_cpus,
-                                    "--workers" if self.workers else "runtime.workers")
+                if not ray.is_initialized():  # a local instance is about to start
+                    check_local_workers(self.workers or sc.runtime.workers,
+                                        sc.runtime.num_cpus,
+                                        "--workers" if self.workers else "runtime.workers",
+                                        self.ray_init.get("num_cpus"))
             self.backend = make_backend(self.name or sc.runtime.backend, self.address,
                                         **self.ray_init)
             trap_sigterm()

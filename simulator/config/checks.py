@@ -211,19 +211,21 @@ def _available_memory() -> int | None:
     return None
 
 
-def check_local_workers(n: int | None, num_cpus: float, where: str) -> None:
+def check_local_workers(n: int | None, num_cpus: float, where: str,
+                        cpus: float | None = None) -> None:
     """On a local Ray instance (its CPUs are this machine's, known before it starts): ``n``
     ClientWorkers of ``num_cpus`` CPUs each that could never all be placed are refused in one
-    line (UsageError), before Ray starts; ``where`` names the option or field that asked."""
+    line (UsageError), before Ray starts; ``where`` names the option or field that asked,
+    ``cpus`` the CPUs the instance will be given (default: this machine's)."""
     from simulator.errors import UsageError
 
-    have = os.cpu_count() or 1  # Ray's local instance gets at most this many CPUs
+    have = cpus or os.cpu_count() or 1  # Ray's local instance gets at most this many CPUs
     if n is None or n * num_cpus <= have:
         return
     fit = int(have // num_cpus)
     fewer = f"{where} {fit} or fewer, " if fit >= 1 else ""
     raise UsageError(f"{where}: {n} ClientWorkers need {n * num_cpus:g} CPUs ({num_cpus:g} "
-                     f"each, runtime.num_cpus), and this machine has {have}; use {fewer}a "
+                     f"each, runtime.num_cpus), and this machine has {have:g}; use {fewer}a "
                      "smaller runtime.num_cpus, or --address a cluster")
 
 

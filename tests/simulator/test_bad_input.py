@@ -273,6 +273,7 @@ def test_resume_refuses_more_workers_than_this_machine_has_before_ray_starts(mon
         raise AssertionError("Ray started")
 
     monkeypatch.setattr("simulator.runtime.backend.make_backend", no_ray)
+    monkeypatch.setattr("ray.is_initialized", lambda: False)  # as in `fedray resume`
     sc = Scenario.model_validate({"rounds": 1, "data": {"dataset": {"name": "digits"}},
                                   "model": {"name": "logreg"}, "clients": {"total": 4}})
     with pytest.raises(UsageError, match=r"^--workers: 99999 ClientWorkers need 99999 CPUs"):
