@@ -18,11 +18,12 @@ import html
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dashboards.robust import NO_ATTACK, Cell, Robust, robust
+from dashboards.rundata import RunData
 from dashboards.stats import Summary, from_mlflow, summarize
 from dashboards.svg import heat_map, line_chart
 from simulator.metric_names import mlflow_name
@@ -36,32 +37,6 @@ CURVES = [("test_accuracy", "test accuracy"), ("test_loss", "test loss"),
           ("consensus_distance", "consensus distance"),
           ("epsilon", "privacy spent: epsilon at the scenario's delta")]
 MAX_SERIES = 10
-
-
-@dataclass
-class RunData:
-    run_id: str
-    name: str
-    group: str  # the run name without its seed
-    seed: str
-    tags: dict[str, str]
-    params: dict[str, str]
-    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
-    tradeoff: tuple[list[float], list[float]] | None = None  # (alpha, beta) of a DP run
-
-    def final(self, key: str) -> float:
-        h = self.history.get(key)
-        return h[-1][1] if h else math.nan
-
-    @property
-    def diverged(self) -> bool:
-        """Whether the run diverged: its final test loss or accuracy is not finite, or the
-        aggregate was not finite in some round (the server then keeps the model, so the
-        accuracy it logs is that of a model the rule no longer moves)."""
-        if any(v != 0 for _, v in self.history.get("nonfinite_aggregate", [])):
-            return True
-        return any(key in self.history and not math.isfinite(self.final(key))
-                   for key in ("test_loss", "test_accuracy"))
 
 
 def _group(name: str) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from dashboards.report import RunData
+    from dashboards.rundata import RunData
 
 NO_ATTACK = "no attack"
 # the paths of a scenario that make the threat (the condition), not the setting
