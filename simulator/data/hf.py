@@ -156,7 +156,12 @@ class HuggingFace(Dataset):
 
     def _x(self, table: Any) -> np.ndarray:
         """The samples: decoded images (uint8, (C, H, W)), byte tokens, or a feature matrix."""
+        import pyarrow.types as pt
+
         if self.text:
+            kind = table.column(self.text).type
+            if not (pt.is_string(kind) or pt.is_large_string(kind)):
+                raise DataError(f"text: column {self.text!r} must hold text, got {kind}")
             return np.stack([byte_tokens(t or "", self.length)
                              for t in table.column(self.text).to_pylist()]) \
                 if table.num_rows else np.zeros((0, self.length), np.int32)
@@ -166,9 +171,10 @@ class HuggingFace(Dataset):
         if self.image is None:
             raise DataError("image: give an image column or features (numeric columns)")
         col = table.column(self.image).combine_chunks()
-        import pyarrow.types as pt
-
         if pt.is_struct(col.type):  # HF Image: {bytes, path}
+            if col.type.get_field_index("bytes") < 0:
+                raise DataError(f"image: column {self.image!r} is a struct without 'bytes' "
+                                f"({col.type}); expected HF's Image feature {{bytes, path}}")
             images = [_decode(v, self.image, i)
                       for i, v in enumerate(col.field("bytes").to_pylist())]
             odd = next((i for i, im in enumerate(images) if im.shape != images[0].shape), None)

@@ -323,8 +323,9 @@ class CIFAR10(Dataset):
 
         name, checksum = self.ARCHIVE
         dest = Path(self.root) / name
-        if not self._pending():
-            return [FetchedFile(dest, dest.stat().st_size if dest.is_file() else 0, False)]
+        if not self._pending():  # unpacked already: the archive, or the folder if it is gone
+            return [FetchedFile(dest, dest.stat().st_size, False) if dest.is_file() else
+                    FetchedFile(Path(self.root) / self.FOLDER, 0, False)]
         there = dest.is_file()
         archive = fetch((self.mirror or self.MIRROR).rstrip("/") + "/" + name, dest, checksum,
                         self.SIZE)

@@ -285,6 +285,15 @@ def test_huggingface_rows_are_checked_before_the_run(tmp_path, mlflow_uri, capsy
                    "features: [label], client: user}", "natural", clients=3) == (
         "SCENARIO:2: data.dataset.client: column 'user' must hold client ids (integers or "
         "strings) in every row, got double")
+    (tmp_path / "c").mkdir()
+    pq.write_table(pa.table({"sentence": np.arange(12), "label": np.arange(12) % 3,
+                             "image": pa.array([{"x": 1}] * 12)}), tmp_path / "c" / "train.parquet")
+    assert refused(tmp_path, mlflow_uri, capsys, "{name: huggingface, path: c, image: null, "
+                   "text: sentence}", model="tokens", clients=3) == (
+        "SCENARIO:2: data.dataset.text: column 'sentence' must hold text, got int64")
+    assert refused(tmp_path, mlflow_uri, capsys, "{name: huggingface, path: c}", clients=3) == (
+        "SCENARIO:2: data.dataset.image: column 'image' is a struct without 'bytes' "
+        "(struct<x: int64>); expected HF's Image feature {bytes, path}")
 
 
 # ---------------------------------------------------------------------------- Parquet
