@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import pickle
 import re
 import zlib
@@ -74,7 +75,7 @@ def read_idx(path: Path) -> np.ndarray:
     raw = _read(path)  # one read, gunzipped once
     dtype, dims = _idx_header(path, raw)
     data = raw[4 + 4 * len(dims) :]
-    count = int(np.prod(dims)) if dims else 0
+    count = math.prod(dims) if dims else 0
     if len(data) != count * dtype.itemsize:
         raise DataError(f"root: {path} holds {len(data)} bytes of data, its header says "
                         f"{dims} x {dtype.itemsize}")
@@ -86,7 +87,7 @@ def idx_verify(path: Path) -> tuple[np.dtype, tuple[int, ...]]:
     read in 1 MiB blocks (gunzipped as it goes), never held, and its length checked against
     its header, as ``read_idx`` checks it when it loads."""
     dtype, dims = idx_header(path)
-    expected = 4 + 4 * len(dims) + (int(np.prod(dims)) if dims else 0) * dtype.itemsize
+    expected = 4 + 4 * len(dims) + (math.prod(dims) if dims else 0) * dtype.itemsize
     total = 0
     try:
         with path.open("rb") as f:
