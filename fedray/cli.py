@@ -51,21 +51,25 @@ def _load(args: argparse.Namespace) -> LoadedScenario | None:
 
 def _before_anything(loaded: LoadedScenario | None, args: argparse.Namespace) -> None:
     """What a run command can refuse before Ray starts and before MLflow is opened: the
-    tracking store's location, and (a local Ray instance, whose CPUs are this machine's)
-    more ClientWorkers than this machine could ever place."""
+    tracking store's location, and more ClientWorkers than a local Ray instance (whose CPUs
+    are this machine's) could ever place, or than runtime.workers allows anywhere."""
+    from simulator.config.checks import check_local_workers
+    from simulator.config.schema import MAX_WORKERS
     from simulator.tracking import check_target, default_uri
 
-    check_target(args.tracking_uri or default_uri())
+    if args.command != "resume":  # resume reads a store that exists (require_store)
+        check_target(args.tracking_uri or default_uri())
+    workers = getattr(args, "workers", None)
     backend = getattr(args, "backend", None) or (loaded.scenario.runtime.backend if loaded
                                                   else None)
-    if loaded is None or backend != "ray" or args.address is not None:
-        return
-    from simulator.config.checks import check_local_workers
-
-    for point in loaded.points:
-        rt = point.scenario.runtime
-        check_local_workers(getattr(args, "workers", None) or rt.workers, rt.num_cpus,
-                            "--workers" if getattr(args, "workers", None) else "runtime.workers")
+    if loaded is not None and backend == "ray" and args.address is None:
+        for point in loaded.points:  # a local instance: this machine's CPUs
+            rt = point.scenario.runtime
+            check_local_workers(workers or rt.workers, rt.num_cpus,
+                                "--workers" if workers else "runtime.workers")
+    elif workers is not None and workers > MAX_WORKERS:  # runtime.workers' bound
+        raise UsageError(f"--workers: must be <= {MAX_WORKERS} (as runtime.workers), got "
+                         f"{workers}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -123,6 +127,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    _before_anything(None, args)
     from simulator.resume import resume_run
     from simulator.runner import final_text
 

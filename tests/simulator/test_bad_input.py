@@ -254,6 +254,17 @@ def test_more_workers_than_this_machine_has_is_refused_before_ray_starts(tmp_pat
     assert not (tmp_path / "mlflow.db").exists()
 
 
+@pytest.mark.parametrize("cmd", ["run", "resume"])
+def test_workers_past_the_schemas_bound_are_refused_on_a_cluster_too(tmp_path, cmd):
+    target = str(_file(tmp_path, BASE)) if cmd == "run" else "0123abc"
+    r = fedray(cmd, target, "--workers", "99999999999999999999", "--address", "127.0.0.1:1",
+               cwd=tmp_path)
+    assert (r.returncode, r.stderr.splitlines()) == (2, [
+        (f"fedray {cmd}: --workers: must be <= 10000 (as runtime.workers), got "
+        "99999999999999999999")])
+    assert list(tmp_path.iterdir()) == ([] if cmd == "resume" else [tmp_path / "s.yaml"])
+
+
 def test_a_sweep_point_needing_more_cpus_than_this_machine_has_is_refused(tmp_path):
     p = _file(tmp_path, BASE + "sweep: {local.lr: [0.1, 0.2]}\n")
     have = os.cpu_count()
