@@ -1,0 +1,153 @@
+"""The numbers in docs/ come from the commands written beside them: for each table that
+`make docs-tables` regenerates, one cell is recomputed here through the same code
+(benchmarks/docs_tables.py: the block's scenario file and `--set`s, restricted to the cell's
+point by one more `--set sweep=...`, run into a fresh store, then `fedray table`) and must
+equal what the page says. The points run inline, one after another (the engine gives the
+same numbers as `fedray sweep`'s Ray tasks); a script's output block is recomputed whole.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _docs_tables():
+    spec = importlib.util.spec_from_file_location("docs_tables", ROOT / "benchmarks" / "docs_tables.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("docs_tables", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+docs_tables = _docs_tables()
+
+
+def markdown_rows(text: str) -> list[dict[str, str]]:
+    """The rows of the first Markdown table in ``text``, each a {header: cell} dict."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("|")]
+    assert len(lines) >= 2, f"no table in:\n{text}"
+
+    def cells(line: str) -> list[str]:
+        return [c.strip() for c in line.strip("|").split("|")]
+
+    head = cells(lines[0])
+    return [dict(zip(head, cells(ln))) for ln in lines[2:]]
+
+
+def block_of(page: str, block_id: str):
+    text = (ROOT / page).read_text()
+    found = {b.id: b for b in docs_tables.blocks(text)}
+    assert block_id in found, f"{page} has no block {block_id}; it has {sorted(found)}"
+    b = found[block_id]
+    return b, text[b.start:b.end]
+
+
+def the_row(rows: list[dict[str, str]], where: dict[str, str]) -> dict[str, str]:
+    hits = [r for r in rows if all(r.get(k) == v for k, v in where.items())]
+    assert len(hits) == 1, f"{len(hits)} rows with {where} in {rows}"
+    return hits[0]
+
+
+# (page, block, the --set that leaves the cell's point alone, its row, its columns)
+CELLS = [
+    ("docs/datasets.md", "mnist_byzantine",
+     "sweep={aggregator.name: [krum], attack: [{name: sign_flip}]}",
+     {"aggregator": "krum"}, ["attack=sign_flip"]),
+    ("docs/datasets.md", "mnist_byzantine_no_attack",
+     "sweep={aggregator.name: [mean], rounds: [30]}",
+     {"rounds": "30"}, ["seeds", "test_accuracy (final)"]),
+    ("docs/privacy.md", "dp_fedavg_digits",
+     "sweep={privacy.noise_multiplier: [1.0]}",
+     {"privacy.noise_multiplier": "1.0"}, ["seeds", "test_accuracy (final)", "epsilon (final)"]),
+    ("docs/privacy.md", "dp_sgd_digits",
+     "sweep={privacy.noise_multiplier: [1.0], aggregator.name: [median]}",
+     {"privacy.noise_multiplier": "1.0", "aggregator.name": "median"},
+     ["seeds", "test_accuracy (final)", "epsilon (final)"]),
+    ("docs/fedro.md", "fedro_sample_size",
+     "sweep={clients.per_round: [8]}",
+     {"clients.per_round": "8"},
+     ["clients.b_hat.value", "seeds", "test_accuracy (final)",
+      "relative_aggregation_error (mean)", "byzantine_exceeded (sum)"]),
+    ("docs/fedro.md", "fedro_local_steps",
+     "sweep={'local.steps, local.lr': [[1, 0.5]]}",
+     {"local.steps": "1"},
+     ["clients.b_hat.value", "seeds", "test_accuracy (final)",
+      "relative_aggregation_error (mean)", "byzantine_exceeded (sum)"]),
+    ("docs/fedro.md", "fedro_meta_mu2sgd",
+     ("sweep={attack: [{name: label_flip}], 'aggregator.name, preaggregators, meta': "
+      "[[mean, [], {name: ctma}]], 'local.optimizer, server.optimizer': "
+      "[[{name: momentum, beta: 0.9}, {name: sgd}]]}"),
+     {"attack": "label_flip", "aggregator": "mean", "preaggregators": "none",
+      "server.optimizer.name": "sgd"}, ["meta=ctma"]),
+    ("docs/dsgd.md", "dsgd_byzantine",
+     "sweep={attack.epsilon: [1.0], dsgd.defense: [clipped_gossip]}",
+     {"attack.epsilon": "1.0", "dsgd.defense": "clipped_gossip"},
+     ["seeds", "test_accuracy (final)", "min_peer_accuracy (final)",
+      "averaged_test_accuracy (final)", "consensus_distance (final)"]),
+]
+
+
+@pytest.mark.parametrize("page, block_id, cell, where, columns", CELLS,
+                         ids=[c[1] for c in CELLS])
+def test_a_cell_of_each_docs_table_is_what_its_command_gives(page, block_id, cell, where,
+                                                             columns, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    block, body = block_of(page, block_id)
+    documented = the_row(markdown_rows(body), where)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    recomputed = the_row(markdown_rows(docs_tables.block_table(
+        block, uri, runner="inline", extra_sets=[cell])), where)
+    for col in columns:
+        assert recomputed[col] == documented[col], (
+            f"{page} {block_id} {where} {col}: documented {documented[col]}, "
+            f"recomputed {recomputed[col]}")
+
+
+# benchmarks/kappa.py (docs/robust-aggregation.md) takes minutes (2 cores), and has no cell
+# to run alone: `make docs-tables` regenerates it, no test does
+@pytest.mark.parametrize("page, block_id", [("docs/fedro.md", "b_hat"),
+                                            ("docs/privacy.md", "privacy_delta")])
+def test_a_script_output_in_the_docs_is_what_the_script_prints(page, block_id):
+    block, body = block_of(page, block_id)
+    assert docs_tables.output_body(block) == body
+
+
+def test_the_markers_parse_and_a_page_is_rewritten_between_them_only(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("prose before\n\n<!-- output one: python -c \"print('| a |')\" -->\nold\n"
+                    "<!-- end output -->\n\nprose after\n")
+    text, changed = docs_tables.regenerate(page, [], "inline", None, None)
+    assert changed == ["one"]
+    assert text.startswith("prose before\n\n<!-- output one:") and text.endswith(
+        "<!-- end output -->\n\nprose after\n")
+    assert "python -c \"print('| a |')\"\n```" in text and "\n| a |\n" in text
+    again = tmp_path / "again.md"
+    again.write_text(text)
+    assert docs_tables.regenerate(again, [], "inline", None, None)[1] == []
+    with pytest.raises(SystemExit, match="no block two"):
+        docs_tables.regenerate(page, ["two"], "inline", None, None)
+
+
+def test_the_dsgd_topologies_tables_one_topology_and_its_difference_from_complete(
+        tmp_path, monkeypatch):
+    """docs/dsgd.md's two tables of one sweep: the exponential graph's row of the first, and
+    its paired difference from the complete graph in the second, from the same runs."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cell = "sweep={topology: [{name: complete}, {name: exponential}]}"
+    where = {"topology": "exponential"}
+    for block_id, run in (("dsgd_topologies", True), ("dsgd_topologies_paired", False)):
+        block, body = block_of("docs/dsgd.md", block_id)
+        documented = the_row(markdown_rows(body), where)
+        recomputed = the_row(markdown_rows(docs_tables.block_table(
+            block, uri, runner="inline", extra_sets=[cell], run=run)), where)
+        assert recomputed == documented, f"docs/dsgd.md {block_id}"
