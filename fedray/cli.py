@@ -271,6 +271,23 @@ def _table(argv: list[str]) -> int:
     return table_main(argv)
 
 
+def cmd_fetch(args: argparse.Namespace) -> int:
+    """Fetch and check the published files a scenario needs (``download: true``), and say
+    which were fetched now and which were there already; nothing else runs."""
+    from simulator.data import fetch
+
+    loaded = _load(args)
+    if loaded is None:
+        return EXIT_INVALID
+    files = fetch(loaded)
+    for f in files:
+        print(f"{printable(str(f.path))}  {f.size:,} bytes  "
+              f"{'fetched' if f.downloaded else 'already there, checksum verified'}")
+    if not files:
+        print(f"{printable(args.scenario)}: nothing to fetch (no data set with download: true)")
+    return 0
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     """The scenario as it will run (defaults filled in, plugins resolved) and its points."""
     import yaml
@@ -455,6 +472,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "Markdown, LaTeX or CSV", add_help=False)
     tb.add_argument("args", nargs=argparse.REMAINDER)
     tb.set_defaults(func=lambda a: _table(a.args))
+
+    fe = sub.add_parser("fetch", help="download and check the published files a scenario "
+                        "needs (download: true), before any run")
+    fe.add_argument("scenario")
+    fe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    fe.set_defaults(func=cmd_fetch)
 
     sh = sub.add_parser("show", help="print a scenario as it will run (defaults filled in) "
                         "and its points")

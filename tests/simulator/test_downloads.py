@@ -299,3 +299,37 @@ def test_resume_fetches_before_it_opens_a_run_again(tmp_path, mlflow_uri, server
     runs = client.search_runs([client.get_run(parent).info.experiment_id])
     assert sorted((r.info.run_id, r.info.status) for r in runs) == \
         sorted([(parent, "KILLED"), (child, "KILLED")])
+
+
+def test_fedray_fetch_downloads_alone_then_finds_the_files_there(tmp_path, capsys, server,
+                                                                  monkeypatch):
+    """``fedray fetch SCENARIO`` fetches and checks what the scenario needs and nothing else
+    (no tracking store, no run); run again, it finds the files there with their checksums."""
+    from simulator.data.download import md5
+
+    served, url = server
+    formats.write_mnist(served)
+    monkeypatch.setattr(MNIST, "FILES", {p.name: md5(p) for p in served.iterdir()})
+    monkeypatch.chdir(tmp_path)
+    p = tmp_path / "s.yaml"
+    p.write_text(textwrap.dedent(f"""\
+        rounds: 2
+        data: {{dataset: {{name: mnist, root: got, download: true, mirror: '{url}files/'}}}}
+        model: {{name: logreg}}
+        clients: {{total: 4}}
+    """))
+    capsys.readouterr()
+    assert main(["fetch", str(p)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sorted(line.split()[0].rsplit("/", 1)[1] for line in lines) == sorted(NAMES)
+    assert all(line.endswith("bytes  fetched") for line in lines)
+    assert sorted(f.name for f in (tmp_path / "got").iterdir()) == sorted(NAMES)
+    assert main(["fetch", str(p)]) == 0
+    again = capsys.readouterr().out.splitlines()
+    assert len(again) == 4 and all(line.endswith("already there, checksum verified")
+                                   for line in again)
+    assert not (tmp_path / "mlflow.db").exists()
+    p.write_text(p.read_text().replace("name: mnist, root: got, download: true, "
+                                       f"mirror: '{url}files/'", "name: digits"))
+    assert main(["fetch", str(p)]) == 0
+    assert "nothing to fetch" in capsys.readouterr().out
