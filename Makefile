@@ -90,3 +90,4 @@ docs-tables: $(STAMP)
 	$(PY) benchmarks/docs_tables.py docs/dsgd.md dsgd_topologies dsgd_topologies_paired
 	$(PY) benchmarks/docs_tables.py docs/dsgd.md dsgd_byzantine
 	$(PY) benchmarks/docs_tables.py docs/robust-aggregation.md kappa
+	$(PY) benchmarks/docs_tables.py docs/robust-aggregation.md subset_limits
