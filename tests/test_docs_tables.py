@@ -115,7 +115,8 @@ def test_a_cell_of_each_docs_table_is_what_its_command_gives(page, block_id, cel
 # to run alone: `make docs-tables` regenerates it, no test does
 @pytest.mark.parametrize("page, block_id", [("docs/fedro.md", "b_hat"),
                                             ("docs/privacy.md", "privacy_delta"),
-                                            ("docs/robust-aggregation.md", "subset_limits")])
+                                            ("docs/robust-aggregation.md", "subset_limits"),
+                                            ("docs/privacy.md", "dp_compare")])
 def test_a_script_output_in_the_docs_is_what_the_script_prints(page, block_id):
     block, body = block_of(page, block_id)
     assert docs_tables.output_body(block) == body
