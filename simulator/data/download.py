@@ -121,8 +121,10 @@ def _transfer(url: str, part: Path, cap: int, deadline: float) -> None:
     for _ in range(REDIRECTS + 1):
         parts = urllib.parse.urlsplit(url)
         cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        # a stalled server past TIMEOUT is a failed fetch; the deadline is the watchdog's (the
+        # socket's own timeout a second after it, so the two never race)
         conn = cls(parts.hostname or "", parts.port,
-                   timeout=max(0.1, min(TIMEOUT, deadline - time.monotonic())))
+                   timeout=min(TIMEOUT, max(0.0, deadline - time.monotonic()) + 1.0))
         expired = threading.Event()
         watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), _cut, (conn, expired))
         watchdog.daemon = True
@@ -130,7 +132,7 @@ def _transfer(url: str, part: Path, cap: int, deadline: float) -> None:
         try:
             target = _get(conn, parts, part, cap, deadline, expired)
         except (OSError, http.client.HTTPException):
-            if expired.is_set():
+            if expired.is_set() or time.monotonic() >= deadline:
                 raise _Refused(f"not complete after {DEADLINE:g} s (the download "
                                "deadline)") from None
             raise
