@@ -91,12 +91,15 @@ def privacy_level(sc: Scenario) -> PrivacyLevel:
     return level
 
 
-def client_rule(sc: Scenario) -> tuple[PluginSpec, bool]:
-    """(the clients' rule, whether the server optimizer brings it): the server optimizer's
-    client half when it has one (mu2-SGD), else ``local.optimizer``."""
-    if registry.instantiate("optimizers", sc.server.optimizer).client_rule() is not None:
-        return sc.server.optimizer, True
-    return sc.local.optimizer, False
+def client_rule(sc: Scenario) -> tuple[PluginSpec, bool, Any]:
+    """(the clients' rule, whether the server optimizer brings it, the rule's traits): the
+    server optimizer's client half when it has one (mu2-SGD; its traits are only known from
+    an instance), else ``local.optimizer``."""
+    half = registry.instantiate("optimizers", sc.server.optimizer).client_rule()
+    if half is not None:
+        return sc.server.optimizer, True, half.traits
+    return sc.local.optimizer, False, registry.get("client_optimizers",
+                                                   sc.local.optimizer["name"]).traits
 
 
 def build_client_rule(spec: PluginSpec, from_server: bool) -> Any:
@@ -109,12 +112,6 @@ def build_client_rule(spec: PluginSpec, from_server: bool) -> Any:
 def build_privacy(plan: Plan) -> Any:
     """The privacy plugin a Plan names (None without one)."""
     return registry.instantiate("privacy", plan.privacy) if plan.privacy is not None else None
-
-
-def _rule_traits(spec: PluginSpec, from_server: bool) -> Any:
-    if from_server:  # the client half is only known from an instance
-        return build_client_rule(spec, True).traits
-    return registry.get("client_optimizers", spec["name"]).traits
 
 
 def choose_trainer(sc: Scenario, rule_traits: Any, rule_key: Loc = ("local", "optimizer")
@@ -171,8 +168,7 @@ def _attack(sc: Scenario) -> AttackPlan | None:
 
 def resolve(sc: Scenario) -> Plan:
     """The Plan of a validated scenario (of its first seed; a run point has one)."""
-    rule, from_server = client_rule(sc)
-    traits = _rule_traits(rule, from_server)
+    rule, from_server, traits = client_rule(sc)
     trainer, key = choose_trainer(sc, traits, ("server", "optimizer") if from_server
                                   else ("local", "optimizer"))
     loop = registry.get("trainers", trainer["name"]).traits.loop if sc.runtime.vectorize \

@@ -52,18 +52,18 @@ def cross_field(sc: Scenario, problems: list[Problem]) -> None:
         problems.append(Problem(("seeds",), f"must be a non-empty list of distinct integers, got {sc.seeds}"))
     try:
         _check_dsgd(sc, problems)
-        _check_clients_rule(sc, problems)
+        plan = resolve(sc)  # what the run will do, resolved once for every check below
+        _check_clients_rule(sc, plan, problems)
         if not _check_plugins(sc, problems):
             return
-        _check_data_and_model(sc, problems)
+        _check_data_and_model(sc, plan, problems)
     except registry.UnknownPlugin:  # already reported by the plugin pass
         pass
 
 
-def _check_clients_rule(sc: Scenario, problems: list[Problem]) -> None:
+def _check_clients_rule(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
     """The clients' rule, the trainer and the privacy plugin against each other (as the
     run's Plan resolves them)."""
-    plan = resolve(sc)
     level = plan.privacy_level
     averaging = registry.get("aggregators", sc.aggregator["name"]).traits.averaging
     if level == "client" and (not averaging or sc.preaggregators or sc.meta):
@@ -156,7 +156,7 @@ def _describe(dataset: str, total: int, seed: int, test_fraction: float) -> Any:
     return instantiate("datasets", json.loads(dataset)).describe(total, seed, test_fraction)
 
 
-def _check_data_and_model(sc: Scenario, problems: list[Problem]) -> None:
+def _check_data_and_model(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
     """What the data and the model say before anything runs: enough training samples for
     the clients and for the partitioner's split (``check_data``: classes per client, samples
     per client), labels and features a model can learn from, a model that takes the data's
@@ -197,7 +197,7 @@ def _check_data_and_model(sc: Scenario, problems: list[Problem]) -> None:
             instantiate("partitioners", sc.data.partitioner).check_data(c.total, info)
         except ValueError as e:
             problems.append(problem(("data", "partitioner"), e))
-    _check_model(sc, info, problems)
+    _check_model(sc, plan, info, problems)
 
 
 def _available_memory() -> int | None:
@@ -283,7 +283,7 @@ def _model_forward(sc: Scenario, info: Any) -> tuple[Any, Any]:
             return forward()
 
 
-def _check_model(sc: Scenario, info: Any, problems: list[Problem]) -> None:
+def _check_model(sc: Scenario, plan: Plan, info: Any, problems: list[Problem]) -> None:
     name = sc.model["name"]
 
     if registry.get("models", name).traits.tokens != info.tokens:
@@ -311,14 +311,14 @@ def _check_model(sc: Scenario, info: Any, problems: list[Problem]) -> None:
     from simulator.runtime.common import model_buffers
 
     if model_buffers(model):
-        _check_buffers(sc, problems)
+        _check_buffers(sc, plan, problems)
     d = sum(p.numel() for p in model.parameters())
-    _check_work(sc, info, d, problems)
+    _check_work(sc, plan, info, d, problems)
     workers = sc.runtime.workers or os.cpu_count() or 1
     # per worker: parameters, gradients, an optimizer buffer and the update; the server: the
     # model, the round's (n, d) update matrix and the optimizer's state; per-client state
     per_client = 4 if sc.runtime.state_dtype == "float32" else 2
-    stateful = resolve(sc).client_state
+    stateful = plan.client_state
     need = 4 * d * (4 * workers + 3 + min(sc.clients.sampled, sc.clients.total)) + \
         (per_client * d * sc.clients.total if stateful else 0) + \
         (4 * d * sc.clients.total if sc.topology is not None else 0)  # D-SGD peers' models
@@ -338,14 +338,15 @@ def _check_model(sc: Scenario, info: Any, problems: list[Problem]) -> None:
 MAX_WORK = 10**18
 
 
-def _check_work(sc: Scenario, info: Any, d: int, problems: list[Problem]) -> None:
+def _check_work(sc: Scenario, plan: Plan, info: Any, d: int, problems: list[Problem]
+                ) -> None:
     """The scenario's total work estimated before anything runs: rounds x clients a round x
     training examples each client processes a round x model parameters (plus, under D-SGD,
     rounds x gossip steps x peers x peers x parameters, the dense mixing); refused past
     MAX_WORK with the fields that make it."""
     c, local = sc.clients, sc.local
     sampled = c.total if sc.topology is not None else min(c.sampled, c.total)
-    if resolve(sc).gradient_rule:
+    if plan.gradient_rule:
         examples, how = local.batch_size, f"local.batch_size {local.batch_size:,}"
     elif local.steps is not None:
         examples = local.steps * local.batch_size
@@ -368,17 +369,16 @@ def _check_work(sc: Scenario, info: Any, d: int, problems: list[Problem]) -> Non
                                 "the local work or the model"))
 
 
-def _check_buffers(sc: Scenario, problems: list[Problem]) -> None:
+def _check_buffers(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
     """A model with buffers (BatchNorm statistics) where they cannot be handled: refused."""
     name, fix = sc.model["name"], "; use norm: group (GroupNorm has no statistics)"
     if sc.topology is not None:
         problems.append(Problem(("model",), f"{name} has buffers (BatchNorm running "
                                 f"statistics) and D-SGD gossips parameters only{fix}"))
-    elif resolve(sc).privacy_level == "client":
+    elif plan.privacy_level == "client":
         problems.append(Problem(("privacy", "name"), f"{sc.privacy and sc.privacy['name']} "
                                 f"clips and noises parameters only; {name}'s BatchNorm "
                                 f"statistics would leave the clients unprotected{fix}"))
-    plan = resolve(sc)
     trainer = plan.trainer["name"]
     if not registry.get("trainers", trainer).traits.buffers:
         where = plan.trainer_key if plan.trainer_key == ("runtime", "vectorize") \
