@@ -62,13 +62,13 @@ def run(path: Path, clients: int, workers: int, device: str, precision: str,
     spec.write_text(text)
     eng = Engine(load(spec).points[0].scenario, RayBackend())
     peaks: list[int] = []
-    original = eng._final
+    original = eng.protocol.final
 
     def final_with_memory():  # read the workers' peak memory before they are released
-        peaks.extend(eng.backend.get([eng.backend.call(w, "peak_memory") for w in eng.workers]))
+        peaks.extend(eng.backend.get([w.peak_memory() for w in eng.pool.workers]))
         return original()
 
-    eng._final = final_with_memory  # type: ignore[method-assign]
+    eng.protocol.final = final_with_memory  # type: ignore[method-assign]
     t0 = time.perf_counter()
     res = eng.run()
     rounds = [t["round_seconds"] for t in res.timings]

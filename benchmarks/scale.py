@@ -48,7 +48,7 @@ def one(per_round: int, dtype: str, rounds: int) -> dict:
     setup = time.perf_counter() - t0
     res = eng.run()
     per_round_s = [t["round_seconds"] for t in res.timings]
-    worker = eng.workers[0]
+    worker = eng.pool.workers[0].actor
     holders = len(worker.client_state)
     state_bytes = worker.client_state.nbytes()
     return {"per_round": per_round, "dtype": dtype, "d": int(res.final_params.size),

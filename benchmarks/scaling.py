@@ -53,7 +53,7 @@ def per_round(backend, rounds: int, per_round: int, hidden: int) -> tuple[float,
     ends: list[float] = []
     eng = make_engine(sc, backend)
     eng.run(lambda r, m: ends.append(time.perf_counter()))
-    return statistics.median(b - a for a, b in itertools.pairwise(ends[3:-1])), eng.dim
+    return statistics.median(b - a for a, b in itertools.pairwise(ends[3:-1])), eng.protocol.dim
 
 
 def main() -> None:

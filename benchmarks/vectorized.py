@@ -15,6 +15,7 @@ import torch
 
 from simulator.config import load
 from simulator.engine import Engine
+from simulator.messages import TrainRequest
 from simulator.runtime.backend import InlineBackend
 
 SCENARIO = """\
@@ -35,13 +36,13 @@ def time_round(sc, clients: list[int], vectorize: bool, repeat: int = 3) -> floa
     """Median seconds of one worker's train call, with the sgd or the vectorized_sgd trainer."""
     sc = sc.model_copy(update={"runtime": sc.runtime.model_copy(update={"vectorize": vectorize})})
     eng = Engine(sc, InlineBackend())
-    eng._spawn()
-    worker = eng.workers[0]
-    x0 = torch.from_numpy(eng.server.params())
+    eng.start()
+    worker = eng.pool.workers[0].actor
+    x0 = torch.from_numpy(eng.protocol.server.actor.params())
     times = []
     for r in range(repeat):
         t0 = time.perf_counter()
-        worker.train(r, clients, x0.numpy())
+        worker.train(TrainRequest(r, tuple(clients)), x0.numpy())
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
