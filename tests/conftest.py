@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -59,6 +60,19 @@ def mlflow_uri(_mlflow_template, tmp_path, monkeypatch) -> str:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     return f"sqlite:///{db}"
+
+
+# Ray's log monitor forwards its own processes' error lines (the GCS, the raylets) to every
+# driver of the instance, seconds after the event: in this test session, lines about an
+# earlier test's actors can land in a later test's captured stderr. They are never a run's
+# own message; a run on the inline backend cannot cause them.
+_RAY_SYSTEM_LINE = re.compile(r"^(\x1b\[[0-9;]*m)*\((pid=)?(gcs_server|raylet|autoscaler|monitor|"
+                              r"dashboard)[^)]*\)")
+
+
+def own_lines(err: str) -> list[str]:
+    """The lines of captured stderr ``err`` less those Ray forwards from its own processes."""
+    return [line for line in err.strip().splitlines() if not _RAY_SYSTEM_LINE.match(line)]
 
 
 def write_scenario(path: Path, text: str) -> Path:

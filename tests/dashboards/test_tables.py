@@ -15,6 +15,7 @@ from fedray.cli import main
 from simulator.config import load
 from simulator.metric_names import mlflow_name
 from simulator.runner import run_loaded
+from tests.conftest import own_lines
 
 SWEEP = """\
 name: table-test
@@ -124,7 +125,7 @@ def test_a_swept_key_left_out_of_by_is_named_instead_of_merging_runs(runs, capsy
     table refuses in one line naming the swept key to add, rather than keep one of them."""
     uri, _ = runs
     assert main(["table", "table-test", "--by", "attack", "--tracking-uri", uri]) == 2
-    err = capsys.readouterr().err.strip()
+    err = "\n".join(own_lines(capsys.readouterr().err))
     assert err.startswith("fedray table: --by: the row attack=sign_flip holds two runs of seed ")
     assert "differ in aggregator.name (mean, median)" in err and \
         err.endswith("add aggregator.name to --by")
@@ -150,7 +151,7 @@ def test_what_no_run_has_is_named_instead_of_an_empty_table(runs, tmp_path, caps
                                             tags={"fedray.kind": "scenario"}).info.run_id
     MlflowClient(later).set_terminated(failed, "FAILED")
     assert main(["table", "table-test", "--by", "aggregator.name", "--tracking-uri", later]) == 2
-    assert capsys.readouterr().err.strip() == (
+    assert "\n".join(own_lines(capsys.readouterr().err)) == (
         f"fedray table: the latest scenario run of 'table-test', {failed} (FAILED), has no "
         f"FINISHED point; the latest that has: --parent {done.info.run_id}")
     assert main(["table", "table-test", "--by", "aggregator.name", "--tracking-uri", later,
@@ -158,17 +159,17 @@ def test_what_no_run_has_is_named_instead_of_an_empty_table(runs, tmp_path, caps
     assert "| mean | 3 |" in capsys.readouterr().out
 
     assert main(["table", "table-test", "--by", "aggregator.nme", "--tracking-uri", uri]) == 2
-    err = capsys.readouterr().err.strip()
+    err = "\n".join(own_lines(capsys.readouterr().err))
     assert err.startswith("fedray table: --by aggregator.nme: no run has this param or tag; "
                           "the runs differ in: aggregator.name (tags: aggregator, attack, ")
     assert main(["table", "table-test", "--by", "aggregator.name", "--tracking-uri", uri,
                  "--metrics", "test_acc:final"]) == 2
-    err = capsys.readouterr().err.strip()
+    err = "\n".join(own_lines(capsys.readouterr().err))
     assert err.startswith("fedray table: --metrics test_acc: no run logged it; logged: ")
     assert "test_accuracy" in err and len(err.splitlines()) == 1
     assert main(["table", "table-test", "--by", "aggregator.name", "--tracking-uri", uri,
                  "--metrics", "rounds:param", "nosuch:param"]) == 2
-    assert capsys.readouterr().err.strip() == (
+    assert "\n".join(own_lines(capsys.readouterr().err)) == (
         "fedray table: --metrics nosuch:param: no run has the param nosuch")
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from fedray.cli import main
 from tests import formats
+from tests.conftest import own_lines
 
 MODELS = {"image": "{name: logreg}", "tokens": "{name: char_lstm, hidden: 8, layers: 1}"}
 
@@ -38,7 +39,7 @@ def refused(tmp_path: Path, mlflow_uri: str, capsys, dataset: str, partitioner: 
     """))
     capsys.readouterr()
     rc = main(["run", str(p), "--backend", "inline", "--tracking-uri", mlflow_uri, "--quiet"])
-    lines = capsys.readouterr().err.strip().splitlines()
+    lines = own_lines(capsys.readouterr().err)
     assert rc == 2 and len(lines) == 1, (rc, lines)
     client = MlflowClient(mlflow_uri)
     experiments = [e.experiment_id for e in client.search_experiments()]

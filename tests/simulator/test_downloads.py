@@ -19,6 +19,7 @@ from fedray.cli import main
 from simulator.data import download
 from simulator.data.published import MNIST
 from tests import formats
+from tests.conftest import own_lines
 
 NAMES = list(MNIST.FILES)
 
@@ -110,7 +111,7 @@ def run_line(tmp_path: Path, mlflow_uri: str, capsys, mirror: str, model: str = 
     """))
     capsys.readouterr()
     rc = main(["run", str(p), "--backend", "inline", "--tracking-uri", mlflow_uri, "--quiet"])
-    lines = capsys.readouterr().err.strip().splitlines()
+    lines = own_lines(capsys.readouterr().err)
     assert rc == 2 and len(lines) == 1, (rc, lines)
     client = MlflowClient(mlflow_uri)
     assert client.search_runs([e.experiment_id for e in client.search_experiments()]) == []
