@@ -26,6 +26,7 @@ from simulator.messages import RoundReport
 from simulator.placement import WorkerPool
 from simulator.plan import Plan, resolve
 from simulator.rounds import RoundProtocol, RunContext
+from simulator.rounds.asynchronous import AsyncRounds
 from simulator.rounds.gossip import GossipRounds
 from simulator.rounds.server import ServerRounds
 from simulator.runtime.backend import Backend
@@ -37,7 +38,8 @@ LOG = logging.getLogger("fedray.engine")
 RoundCallback = Callable[[int, dict[str, float]], None]
 CheckpointCallback = Callable[[int, dict[str, Any]], None]
 
-PROTOCOLS: dict[str, type[RoundProtocol]] = {"server": ServerRounds, "gossip": GossipRounds}
+PROTOCOLS: dict[str, type[RoundProtocol]] = {"server": ServerRounds, "gossip": GossipRounds,
+                                              "async": AsyncRounds}
 
 
 @dataclass

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypedDict, TypeVar
+from typing import Any, Generic, NotRequired, TypedDict, TypeVar
 
 import numpy as np
 
@@ -87,6 +87,39 @@ class ServerCheckpoint(TypedDict):
     buffers: Any  # the global model's buffers, a (d_b,) float32 tensor
     optimizer: dict[str, Any]  # the server optimizer's state_dict
     pipeline: dict[str, Any]  # the stateful aggregation rules' state_dicts
+    # asynchronous modes: the model version and the older versions clients train from
+    # ({version: [parameters, buffers]}); absent from a synchronous run's checkpoint
+    version: NotRequired[int]
+    versions: NotRequired[dict[int, list[Any]]]
+
+
+Group = tuple[int, tuple[int, ...], int]  # (start version, clients, number of results)
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """The rows of a server step: the honest ``groups`` (the clients that trained from one
+    model version, in one train call whose ``ClientRows`` come in that many results, in
+    turn), then the Byzantine rows, each from ``(client, version)``. A synchronous round is
+    one group of its round's version. The asynchronous modes add, per row (honest then
+    Byzantine): its staleness ``scales`` (None: every row as sent), its aggregation
+    ``weights`` (None: unweighted) and its BASGD buffer (``buffer_of``); ``keep``: the
+    versions still in flight after the step, whose models the server keeps."""
+
+    groups: tuple[Group, ...]
+    byzantine: tuple[tuple[int, int], ...] = ()
+    scales: tuple[float, ...] | None = None
+    weights: tuple[float, ...] | None = None
+    buffer_of: tuple[int, ...] | None = None
+    keep: tuple[int, ...] = ()
+
+    @property
+    def honest_versions(self) -> list[int]:
+        return [v for v, clients, _ in self.groups for _ in clients]
+
+    @property
+    def honest_count(self) -> int:
+        return sum(len(clients) for _, clients, _ in self.groups)
 
 
 @dataclass(frozen=True)
@@ -114,3 +147,16 @@ def stack_rows(order: Sequence[int] | np.ndarray, results: Sequence[ClientRows],
         if len(r.clients):
             out[[pos[int(c)] for c in r.clients]] = getattr(r, part)
     return out
+
+
+def stack_groups(groups: Sequence[tuple[Sequence[int], int]], results: Sequence[ClientRows],
+                 d: int, part: str = "updates") -> np.ndarray:
+    """``stack_rows`` of several train calls in turn: group ``g`` holds its clients' rows
+    (in the order given) from the next ``n_g`` of ``results``. A client may appear in two
+    groups (two tasks, from two model versions)."""
+    shape = (0, d) if d else (0,)
+    parts, i = [np.empty(shape, dtype=np.float32 if d else np.float64)], 0
+    for clients, n in groups:
+        parts.append(stack_rows(clients, results[i:i + n], d, part))
+        i += n
+    return np.concatenate(parts)

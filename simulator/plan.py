@@ -23,13 +23,14 @@ from simulator.config.schema import (
     DEFAULT_TRAINER,
     GRADIENT_RULE_TRAINER,
     SAMPLE_PRIVACY_TRAINER,
+    Asynchrony,
     Scenario,
 )
 from simulator.registry import PluginSpec
 
 Loc = tuple[str | int, ...]
 PrivacyLevel = Literal["none", "sample", "client"]
-Protocol = Literal["server", "gossip"]
+Protocol = Literal["server", "gossip", "async"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,9 @@ class Plan:
 
     scenario: Scenario
     seed: int
-    protocol: Protocol  # server rounds (the FedAvg family) or gossip rounds (D-SGD)
+    # server rounds (the FedAvg family), gossip rounds (D-SGD) or asynchronous server
+    # steps on a simulated clock (server.mode)
+    protocol: Protocol
     trainer: PluginSpec  # the trainer plugin the workers run
     trainer_key: Loc  # the scenario key that chose it (where its problems are reported)
     # the loop trainer that gives the same numbers as ``trainer``, which batches clients:
@@ -75,6 +78,8 @@ class Plan:
     pipeline: PipelinePlan
     attack: AttackPlan | None
     b_hat: int  # the trimming parameter each round's Byzantine count is compared to
+    # the asynchronous modes' settings (the scenario's, or the defaults); None when sync
+    asynchrony: Asynchrony | None = None
 
     def stateful_clients(self, has_buffers: bool) -> bool:
         """Whether clients keep state between rounds in the worker that owns them: their
@@ -175,7 +180,8 @@ def resolve(sc: Scenario) -> Plan:
         else None
     return Plan(
         scenario=sc, seed=sc.seeds[0] if sc.seeds else 0,
-        protocol="gossip" if sc.topology is not None else "server",
+        protocol=("gossip" if sc.topology is not None else
+                  "server" if sc.server.mode == "sync" else "async"),
         trainer=trainer, trainer_key=key,
         loop_trainer={"name": loop} if loop is not None else None,
         client_rule=rule, rule_from_server=from_server, gradient_rule=traits.gradient_rule,
@@ -184,4 +190,5 @@ def resolve(sc: Scenario) -> Plan:
         local_buffers=sc.server.buffers == "local", buffer_rule=buffer_rule(sc),
         pipeline=PipelinePlan(tuple(sc.preaggregators), sc.aggregator, sc.meta),
         attack=_attack(sc), b_hat=b_hat(sc),
+        asynchrony=(sc.asynchrony or Asynchrony()) if sc.server.mode != "sync" else None,
     )

@@ -52,6 +52,7 @@ def cross_field(sc: Scenario, problems: list[Problem]) -> None:
         problems.append(Problem(("seeds",), f"must be a non-empty list of distinct integers, got {sc.seeds}"))
     try:
         _check_dsgd(sc, problems)
+        _check_async(sc, problems)
         plan = resolve(sc)  # what the run will do, resolved once for every check below
         _check_clients_rule(sc, plan, problems)
         if not _check_plugins(sc, problems):
@@ -126,8 +127,11 @@ def _check_plugins(sc: Scenario, problems: list[Problem]) -> bool:
     """Every plugin's ``check(n)`` for what it will be given: the pipeline's rules the rows
     of a full round, the attack its Byzantine rows, data plugins the clients. False when the
     dataset refused (nothing further can be checked)."""
+    from simulator.clock import rows_per_step
+
     c = sc.clients
-    n = min(c.sampled, c.total)
+    # the rows of a full round, or of an asynchronous step
+    n = min(c.sampled, c.total) if sc.server.mode == "sync" else rows_per_step(sc)
     for i, spec in enumerate(sc.preaggregators):
         pre = instantiate("preaggregators", spec)
         _check(pre, n, ("preaggregators", i), problems)
@@ -421,6 +425,89 @@ def _check_dsgd(sc: Scenario, problems: list[Problem]) -> None:
     for seed in sc.seeds:  # random graphs differ by seed: check each run's
         if not _check_graph(sc, seed, problems):
             return
+
+
+MODES_ASYNC = "fedasync, fedbuff, basgd"
+
+
+def _check_async(sc: Scenario, problems: list[Problem]) -> None:
+    """The asynchronous modes (``server.mode``, the ``asynchrony`` block) against the rest:
+    what they replace (dropout and deadlines: the simulated clock), what they do not support
+    yet, and the block's keys against each other."""
+    from simulator.clock import settings
+
+    mode = sc.server.mode
+    if mode == "sync":
+        if sc.asynchrony is not None:
+            problems.append(Problem(("asynchrony",), "used by the asynchronous modes only; set "
+                                    f"server.mode to one of {MODES_ASYNC}, or remove it"))
+        return
+    if sc.topology is not None:
+        problems.append(Problem(("server", "mode"), f"D-SGD (a topology) has no server to run "
+                                f"{mode}; remove server.mode or the topology"))
+        return
+    c, a = sc.clients, settings(sc)
+    replaced = "the simulated clock decides who arrives when (asynchrony.speeds); remove it"
+    problems += [Problem(loc, f"not used by server.mode {mode}: {replaced}")
+                 for loc, value in [(("clients", "dropout"), c.dropout),
+                                    (("clients", "stragglers"), c.stragglers)] if value]
+    if sc.privacy is not None:
+        problems.append(Problem(("privacy",), f"not supported with server.mode {mode} yet (its "
+                                "accounting assumes sampled rounds); use server.mode sync"))
+    if c.b_hat is not None and c.b_hat.rule != "fixed":
+        problems.append(Problem(("clients", "b_hat", "rule"), f"{c.b_hat.rule} assumes rounds of "
+                                f"sampled clients; with server.mode {mode} use fixed"))
+    _check_async_keys(sc, problems)
+    if a.weights != "none":
+        _check_weights(sc, problems)
+    from simulator.speeds import check_speeds
+
+    for loc, message in check_speeds(a.speeds, c.total):
+        problems.append(Problem(loc, message))
+
+
+def _check_async_keys(sc: Scenario, problems: list[Problem]) -> None:
+    """The ``asynchrony`` block's keys against each other and the population."""
+    from simulator.clock import concurrency, settings
+
+    c, a, mode = sc.clients, settings(sc), sc.server.mode
+    k = concurrency(sc)
+    if k > c.total:
+        where = ("asynchrony", "concurrency") if a.concurrency is not None else \
+            ("clients", "per_round")
+        problems.append(Problem(where, f"clients in flight must be <= clients.total "
+                                f"({c.total}), got {k}"))
+    if mode == "fedasync" and a.buffer_size not in (None, 1):
+        problems.append(Problem(("asynchrony", "buffer_size"), "fedasync steps on every "
+                                f"update; remove it (or use fedbuff), got {a.buffer_size}"))
+    if mode == "fedbuff" and a.buffer_size is not None and a.buffer_size > k:
+        problems.append(Problem(("asynchrony", "buffer_size"), f"must be <= the clients in "
+                                f"flight (asynchrony.concurrency: {k}), got {a.buffer_size}"))
+    if mode == "basgd" and a.buffers > c.total:
+        problems.append(Problem(("asynchrony", "buffers"), f"must be <= clients.total "
+                                f"({c.total}): client c goes to buffer c mod B, got {a.buffers}"))
+
+
+def _check_weights(sc: Scenario, problems: list[Problem]) -> None:
+    """``asynchrony.weights`` needs every rule of the pipeline to have a weighted
+    definition (``traits.weighted``), and rows that are clients' updates (not BASGD's)."""
+    weights = sc.asynchrony.weights if sc.asynchrony is not None else "none"
+    if sc.server.mode == "basgd":
+        problems.append(Problem(("asynchrony", "weights"), "basgd aggregates its buffers' "
+                                "means, not clients' updates; remove it"))
+    rules: list[tuple[tuple[str | int, ...], str, str]] = [
+        (("preaggregators", i), "preaggregators", s["name"])
+        for i, s in enumerate(sc.preaggregators)]
+    rules.append((("aggregator",), "aggregators", sc.aggregator["name"]))
+    if sc.meta is not None:
+        rules.append((("meta",), "meta", sc.meta["name"]))
+    for loc, group, name in rules:
+        if registry.get(group, name).traits.weighted:
+            continue
+        have = [n for n in registry.available(group) if registry.get(group, n).traits.weighted]
+        problems.append(Problem(loc, f"{name!r} has no weighted definition, which "
+                                f"asynchrony.weights: {weights} needs; weighted: "
+                                f"{', '.join(have) or 'none'}"))
 
 
 def _check_graph(sc: Scenario, seed: int, problems: list[Problem]) -> bool:

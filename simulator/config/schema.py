@@ -144,6 +144,66 @@ class ServerSettings(Strict):
 
     optimizer: PluginSpec = {"name": "sgd"}
     buffers: Literal["auto", "mean", "median", "local"] = "auto"
+    # how the server steps: ``sync`` (lock-step rounds), or asynchronously on a simulated
+    # clock (the ``asynchrony`` block; docs/async.md): ``fedasync`` (Xie et al. 2019),
+    # ``fedbuff`` (Nguyen et al. 2022), ``basgd`` (Yang & Li 2023)
+    mode: Literal["sync", "fedasync", "fedbuff", "basgd"] = "sync"
+
+
+class Staleness(Strict):
+    """The staleness function s(tau) that scales an update computed from a model ``tau``
+    server steps old: ``constant`` 1; ``polynomial`` (1 + tau)^-a (FedBuff's a = 0.5,
+    FedScale's 1/(1 + tau) is a = 1); ``hinge`` 1 for tau <= b, else 1 / (a (tau - b) + 1)
+    (FedAsync, Xie et al. 2019)."""
+
+    function: Literal["constant", "polynomial", "hinge"] = "polynomial"
+    a: Annotated[float, Ge(0), Le(1e6)] = 0.5
+    b: Annotated[int, Ge(0), Le(MAX_ROUNDS)] = 4
+
+
+class Speeds(Strict):
+    """Simulated device speeds of the asynchronous modes. A task of client c (its local work
+    of ``samples`` samples, from one model to its update) takes
+    ``samples * sample_seconds * s_c * exp(jitter * e) + 2 * model_bits / bandwidth_c``
+    simulated seconds: ``s_c`` a fixed factor per client drawn from ``distribution``
+    (``constant`` 1, ``exponential`` of mean 1, ``lognormal`` exp(sigma z), ``zipf`` with
+    exponent ``a`` (> 1), ``pareto`` with shape ``a`` and minimum 1), ``e`` a standard normal
+    draw per task, the model sent down and up. ``trace``: a FedScale device-capacity file
+    (``{client: {computation, communication}}``: ms per sample, kbit/s; pickle, JSON or
+    Parquet) replaces the factors and the bandwidth; ``availability``: a FedScale
+    availability file (``{client: {active, inactive, finish_time, duration}}``): a client
+    starts a task only while active. ``byzantine_factor`` multiplies the Byzantine clients'
+    times (below 1: they arrive more often). Every draw is seeded."""
+
+    distribution: Literal["constant", "exponential", "lognormal", "zipf", "pareto"] = "constant"
+    sigma: Annotated[float, Ge(0), Le(100)] = 0.5
+    a: Annotated[float, Gt(0), Le(100)] = 1.2
+    jitter: Annotated[float, Ge(0), Le(100)] = 0.0
+    sample_seconds: Annotated[float, Gt(0), Le(1e6)] = 0.001
+    bandwidth: Annotated[float, Gt(0), AllowInfNan(True)] = float("inf")  # bits/s; inf: none
+    trace: str | None = None
+    availability: str | None = None
+    byzantine_factor: Annotated[float, Gt(0), Le(1e6)] = 1.0
+
+
+class Asynchrony(Strict):
+    """The asynchronous modes (``server.mode``): ``concurrency`` clients train at once
+    (default: ``clients.per_round``), each from the model version it started from; the
+    server steps after ``buffer_size`` updates (``fedbuff``; default: ``concurrency``),
+    after each one (``fedasync``, mixing ``mixing * s(tau)``), or once each of ``buffers``
+    buffers (client id mod ``buffers``) holds one (``basgd``). An update staler than
+    ``max_staleness`` steps is dropped. ``weights: updates`` weights each row of the robust
+    aggregation by how many updates its client has contributed (Dahan & Levy, NeurIPS
+    2024). ``rounds`` counts server steps."""
+
+    concurrency: Annotated[int, Ge(1), Le(MAX_CLIENTS)] | None = None
+    buffer_size: Annotated[int, Ge(1), Le(MAX_CLIENTS)] | None = None
+    buffers: Annotated[int, Ge(1), Le(MAX_CLIENTS)] = 4
+    mixing: Annotated[float, Gt(0), Le(1)] = 0.6
+    staleness: Staleness = Staleness()
+    max_staleness: Annotated[int, Ge(0), Le(MAX_ROUNDS)] | None = None
+    weights: Literal["none", "updates"] = "none"
+    speeds: Speeds = Speeds()
 
 
 class DSGD(Strict):
@@ -221,6 +281,8 @@ class Scenario(Strict):
     server: ServerSettings = ServerSettings()
     topology: PluginSpec | None = None
     dsgd: DSGD = DSGD()
+    # the asynchronous modes' settings (server.mode other than sync; defaults when absent)
+    asynchrony: Asynchrony | None = None
     # differential privacy: a plugin of fedray.privacy (dp_sgd | dp_fedavg; docs/privacy.md)
     privacy: PluginSpec | None = None
     evaluation: Evaluation = Evaluation()

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from simulator.messages import ByzantineRows, ClientRows, Ref, RoundReport
+from simulator.messages import ByzantineRows, ClientRows, Ref, RoundReport, StepLayout
 from simulator.rounds import RoundProtocol
 from simulator.runtime.actors import Adversary, Server
 from simulator.runtime.handles import AdversaryHandle, ServerHandle
@@ -104,9 +104,11 @@ class ServerRounds(RoundProtocol):
         byz_ref: Ref[ByzantineRows] | None = None
         if tr.seen is not None:
             assert self.adversary is not None  # Byzantine clients come with an attack
-            byz_ref = self.adversary.attack_rows(round_, len(tr.byz), tr.seen[0], self.dim,
+            byz_ref = self.adversary.attack_rows(round_, len(tr.byz),
+                                                 [(tr.seen[0], len(tr.seen[1]))], self.dim,
                                                  self.d_buffers, tr.seen[1])
-        step_ref = self.server.step(round_, tr.honest, byz_ref, tr.honest_refs)
+        layout = StepLayout(((round_, tuple(tr.honest), len(tr.honest_refs)),))
+        step_ref = self.server.step(round_, layout, byz_ref, tr.honest_refs)
         if prefetch:  # its params call comes before the evaluation in the server's queue
             self._next = self.submit(round_ + 1)
         eval_ref = self.server.evaluate() if ctx.evaluate_now(round_) else None

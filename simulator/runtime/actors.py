@@ -20,7 +20,15 @@ import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from simulator.errors import TooFewRows, guarded
-from simulator.messages import ByzantineRows, ClientRows, EvalData, ServerCheckpoint, stack_rows
+from simulator.messages import (
+    ByzantineRows,
+    ClientRows,
+    EvalData,
+    ServerCheckpoint,
+    StepLayout,
+    stack_groups,
+    stack_rows,
+)
 from simulator.models import build_model
 from simulator.plan import Plan
 from simulator.registry import instantiate
@@ -73,17 +81,18 @@ class Adversary:
                              f"{(f, seen.shape[1])}")
         return rows.to(torch.float32).numpy()
 
-    def attack_rows(self, round_: int, f: int, order: list[int], d: int, d_buffers: int,
-                    *results: ClientRows) -> ByzantineRows:
+    def attack_rows(self, round_: int, f: int, groups: list[tuple[list[int], int]], d: int,
+                    d_buffers: int, *results: ClientRows) -> ByzantineRows:
         """``f`` Byzantine rows (``rows``) and, for a model with buffers, their ``buffers``
         rows. ``results`` hold the honest updates of the round (omniscient attack) or the
-        Byzantine clients' own honest updates, stacked in ``order``."""
+        Byzantine clients' own honest updates, stacked by ``groups`` (``stack_groups``:
+        the clients of each train call and its number of results)."""
         self._round = round_
-        rows = self._rows(self.attack, torch.from_numpy(stack_rows(order, results, d)), f,
+        rows = self._rows(self.attack, torch.from_numpy(stack_groups(groups, results, d)), f,
                           round_, "attack")
         buffers = None
         if d_buffers:
-            seen = torch.from_numpy(stack_rows(order, results, d_buffers, "buffers"))
+            seen = torch.from_numpy(stack_groups(groups, results, d_buffers, "buffers"))
             buffers = self._rows(self.buffer_attack, seen, f, round_, "attack-buffers")
         return ByzantineRows(rows, buffers)
 
@@ -129,6 +138,12 @@ class Server:
         self.x_test, self.y_test = eval_data.x_test, eval_data.y_test
         self.x_tr, self.y_tr, self.c_test = eval_data.x_train, eval_data.y_train, \
             eval_data.test_clients
+        # asynchronous modes: the model's version (server steps so far) and the older
+        # versions clients still train from ({version: [parameters, buffers]})
+        self.mode = scenario.server.mode
+        self.basgd_buffers = plan.asynchrony.buffers if plan.asynchrony is not None else 0
+        self.version = 0
+        self.versions: dict[int, list[torch.Tensor]] = {}
 
     @property
     def dim(self) -> int:
@@ -141,12 +156,11 @@ class Server:
         """The global model's buffers (empty for a model without any)."""
         return self.b.numpy().copy()
 
-    def _step_buffers(self, honest_order: list[int], byzantine: np.ndarray | None,
-                      results: tuple[ClientRows, ...]) -> dict[str, float]:
-        """The global buffers from the round's reported ones (honest, then Byzantine rows),
-        by ``server.buffers``' rule; non-finite results leave them as they were."""
-        d_b = int(self.b.numel())
-        honest = torch.from_numpy(stack_rows(honest_order, results, d_b, "buffers"))
+    def _step_buffers(self, honest: torch.Tensor, byzantine: np.ndarray | None
+                      ) -> dict[str, float]:
+        """The global buffers from the round's reported ones (``honest`` rows, then the
+        Byzantine rows), by ``server.buffers``' rule; non-finite results leave them as they
+        were."""
         # np.array: a copy, since the adversary's rows arrive as read-only views of Ray's store
         rows = honest if byzantine is None else torch.cat(
             [honest, torch.from_numpy(np.array(byzantine, dtype=np.float32))])
@@ -169,18 +183,69 @@ class Server:
                     "metric counts them)" if self.skips == SKIPS_NAMED else "")
             LOG.warning("fedray: round %d: aggregation skipped: %s%s", round_ + 1, why, last)
 
-    def step(self, round_: int, honest_order: list[int], byzantine: ByzantineRows | None,
-             *results: ClientRows) -> dict[str, float]:
-        """Aggregate the round's updates (honest rows in ``honest_order``, then the Byzantine
-        ``rows`` and ``buffers``), step the global model, and return the round's server-side
-        metrics."""
-        t0 = time.perf_counter()
-        honest = torch.from_numpy(stack_rows(honest_order, results, self.dim))
-        byz = byzantine.rows if byzantine is not None and len(byzantine.rows) else None
+    def params_at(self, version: int) -> np.ndarray:
+        """The parameters of model ``version`` (the current one, or one the asynchronous
+        modes keep while clients train from it)."""
+        x = self.x if version == self.version else self.versions[version][0]
+        return x.numpy().copy()
+
+    def buffers_at(self, version: int) -> np.ndarray:
+        b = self.b if version == self.version else self.versions[version][1]
+        return b.numpy().copy()
+
+    def _rows(self, layout: StepLayout, honest: torch.Tensor, byz: np.ndarray | None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(the step's rows, its honest rows, their weights), as the server's mode makes
+        them: FedAsync's row of an update is the client's model minus the server's
+        (``x_v + update - x``, so that a step of 1 replaces the model by the client's);
+        rows scaled by their staleness; BASGD's rows are its
+        buffers' means."""
         rows = honest if byz is None else torch.cat(
-            [honest, torch.from_numpy(np.array(byz, dtype=np.float32))]  # writable, as above
+            [honest, torch.from_numpy(np.array(byz, dtype=np.float32))]  # writable copy
         )
-        losses = stack_rows(honest_order, results, 0, "losses")
+        if self.mode == "fedasync":
+            versions = layout.honest_versions + [v for _, v in layout.byzantine]
+            base = {v: self.versions[v][0] - self.x for v in set(versions)
+                    if v != self.version}
+            gap = torch.stack([base[v] if v in base else torch.zeros_like(self.x)
+                               for v in versions])
+            rows = rows + gap
+        if layout.scales is not None:
+            rows = rows * torch.tensor(layout.scales, dtype=torch.float64)[:, None].to(rows.dtype)
+        n_honest = honest.shape[0]
+        honest_rows = rows[:n_honest]
+        if layout.buffer_of is not None:
+            b = self.basgd_buffers
+            index = torch.tensor(layout.buffer_of, dtype=torch.int64)
+            sums = torch.zeros((b, rows.shape[1]), dtype=rows.dtype).index_add_(0, index, rows)
+            counts = torch.bincount(index, minlength=b).to(rows.dtype)
+            rows = sums / counts[:, None]
+        weights = (torch.tensor(layout.weights, dtype=torch.float64)
+                   if layout.weights is not None else None)
+        return rows, honest_rows, weights
+
+    def step(self, round_: int, layout: StepLayout, byzantine: ByzantineRows | None,
+             *results: ClientRows) -> dict[str, float]:
+        """Aggregate the step's updates (the honest rows of ``layout``'s groups, then the
+        Byzantine ``rows`` and ``buffers``), step the global model, and return the step's
+        server-side metrics. In the asynchronous modes the model version advances, and the
+        server keeps the versions ``layout.keep`` names."""
+        x_before, b_before = self.x, self.b
+        metrics = self._step(round_, layout, byzantine, results)
+        if self.mode != "sync":
+            kept = {**self.versions, self.version: [x_before, b_before]}
+            self.version += 1
+            self.versions = {v: kept[v] for v in layout.keep if v != self.version}
+        return metrics
+
+    def _step(self, round_: int, layout: StepLayout, byzantine: ByzantineRows | None,
+              results: tuple[ClientRows, ...]) -> dict[str, float]:
+        t0 = time.perf_counter()
+        groups = [(clients, n) for _, clients, n in layout.groups]
+        honest = torch.from_numpy(stack_groups(groups, results, self.dim))
+        byz = byzantine.rows if byzantine is not None and len(byzantine.rows) else None
+        rows, honest_rows, weights = self._rows(layout, honest, byz)
+        losses = stack_groups(groups, results, 0, "losses")
         dp = self.dp
         if dp is not None:  # DP-FedAvg: clip every update; noise on the mean below
             rows = dp.privatize(rows)
@@ -190,7 +255,9 @@ class Server:
                                   "stragglers)")
         else:
             try:
-                agg = self.pipeline.aggregate(rows.to(self.agg_device), round_).cpu()
+                agg = self.pipeline.aggregate(rows.to(self.agg_device), round_,
+                                              **({"weights": weights} if weights is not None
+                                                 else {})).cpu()
             except TooFewRows as e:  # too few rows left this round (dropouts, stragglers)
                 self._skipped(round_, str(e))
         if agg is None:  # nothing to aggregate: the model stays, the round is counted
@@ -199,10 +266,14 @@ class Server:
                     **_timings(t0, results)}
         if dp is not None:
             agg = dp.noise(agg, rows.shape[0], torch_generator(self.seed, "dp-noise", round_))
-        honest_mean = honest.mean(dim=0)
-        byz_buffers = byzantine.buffers if byzantine is not None and byz is not None else None
-        buffer_metrics = (self._step_buffers(honest_order, byz_buffers, results)
-                          if self.b.numel() else {})
+        honest_mean = honest_rows.mean(dim=0)
+        buffer_metrics = {}
+        if self.b.numel():
+            byz_buffers = byzantine.buffers if byzantine is not None and byz is not None \
+                else None
+            buffer_metrics = self._step_buffers(
+                torch.from_numpy(stack_groups(groups, results, int(self.b.numel()),
+                                              "buffers")), byz_buffers)
         finite = bool(torch.isfinite(agg).all())
         if finite:
             self.x = guarded("server.optimizer", self.optimizer_name, self.optimizer.step)(
@@ -240,12 +311,20 @@ class Server:
     def checkpoint(self) -> ServerCheckpoint:
         """Everything the server's future depends on: global model, optimizer state and the
         state of stateful aggregation rules (centered clipping's centre, ...)."""
-        return {"x": self.x.clone(), "buffers": self.b.clone(),
-                "optimizer": self.optimizer.state_dict(), "pipeline": self.pipeline.state_dict()}
+        state: ServerCheckpoint = {
+            "x": self.x.clone(), "buffers": self.b.clone(),
+            "optimizer": self.optimizer.state_dict(), "pipeline": self.pipeline.state_dict()}
+        if self.mode != "sync":
+            state["version"] = self.version
+            state["versions"] = {v: [x.clone(), b.clone()] for v, (x, b) in self.versions.items()}
+        return state
 
     def restore(self, state: ServerCheckpoint) -> None:
         self.x = state["x"].clone()
         self.b = state.get("buffers", self.b).clone()
+        self.version = int(state.get("version", 0))
+        self.versions = {int(v): [x.clone(), b.clone()]
+                         for v, (x, b) in state.get("versions", {}).items()}
         self.optimizer.load_state_dict(state["optimizer"])
         self.pipeline.load_state_dict(state["pipeline"])
 

@@ -10,7 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from simulator.messages import ByzantineRows, ClientRows, Ref, ServerCheckpoint, TrainRequest
+from simulator.messages import (
+    ByzantineRows,
+    ClientRows,
+    Ref,
+    ServerCheckpoint,
+    StepLayout,
+    TrainRequest,
+)
 from simulator.registry import PluginSpec
 from simulator.runtime.actors import Adversary, Mixer, Server
 from simulator.runtime.backend import Backend
@@ -67,9 +74,15 @@ class ServerHandle(_Handle):
     def buffers(self) -> Ref[np.ndarray]:
         return self.backend.call(self.actor, Server.buffers)
 
-    def step(self, round_: int, honest: list[int], byzantine: Ref[ByzantineRows] | None,
+    def params_at(self, version: int) -> Ref[np.ndarray]:
+        return self.backend.call(self.actor, Server.params_at, version)
+
+    def buffers_at(self, version: int) -> Ref[np.ndarray]:
+        return self.backend.call(self.actor, Server.buffers_at, version)
+
+    def step(self, round_: int, layout: StepLayout, byzantine: Ref[ByzantineRows] | None,
              results: Sequence[Ref[ClientRows]]) -> Ref[dict[str, float]]:
-        return self.backend.call(self.actor, Server.step, round_, honest, byzantine, *results)
+        return self.backend.call(self.actor, Server.step, round_, layout, byzantine, *results)
 
     def evaluate(self) -> Ref[dict[str, float]]:
         return self.backend.call(self.actor, Server.evaluate)
@@ -87,9 +100,9 @@ class ServerHandle(_Handle):
 class AdversaryHandle(_Handle):
     """The ``Adversary``."""
 
-    def attack_rows(self, round_: int, f: int, order: list[int], d: int, d_buffers: int,
-                    results: Sequence[Ref[ClientRows]]) -> Ref[ByzantineRows]:
-        return self.backend.call(self.actor, Adversary.attack_rows, round_, f, order, d,
+    def attack_rows(self, round_: int, f: int, groups: list[tuple[list[int], int]], d: int,
+                    d_buffers: int, results: Sequence[Ref[ClientRows]]) -> Ref[ByzantineRows]:
+        return self.backend.call(self.actor, Adversary.attack_rows, round_, f, groups, d,
                                  d_buffers, *results)
 
 

@@ -94,7 +94,7 @@ def test_quickstart_fedavg_reaches_90_percent(tmp_path):
 def test_fedavg_with_zero_local_lr_effect_is_exact_mean(tmp_path):
     """With mean aggregation and server lr 1 the global model moves by the mean update."""
     sc = point(tmp_path, overrides=["rounds=1"])
-    from simulator.messages import stack_rows
+    from simulator.messages import StepLayout, stack_rows
     from simulator.runtime import ClientWorker, Server
 
     eng = Engine(sc, InlineBackend())
@@ -102,7 +102,7 @@ def test_fedavg_with_zero_local_lr_effect_is_exact_mean(tmp_path):
     x0 = eng.protocol.server.actor.params()
     sampled = sample_clients(0, 0, 12, 6).tolist()
     res = eng.pool.workers[0].actor.train(TrainRequest(0, tuple(sampled)), x0)
-    eng.protocol.server.actor.step(0, sampled, None, res)
+    eng.protocol.server.actor.step(0, StepLayout(((0, tuple(sampled), 1),)), None, res)
     np.testing.assert_allclose(eng.protocol.server.actor.params(), x0 + res.updates.mean(0), rtol=0, atol=1e-6)
     assert isinstance(eng.protocol.server.actor, Server) and isinstance(eng.pool.workers[0].actor, ClientWorker)
     np.testing.assert_array_equal(stack_rows(sampled[::-1], (res,), len(x0))[0], res.updates[-1])

@@ -1,0 +1,149 @@
+"""Asynchronous server steps on a simulated clock (``server.mode``: ``fedasync``, ``fedbuff``,
+``basgd``; docs/async.md).
+
+One "round" of the engine's loop is one server step. The clock (``simulator.clock``)
+decides ahead, from the seed and the devices' simulated speeds (``simulator.speeds``), who
+trains from which model version and which updates each step applies; nothing in it depends
+on the updates' values. A step's arrivals train when the step comes, grouped by the model
+version they started from: one worker call per version (a client's seeds are (seed,
+version, client), as a synchronous client's are (seed, round, client)), from that version's
+model, which the Server keeps while clients train from it. The Byzantine arrivals' rows
+come from the Adversary as in a synchronous round, seeing the step's honest rows
+(omniscient attacks) or their own honest updates from their own, stale, models.
+
+The Server then makes the step's rows by the mode: FedBuff scales each update by its
+staleness function s(tau); FedAsync mixes one client's model in with weight ``mixing *
+s(tau)``; BASGD averages the updates in each of its buffers; ``asynchrony.weights:
+updates`` weights each row by how many updates its client has had applied (Dahan & Levy,
+NeurIPS 2024). The robust pipeline aggregates the rows; the server optimizer steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import numpy as np
+
+from simulator.clock import Schedule, StepPlan, concurrency, settings, staleness_scale, step_rule
+from simulator.messages import ByzantineRows, ClientRows, Group, Ref, RoundReport, StepLayout
+from simulator.rounds.server import ServerRounds
+
+
+class AsyncRounds(ServerRounds):
+    """A Server (and an Adversary) beside the worker pool, stepped by the simulated clock."""
+
+    prefetch = False
+
+    def ready(self) -> dict[str, str]:
+        derived = super().ready()
+        self._schedule = self._new_schedule()
+        self._plan: StepPlan | None = None
+        self._round_end = 0.0
+        return derived
+
+    def _new_schedule(self) -> Schedule:
+        from simulator.speeds import profiles
+
+        ctx = self.ctx
+        sc, seed = ctx.plan.scenario, ctx.plan.seed
+        total = sc.clients.total
+        a = settings(sc)
+        prof = profiles(a.speeds, total, seed,
+                               np.asarray(sorted(ctx.byzantine), dtype=np.int64))
+        samples = np.asarray(ctx.pool.local_steps, dtype=np.int64) * sc.local.batch_size
+        bits = 32.0 * (self.dim + self.d_buffers)  # float32 parameters and buffers
+
+        def duration(client: int, task: int) -> float:
+            return prof.task_seconds(client, int(samples[client]), bits, task)
+
+        avail = prof.availability
+        return Schedule(total, concurrency(sc), step_rule(sc), a.max_staleness,
+                        duration, seed, avail.next_start if avail is not None else None)
+
+    def _step_plan(self, step: int) -> StepPlan:
+        """Step ``step``'s plan (simulated once: a step computed again after a lost worker
+        takes the same one)."""
+        if self._plan is None or self._plan.index != step:
+            self._plan = self._schedule.next_step()
+        assert self._plan.index == step, (self._plan.index, step)
+        return self._plan
+
+    def _train(self, tasks: list[tuple[int, int]], poison: dict[str, Any] | None = None
+               ) -> tuple[list[Group], list[Ref[ClientRows]]]:
+        """Train ``tasks`` ((version, client), sorted) grouped by version: one train call per
+        version, from that version's model."""
+        groups: list[Group] = []
+        refs: list[Ref[ClientRows]] = []
+        for v, items in itertools.groupby(tasks, key=lambda t: t[0]):
+            clients = [c for _, c in items]
+            params = self.server.params_at(v)
+            buffers = self.server.buffers_at(v) if self.d_buffers else None
+            got = self.ctx.pool.train(v, clients, params, buffers, poison)
+            groups.append((v, tuple(clients), len(got)))
+            refs += got
+        return groups, refs
+
+    def run_round(self, round_: int, prefetch: bool = False) -> RoundReport:
+        """Server step ``round_``: its arrivals trained, the Byzantine rows, the server's
+        step, the evaluation when due."""
+        b, ctx = self.ctx.backend, self.ctx
+        sc = ctx.plan.scenario
+        t0 = time.perf_counter()
+        sp = self._step_plan(round_)
+        byzantine = ctx.byzantine
+        contributed = {(t.version, t.client): k for t, k in zip(sp.arrivals, sp.contributed)}
+        honest = sorted((t.version, t.client) for t in sp.arrivals if t.client not in byzantine)
+        byz = sorted((t.version, t.client) for t in sp.arrivals if t.client in byzantine)
+        groups, refs = self._train(honest)
+        byz_ref: Ref[ByzantineRows] | None = None
+        if byz:
+            assert self.adversary is not None  # Byzantine clients come with an attack
+            seen_groups, seen_refs = (groups, refs) if self.omniscient else \
+                self._train(byz, self.poison)
+            byz_ref = self.adversary.attack_rows(
+                round_, len(byz), [(list(c), n) for _, c, n in seen_groups], self.dim,
+                self.d_buffers, seen_refs)
+        order = honest + byz
+        tau = np.asarray([round_ - v for v, _ in order], dtype=np.float64)
+        a = settings(sc)
+        scale = staleness_scale(a.staleness.function, a.staleness.a, a.staleness.b, tau)
+        if sc.server.mode == "fedasync":
+            scale = scale * a.mixing
+        layout = StepLayout(
+            tuple(groups), tuple((c, v) for v, c in byz),
+            scales=None if bool((scale == 1.0).all()) else tuple(scale.tolist()),
+            weights=(tuple(float(contributed[t]) for t in order) if a.weights == "updates"
+                     else None),
+            buffer_of=(tuple(c % a.buffers for _, c in order) if sc.server.mode == "basgd"
+                       else None),
+            keep=sp.in_flight)
+        step_ref = self.server.step(round_, layout, byz_ref, refs)
+        eval_ref = self.server.evaluate() if ctx.evaluate_now(round_) else None
+        metrics = dict(b.get(step_ref))
+        if eval_ref is not None:
+            metrics.update(b.get(eval_ref))
+        timings = {k: metrics.pop(k) for k in list(metrics) if k.endswith("_seconds")}
+        end = time.perf_counter()
+        timings["round_seconds"] = end - max(t0, self._round_end)
+        self._round_end = end
+        b_hat = ctx.plan.b_hat
+        metrics = {"sim_time": sp.time,
+                   "participants": float(len(order)), "byzantine_sampled": float(len(byz)),
+                   "dropped_stale": float(sp.dropped), "started": float(sp.started),
+                   "staleness_mean": float(tau.mean()), "staleness_max": float(tau.max()),
+                   "clients_applied": float(self._schedule.clients_applied),
+                   "b_hat": float(b_hat), "byzantine_exceeded": float(len(byz) > b_hat),
+                   **metrics}
+        return RoundReport(metrics, timings)
+
+    def restore(self, state: dict[str, Any]) -> list[Any]:
+        """The server's state, and the schedule simulated again up to its step (the
+        schedule is a function of the seed alone)."""
+        calls = super().restore(state)
+        self._schedule = self._new_schedule()
+        self._plan = None
+        for _ in range(int(state["server"].get("version", 0))):
+            self._plan = self._schedule.next_step()
+        return calls

@@ -1,0 +1,212 @@
+"""Asynchronous server modes on the simulated clock (``server.mode``; simulator/clock.py,
+simulator/rounds/asynchronous.py): the schedule by hand, FedAsync's mixed model by hand,
+FedBuff reducing to synchronous FedAvg, inline = Ray, resume, and what validation refuses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simulator.clock import Rule, Schedule, staleness_scale
+from simulator.config import ScenarioError, load
+from simulator.engine import Engine
+from simulator.messages import TrainRequest
+from simulator.runtime.backend import InlineBackend
+from tests.simulator.test_checkpoint import _roundtrip
+
+BASE = """\
+name: async-small
+rounds: 6
+data:
+  dataset: {name: digits}
+model: {name: logreg}
+clients: {total: 12, per_round: 6}
+local: {steps: 2, batch_size: 8, lr: 0.2}
+"""
+
+
+def point(tmp_path, extra: str = "", overrides=()):
+    p = tmp_path / "s.yaml"
+    p.write_text(BASE + extra)
+    return load(p, list(overrides)).points[0].scenario
+
+
+def schedule(durations, rule, concurrency=None, max_staleness=None, seed=0):
+    return Schedule(len(durations), concurrency or len(durations), rule, max_staleness,
+                    lambda c, k: durations[c], seed)
+
+
+def steps(s, n):
+    return [s.next_step() for _ in range(n)]
+
+
+def test_a_three_client_fedasync_schedule_by_hand():
+    """Clients 0, 1, 2 take 1, 2 and 3.5 s a task, all three in flight, a step per update:
+    t=1 client 0 (from v0, tau 0) -> v1, it restarts from v1; t=2 client 0 (v1, tau 0)
+    before client 1 (v0, tau 2: the tie goes to the lower id); t=3 client 0 (v2, tau 1);
+    t=3.5 client 2 (v0, tau 4); t=4 client 0 (v4, tau 1), then client 1 (v3, tau 3)."""
+    got = [(p.time, p.arrivals[0].client, p.arrivals[0].version, p.index - p.arrivals[0].version)
+           for p in steps(schedule([1.0, 2.0, 3.5], Rule(1)), 7)]
+    assert got == [(1.0, 0, 0, 0), (2.0, 0, 1, 0), (2.0, 1, 0, 2), (3.0, 0, 2, 1),
+                   (3.5, 2, 0, 4), (4.0, 0, 4, 1), (4.0, 1, 3, 3)]
+
+
+def test_buffered_steps_count_staleness_drops_and_contributions():
+    """K = 2 of 3 clients (1, 1.5, 4 s); updates more than 1 step stale are dropped."""
+    s = schedule([1.0, 1.5, 4.0], Rule(2), max_staleness=1)
+    plans = steps(s, 4)
+    # t=1.5: clients 0 and 1 from v0 -> step 0; t=2.5 client 0 (v1), t=3 client 1 (v1) ->
+    # step 1; t=4 client 0 (v2), then client 2 (v0, tau 2 > 1: dropped); t=4.5 client 1
+    # (v2) -> step 2
+    assert [(p.time, [(a.client, a.version) for a in p.arrivals]) for p in plans[:3]] == [
+        (1.5, [(0, 0), (1, 0)]), (3.0, [(0, 1), (1, 1)]), (4.5, [(0, 2), (1, 2)])]
+    assert plans[2].dropped == 1 and plans[0].contributed == (1, 1)
+    assert plans[1].contributed == (2, 2) and s.clients_applied == 2
+    # the versions kept after step 0 are those in flight: client 2's v0 and the new v1
+    assert plans[0].in_flight == (0, 1)
+
+
+def test_basgd_steps_when_every_buffer_holds_an_update():
+    """B = 2 buffers (client id mod 2): the even clients arrive at t=1, the server waits for
+    an odd one (t=5; client 3's update, at the same time, goes to the next step)."""
+    plans = steps(schedule([1.0, 5.0, 1.0, 5.0], Rule(buffers=2), concurrency=4), 2)
+    assert plans[0].time == 5.0 and [a.client for a in plans[0].arrivals] == [0, 2, 1]
+    assert plans[1].arrivals[0].client == 3
+
+
+def test_the_schedule_is_a_function_of_the_seed():
+    rng = np.random.default_rng(3)
+    durations = rng.exponential(1.0, 50)
+    a = [[(t.client, t.version) for t in p.arrivals]
+         for p in steps(schedule(durations, Rule(5), concurrency=10), 20)]
+    b = [[(t.client, t.version) for t in p.arrivals]
+         for p in steps(schedule(durations, Rule(5), concurrency=10), 20)]
+    c = [[(t.client, t.version) for t in p.arrivals]
+         for p in steps(schedule(durations, Rule(5), concurrency=10, seed=1), 20)]
+    assert a == b and a != c
+
+
+def test_staleness_functions():
+    tau = np.array([0.0, 1.0, 3.0, 8.0])
+    np.testing.assert_allclose(staleness_scale("polynomial", 0.5, 0, tau),
+                               [1.0, 2 ** -0.5, 0.5, 1 / 3])
+    np.testing.assert_allclose(staleness_scale("hinge", 2.0, 3, tau), [1, 1, 1, 1 / 11])
+    assert staleness_scale("constant", 0.5, 0, tau).tolist() == [1.0] * 4
+
+
+def test_fedasync_mixes_each_clients_model_as_computed_by_hand(tmp_path):
+    """Three clients of equal speed: they arrive together, in id order, with staleness 0, 1,
+    2, then 2 every step; the server's model after each step is
+    x + alpha (1 + tau)^-a (x_v + update - x), the client's update computed from the model
+    version x_v it started from."""
+    sc = point(tmp_path, "server: {mode: fedasync}\nasynchrony: {mixing: 0.5, "
+               "staleness: {function: polynomial, a: 0.5}}\n",
+               ["clients={total: 3}", "rounds=5", "local.steps=1"])
+    eng = Engine(sc, InlineBackend(), workers=1)
+    res = eng.run()
+    worker = Engine(sc, InlineBackend(), workers=1)
+    worker.start()
+    w = worker.pool.workers[0].actor
+    xs = [np.asarray(worker.protocol.server.actor.params(), dtype=np.float32)]
+    order = [(0, 0), (1, 0), (2, 0), (0, 1), (1, 2)]  # (client, version) of steps 0..4
+    for k, (c, v) in enumerate(order):
+        update = w.train(TrainRequest(v, (c,)), xs[v], None).updates[0]
+        tau = k - v
+        mix = np.float32(0.5 * (1 + tau) ** -0.5)
+        xs.append(xs[k] + mix * (xs[v] + update - xs[k]))
+    np.testing.assert_allclose(res.final_params, xs[-1], rtol=0, atol=2e-6)
+    assert [m["staleness_max"] for m in res.metrics] == [0, 1, 2, 2, 2]
+    assert [m["sim_time"] for m in res.metrics][:3] == [0.008] * 3
+    assert res.metrics[3]["sim_time"] == pytest.approx(0.016)
+
+
+def test_fedbuff_with_every_client_in_each_step_is_synchronous_fedavg(tmp_path):
+    """K = C = every client, equal speeds: each step holds every client's update from the
+    current model, so FedBuff is FedAvg, to the bit."""
+    sync = Engine(point(tmp_path, overrides=["clients.per_round=12"]), InlineBackend()).run()
+    fedbuff = Engine(point(tmp_path, "server: {mode: fedbuff}\n",
+                           ["clients.per_round=12"]), InlineBackend()).run()
+    np.testing.assert_array_equal(sync.final_params, fedbuff.final_params)
+    assert [m["test_accuracy"] for m in sync.metrics] == \
+        [m["test_accuracy"] for m in fedbuff.metrics]
+    assert all(m["staleness_max"] == 0 and m["participants"] == 12 for m in fedbuff.metrics)
+
+
+ATTACKED = """\
+server: {mode: fedbuff}
+asynchrony:
+  concurrency: 6
+  buffer_size: 4
+  max_staleness: 3
+  speeds: {distribution: lognormal, sigma: 1.0, jitter: 0.2, byzantine_factor: 0.5}
+"""
+
+
+def test_fedbuff_under_attack_is_the_same_on_any_worker_count_and_on_ray(tmp_path, shared_ray):
+    sc = point(tmp_path, ATTACKED, ["clients.byzantine=2", "attack={name: sign_flip}",
+                                    "aggregator={name: cwtm, f: 1}", "rounds=8"])
+    one = Engine(sc, InlineBackend(), workers=1).run()
+    three = Engine(sc, InlineBackend(), workers=3).run()
+    on_ray = Engine(sc, shared_ray, workers=2).run()
+    assert one.metrics == three.metrics == on_ray.metrics
+    np.testing.assert_array_equal(one.final_params, on_ray.final_params)
+    assert max(m["staleness_max"] for m in one.metrics) > 0
+    assert sum(m["byzantine_sampled"] for m in one.metrics) > 0
+    times = [m["sim_time"] for m in one.metrics]
+    assert times == sorted(times) and times[0] > 0
+
+
+@pytest.mark.parametrize("over", [
+    [],
+    ["local={steps: 1, batch_size: 8, lr: 0.2, optimizer: {name: momentum, beta: 0.9}}"],
+    ["model={name: cnn, channels: [4], hidden: 8, norm: batch}"],
+    ["server.mode=fedasync", "asynchrony.buffer_size=null", "aggregator={name: mean}",
+     "clients.byzantine=0", "attack=null"],
+], ids=["fedbuff", "worker-momentum", "batchnorm", "fedasync"])
+def test_a_resumed_asynchronous_run_is_identical(tmp_path, over):
+    """The checkpoint (through torch.load(weights_only=True), as a resume reads it) holds
+    the server's model versions that clients still train from; the schedule is simulated
+    again up to the checkpoint's step."""
+    sc = point(tmp_path, ATTACKED, ["clients.byzantine=2", "attack={name: sign_flip}",
+                                    "aggregator={name: cwtm, f: 1}", "rounds=8",
+                                    "runtime.checkpoint_every=3", *over])
+    saved = {}
+    full = Engine(sc, InlineBackend(), workers=2).run(
+        on_checkpoint=lambda r, s: saved.__setitem__(r, _roundtrip(s)))
+    assert sorted(saved) == [2, 5]
+    assert saved[2]["server"]["version"] == 3 and saved[2]["server"]["versions"]
+    for r in (2, 5):
+        resumed = Engine(sc, InlineBackend(), workers=2).run(resume={**saved[r], "round": r})
+        assert resumed.metrics == full.metrics
+        np.testing.assert_array_equal(resumed.final_params, full.final_params)
+
+
+@pytest.mark.parametrize(("extra", "overrides", "message"), [
+    ("asynchrony: {buffer_size: 2}\n", [],
+     ("asynchrony: used by the asynchronous modes only; set server.mode to one of fedasync, "
+     "fedbuff, basgd, or remove it")),
+    ("server: {mode: fedbuff}\nasynchrony: {buffer_size: 8}\n", [],
+     ("asynchrony.buffer_size: must be <= the clients in flight (asynchrony.concurrency: 6), "
+     "got 8")),
+    ("server: {mode: fedasync}\nasynchrony: {buffer_size: 3}\n", [],
+     "asynchrony.buffer_size: fedasync steps on every update; remove it (or use fedbuff), got 3"),
+    ("server: {mode: fedbuff}\nasynchrony: {concurrency: 13}\n", [],
+     "asynchrony.concurrency: clients in flight must be <= clients.total (12), got 13"),
+    ("server: {mode: basgd}\nasynchrony: {buffers: 13}\n", [],
+     ("asynchrony.buffers: must be <= clients.total (12): client c goes to buffer c mod B, "
+     "got 13")),
+    ("server: {mode: fedbuff}\n", ["clients.dropout=0.1"],
+     ("clients.dropout: not used by server.mode fedbuff: the simulated clock decides who "
+     "arrives when (asynchrony.speeds); remove it")),
+    ("server: {mode: fedbuff}\nasynchrony: {buffer_size: 4}\n",
+     ["clients.byzantine=2", "attack={name: sign_flip}", "aggregator={name: krum, f: 1}"],
+     "aggregator.f: Krum needs n > 2f + 2; n = 4 allows f <= 0, got 1"),
+    ("server: {mode: fedbuff}\n", ["topology={name: ring}"],
+     ("server.mode: D-SGD (a topology) has no server to run fedbuff; remove server.mode or "
+     "the topology")),
+])
+def test_asynchronous_keys_are_checked_before_anything_runs(tmp_path, extra, overrides,
+                                                             message):
+    with pytest.raises(ScenarioError) as e:
+        point(tmp_path, extra, overrides)
+    assert any(line.endswith(message) for line in e.value.lines), e.value.lines
