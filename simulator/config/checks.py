@@ -436,18 +436,25 @@ def _check_async(sc: Scenario, problems: list[Problem]) -> None:
     yet, and the block's keys against each other."""
     from simulator.clock import settings
 
+    if sc.speeds is not None:
+        from simulator.speeds import check_speeds
+
+        for loc, message in check_speeds(sc.speeds, sc.clients.total):
+            problems.append(Problem(loc, message))
     mode = sc.server.mode
     if mode == "sync":
-        if sc.asynchrony is not None:
-            problems.append(Problem(("asynchrony",), "used by the asynchronous modes only; set "
-                                    f"server.mode to one of {MODES_ASYNC}, or remove it"))
+        for loc, value in ((("asynchrony",), sc.asynchrony),
+                           (("speeds", "availability"), sc.speeds and sc.speeds.availability)):
+            if value:
+                problems.append(Problem(loc, "used by the asynchronous modes only; set "
+                                        f"server.mode to one of {MODES_ASYNC}, or remove it"))
         return
     if sc.topology is not None:
         problems.append(Problem(("server", "mode"), f"D-SGD (a topology) has no server to run "
                                 f"{mode}; remove server.mode or the topology"))
         return
     c, a = sc.clients, settings(sc)
-    replaced = "the simulated clock decides who arrives when (asynchrony.speeds); remove it"
+    replaced = "the simulated clock decides who arrives when (speeds); remove it"
     problems += [Problem(loc, f"not used by server.mode {mode}: {replaced}")
                  for loc, value in [(("clients", "dropout"), c.dropout),
                                     (("clients", "stragglers"), c.stragglers)] if value]
@@ -460,10 +467,6 @@ def _check_async(sc: Scenario, problems: list[Problem]) -> None:
     _check_async_keys(sc, problems)
     if a.weights != "none":
         _check_weights(sc, problems)
-    from simulator.speeds import check_speeds
-
-    for loc, message in check_speeds(a.speeds, c.total):
-        problems.append(Problem(loc, message))
 
 
 def _check_async_keys(sc: Scenario, problems: list[Problem]) -> None:
@@ -480,9 +483,10 @@ def _check_async_keys(sc: Scenario, problems: list[Problem]) -> None:
     if mode == "fedasync" and a.buffer_size not in (None, 1):
         problems.append(Problem(("asynchrony", "buffer_size"), "fedasync steps on every "
                                 f"update; remove it (or use fedbuff), got {a.buffer_size}"))
-    if mode == "fedbuff" and a.buffer_size is not None and a.buffer_size > k:
-        problems.append(Problem(("asynchrony", "buffer_size"), f"must be <= the clients in "
-                                f"flight (asynchrony.concurrency: {k}), got {a.buffer_size}"))
+    if mode == "fedbuff" and a.buffer_size is not None and a.buffer_size > c.total:
+        problems.append(Problem(("asynchrony", "buffer_size"), f"must be <= clients.total "
+                                f"({c.total}): a client sends at most one update from each "
+                                f"model version, got {a.buffer_size}"))
     if mode == "basgd" and a.buffers > c.total:
         problems.append(Problem(("asynchrony", "buffers"), f"must be <= clients.total "
                                 f"({c.total}): client c goes to buffer c mod B, got {a.buffers}"))

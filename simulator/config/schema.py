@@ -162,7 +162,9 @@ class Staleness(Strict):
 
 
 class Speeds(Strict):
-    """Simulated device speeds of the asynchronous modes. A task of client c (its local work
+    """Simulated device speeds (the asynchronous modes' clock; a synchronous run with
+    ``speeds`` logs the simulated time of its rounds too, each as long as its slowest
+    participant's task). A task of client c (its local work
     of ``samples`` samples, from one model to its update) takes
     ``samples * sample_seconds * s_c * exp(jitter * e) + 2 * model_bits / bandwidth_c``
     simulated seconds: ``s_c`` a fixed factor per client drawn from ``distribution``
@@ -203,7 +205,6 @@ class Asynchrony(Strict):
     staleness: Staleness = Staleness()
     max_staleness: Annotated[int, Ge(0), Le(MAX_ROUNDS)] | None = None
     weights: Literal["none", "updates"] = "none"
-    speeds: Speeds = Speeds()
 
 
 class DSGD(Strict):
@@ -283,6 +284,8 @@ class Scenario(Strict):
     dsgd: DSGD = DSGD()
     # the asynchronous modes' settings (server.mode other than sync; defaults when absent)
     asynchrony: Asynchrony | None = None
+    # simulated device speeds and availability (the asynchronous modes' defaults when absent)
+    speeds: Speeds | None = None
     # differential privacy: a plugin of fedray.privacy (dp_sgd | dp_fedavg; docs/privacy.md)
     privacy: PluginSpec | None = None
     evaluation: Evaluation = Evaluation()

@@ -44,23 +44,12 @@ class AsyncRounds(ServerRounds):
         return derived
 
     def _new_schedule(self) -> Schedule:
-        from simulator.speeds import profiles
-
-        ctx = self.ctx
-        sc, seed = ctx.plan.scenario, ctx.plan.seed
-        total = sc.clients.total
-        a = settings(sc)
-        prof = profiles(a.speeds, total, seed,
-                               np.asarray(sorted(ctx.byzantine), dtype=np.int64))
-        samples = np.asarray(ctx.pool.local_steps, dtype=np.int64) * sc.local.batch_size
-        bits = 32.0 * (self.dim + self.d_buffers)  # float32 parameters and buffers
-
-        def duration(client: int, task: int) -> float:
-            return prof.task_seconds(client, int(samples[client]), bits, task)
-
-        avail = prof.availability
-        return Schedule(total, concurrency(sc), step_rule(sc), a.max_staleness,
-                        duration, seed, avail.next_start if avail is not None else None)
+        sc, a = self.ctx.plan.scenario, settings(self.ctx.plan.scenario)
+        assert self.task_seconds is not None and self.devices is not None  # always, here
+        avail = self.devices.availability
+        return Schedule(sc.clients.total, concurrency(sc), step_rule(sc), a.max_staleness,
+                        self.task_seconds, self.ctx.plan.seed,
+                        avail.next_start if avail is not None else None)
 
     def _step_plan(self, step: int) -> StepPlan:
         """Step ``step``'s plan (simulated once: a step computed again after a lost worker

@@ -6,11 +6,13 @@ server optimizer, evaluate every ``evaluation.every`` rounds."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from simulator.config.schema import Speeds
 from simulator.messages import ByzantineRows, ClientRows, Ref, RoundReport, StepLayout
 from simulator.rounds import RoundProtocol
 from simulator.runtime.actors import Adversary, Server
@@ -53,6 +55,7 @@ class ServerRounds(RoundProtocol):
         self.poison = attack.spec if attack is not None and attack.data_poisoning else None
         self._next: _Training | None = None  # the next round's training, when prefetched
         self._round_end = 0.0  # when the last round ended (perf_counter)
+        self._clock = 0.0  # simulated seconds so far (a scenario with speeds)
         return [self.server.actor] + ([self.adversary.actor] if self.adversary else [])
 
     def ready(self) -> dict[str, str]:
@@ -61,7 +64,29 @@ class ServerRounds(RoundProtocol):
         derived = self.ctx.pool.keep_faster_trainer(params_ref)
         self.dim = len(b.get(params_ref))
         self.d_buffers = len(b.get(self.server.buffers()))
+        self.task_seconds = self._devices()
         return derived
+
+    def _devices(self) -> Callable[[int, int], float] | None:
+        """``task_seconds(client, task)`` of the scenario's simulated devices (``speeds``;
+        None without)."""
+        from simulator.speeds import profiles
+
+        ctx = self.ctx
+        sc = ctx.plan.scenario
+        speeds = sc.speeds if sc.server.mode == "sync" else sc.speeds or Speeds()
+        self.devices = None
+        if speeds is None:
+            return None
+        prof = self.devices = profiles(speeds, sc.clients.total, ctx.plan.seed,
+                        np.asarray(sorted(ctx.byzantine), dtype=np.int64))
+        samples = np.asarray(ctx.pool.local_steps, dtype=np.int64) * sc.local.batch_size
+        bits = 32.0 * (self.dim + self.d_buffers)  # float32 parameters and buffers down and up
+
+        def task_seconds(client: int, task: int) -> float:
+            return prof.task_seconds(client, int(samples[client]), bits, task)
+
+        return task_seconds
 
     @property
     def has_buffers(self) -> bool:
@@ -122,6 +147,10 @@ class ServerRounds(RoundProtocol):
         timings["round_seconds"] = end - max(tr.t0, self._round_end)
         self._round_end = end
         b_hat = ctx.plan.b_hat
+        if self.task_seconds is not None:  # a round lasts as long as its slowest participant
+            self._clock += max((self.task_seconds(c, round_) for c in tr.honest + tr.byz),
+                               default=0.0)
+            metrics["sim_time"] = self._clock
         metrics = {"sampled": float(len(tr.sampled)), "byzantine_sampled": float(len(tr.byz)),
                    "dropped": float(len(tr.dropped)), "stragglers": float(len(tr.late)),
                    "participants": float(len(tr.honest) + len(tr.byz)),
@@ -130,10 +159,13 @@ class ServerRounds(RoundProtocol):
         return RoundReport(metrics, timings)
 
     def checkpoint(self) -> dict[str, Any]:
-        """The server's state (global model, optimizer, stateful aggregation rules)."""
-        return {"server": self.ctx.backend.get(self.server.checkpoint())}
+        """The server's state (global model, optimizer, stateful aggregation rules) and the
+        simulated time."""
+        return {"server": self.ctx.backend.get(self.server.checkpoint()),
+                "sim_time": self._clock}
 
     def restore(self, state: dict[str, Any]) -> list[Any]:
+        self._clock = float(state.get("sim_time", 0.0))
         return [self.server.restore(state["server"])]
 
     def final(self) -> tuple[np.ndarray, dict[str, Any], dict[str, str]]:

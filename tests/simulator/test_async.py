@@ -138,7 +138,7 @@ asynchrony:
   concurrency: 6
   buffer_size: 4
   max_staleness: 3
-  speeds: {distribution: lognormal, sigma: 1.0, jitter: 0.2, byzantine_factor: 0.5}
+speeds: {distribution: lognormal, sigma: 1.0, jitter: 0.2, byzantine_factor: 0.5}
 """
 
 
@@ -185,9 +185,9 @@ def test_a_resumed_asynchronous_run_is_identical(tmp_path, over):
     ("asynchrony: {buffer_size: 2}\n", [],
      ("asynchrony: used by the asynchronous modes only; set server.mode to one of fedasync, "
      "fedbuff, basgd, or remove it")),
-    ("server: {mode: fedbuff}\nasynchrony: {buffer_size: 8}\n", [],
-     ("asynchrony.buffer_size: must be <= the clients in flight (asynchrony.concurrency: 6), "
-     "got 8")),
+    ("server: {mode: fedbuff}\nasynchrony: {buffer_size: 13}\n", [],
+     ("asynchrony.buffer_size: must be <= clients.total (12): a client sends at most one "
+     "update from each model version, got 13")),
     ("server: {mode: fedasync}\nasynchrony: {buffer_size: 3}\n", [],
      "asynchrony.buffer_size: fedasync steps on every update; remove it (or use fedbuff), got 3"),
     ("server: {mode: fedbuff}\nasynchrony: {concurrency: 13}\n", [],
@@ -197,7 +197,7 @@ def test_a_resumed_asynchronous_run_is_identical(tmp_path, over):
      "got 13")),
     ("server: {mode: fedbuff}\n", ["clients.dropout=0.1"],
      ("clients.dropout: not used by server.mode fedbuff: the simulated clock decides who "
-     "arrives when (asynchrony.speeds); remove it")),
+     "arrives when (speeds); remove it")),
     ("server: {mode: fedbuff}\nasynchrony: {buffer_size: 4}\n",
      ["clients.byzantine=2", "attack={name: sign_flip}", "aggregator={name: krum, f: 1}"],
      "aggregator.f: Krum needs n > 2f + 2; n = 4 allows f <= 0, got 1"),
@@ -210,3 +210,25 @@ def test_asynchronous_keys_are_checked_before_anything_runs(tmp_path, extra, ove
     with pytest.raises(ScenarioError) as e:
         point(tmp_path, extra, overrides)
     assert any(line.endswith(message) for line in e.value.lines), e.value.lines
+
+
+def test_a_synchronous_round_with_speeds_lasts_as_long_as_its_slowest_participant(tmp_path):
+    """The same devices in both modes: a sync round's simulated time is its slowest
+    participant's task; numbers other than the new sim_time metric do not change."""
+    plain = Engine(point(tmp_path), InlineBackend()).run()
+    timed = Engine(point(tmp_path, "speeds: {distribution: pareto, a: 1.5, jitter: 0.3}\n"),
+                   InlineBackend()).run()
+    np.testing.assert_array_equal(plain.final_params, timed.final_params)
+    assert "sim_time" not in plain.metrics[0]
+    from simulator.sampling import sample_clients
+    from simulator.speeds import profiles
+
+    sc = point(tmp_path, "speeds: {distribution: pareto, a: 1.5, jitter: 0.3}\n")
+    assert sc.speeds is not None
+    prof = profiles(sc.speeds, 12, 0, np.zeros(0, dtype=np.int64))
+    d = 64 * 10 + 10  # logreg on 8x8 digits, 10 classes
+    clock = 0.0
+    for r, m in enumerate(timed.metrics):
+        clock += max(prof.task_seconds(c, 2 * 8, 32.0 * d, r)
+                     for c in sample_clients(0, r, 12, 6).tolist())
+        assert m["sim_time"] == pytest.approx(clock, rel=1e-12)
