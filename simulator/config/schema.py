@@ -196,7 +196,8 @@ class Asynchrony(Strict):
     buffers (client id mod ``buffers``) holds one (``basgd``). An update staler than
     ``max_staleness`` steps is dropped. ``weights: updates`` weights each row of the robust
     aggregation by how many updates its client has contributed (Dahan & Levy, NeurIPS
-    2024). ``rounds`` counts server steps."""
+    2024). ``byzantine_staleness: fresh``: the Byzantine clients claim every update is fresh.
+    ``rounds`` counts server steps."""
 
     concurrency: Annotated[int, Ge(1), Le(MAX_CLIENTS)] | None = None
     buffer_size: Annotated[int, Ge(1), Le(MAX_CLIENTS)] | None = None
@@ -205,6 +206,9 @@ class Asynchrony(Strict):
     staleness: Staleness = Staleness()
     max_staleness: Annotated[int, Ge(0), Le(MAX_ROUNDS)] | None = None
     weights: Literal["none", "updates"] = "none"
+    # what the Byzantine clients report of their updates' model version: the truth, or
+    # ``fresh`` (a timing attack: the server, trusting it, neither drops nor discounts them)
+    byzantine_staleness: Literal["honest", "fresh"] = "honest"
 
 
 class DSGD(Strict):

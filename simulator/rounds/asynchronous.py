@@ -47,9 +47,10 @@ class AsyncRounds(ServerRounds):
         sc, a = self.ctx.plan.scenario, settings(self.ctx.plan.scenario)
         assert self.task_seconds is not None and self.devices is not None  # always, here
         avail = self.devices.availability
+        fresh = frozenset(self.ctx.byzantine) if a.byzantine_staleness == "fresh" else frozenset()
         return Schedule(sc.clients.total, concurrency(sc), step_rule(sc), a.max_staleness,
                         self.task_seconds, self.ctx.plan.seed,
-                        avail.next_start if avail is not None else None)
+                        avail.next_start if avail is not None else None, fresh)
 
     def _step_plan(self, step: int) -> StepPlan:
         """Step ``step``'s plan (simulated once: a step computed again after a lost worker
@@ -94,17 +95,21 @@ class AsyncRounds(ServerRounds):
             byz_ref = self.adversary.attack_rows(
                 round_, len(byz), [(list(c), n) for _, c, n in seen_groups], self.dim,
                 self.d_buffers, seen_refs)
+        a = settings(sc)
+        weights = (tuple(float(contributed[t]) for t in honest + byz) if a.weights == "updates"
+                   else None)
+        true_tau = np.asarray([round_ - v for v, _ in honest + byz], dtype=np.float64)
+        if a.byzantine_staleness == "fresh":  # the versions they report, which the server trusts
+            byz = [(round_, c) for _, c in byz]
         order = honest + byz
         tau = np.asarray([round_ - v for v, _ in order], dtype=np.float64)
-        a = settings(sc)
         scale = staleness_scale(a.staleness.function, a.staleness.a, a.staleness.b, tau)
         if sc.server.mode == "fedasync":
             scale = scale * a.mixing
         layout = StepLayout(
             tuple(groups), tuple((c, v) for v, c in byz),
             scales=None if bool((scale == 1.0).all()) else tuple(scale.tolist()),
-            weights=(tuple(float(contributed[t]) for t in order) if a.weights == "updates"
-                     else None),
+            weights=weights,
             buffer_of=(tuple(c % a.buffers for _, c in order) if sc.server.mode == "basgd"
                        else None),
             keep=sp.in_flight)
@@ -121,7 +126,9 @@ class AsyncRounds(ServerRounds):
         metrics = {"sim_time": sp.time,
                    "participants": float(len(order)), "byzantine_sampled": float(len(byz)),
                    "dropped_stale": float(sp.dropped), "started": float(sp.started),
-                   "staleness_mean": float(tau.mean()), "staleness_max": float(tau.max()),
+                   # the true staleness (what a timing attack hides from the server)
+                   "staleness_mean": float(true_tau.mean()),
+                   "staleness_max": float(true_tau.max()),
                    "clients_applied": float(self._schedule.clients_applied),
                    "b_hat": float(b_hat), "byzantine_exceeded": float(len(byz) > b_hat),
                    **metrics}

@@ -232,3 +232,22 @@ def test_a_synchronous_round_with_speeds_lasts_as_long_as_its_slowest_participan
         clock += max(prof.task_seconds(c, 2 * 8, 32.0 * d, r)
                      for c in sample_clients(0, r, 12, 6).tolist())
         assert m["sim_time"] == pytest.approx(clock, rel=1e-12)
+
+
+def test_a_timing_attack_claims_fresh_updates_and_escapes_the_staleness_cap(tmp_path):
+    """Slow Byzantine clients (10x) behind max_staleness 1: honest reporting gets most of
+    their updates dropped; claiming every update is fresh gets them all applied, at full
+    weight."""
+    extra = ATTACKED.replace("max_staleness: 3", "max_staleness: 1").replace(
+        "byzantine_factor: 0.5", "byzantine_factor: 10")
+    over = ["clients.byzantine=2", "attack={name: sign_flip}", "aggregator={name: mean}",
+            "rounds=30"]
+    honest = Engine(point(tmp_path, extra, over), InlineBackend()).run()
+    timing = Engine(point(tmp_path, extra, [*over, "asynchrony.byzantine_staleness=fresh"]),
+                    InlineBackend()).run()
+    applied = [sum(m["byzantine_sampled"] for m in r.metrics) for r in (honest, timing)]
+    assert applied[0] < applied[1]
+    assert sum(m["dropped_stale"] for m in honest.metrics) > \
+        sum(m["dropped_stale"] for m in timing.metrics)
+    # the Byzantine updates the server took as fresh were in truth stale
+    assert max(m["staleness_max"] for m in timing.metrics if m["byzantine_sampled"]) > 1
