@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from simulator.errors import ClockStalled
 from simulator.seeding import numpy_rng
 
 if TYPE_CHECKING:
@@ -100,7 +101,9 @@ class Schedule:
     # the state, advanced by ``next_step``
     time: float = 0.0
     version: int = 0
-    _heap: list[tuple[float, int, int, Task]] = field(default_factory=list)
+    # (time, client, start order, task); a wake-up (availability) is (time, -1, order, None)
+    _heap: list[tuple[float, int, int, Task | None]] = field(default_factory=list)
+    _wake_at: float = math.inf
     _busy: set[int] = field(default_factory=set)
     _started_now: set[int] = field(default_factory=set)  # started from the current version
     _tasks: dict[int, int] = field(default_factory=dict)  # tasks started per client
@@ -139,23 +142,21 @@ class Schedule:
         heapq.heappush(self._heap, (task.finish, c, task.seq, task))
 
     def _fill(self, t: float) -> None:
+        """Start clients until ``concurrency`` are in flight; with an availability trace,
+        when too few may start now, a wake-up at the first time one more may."""
         while len(self._busy) < self.concurrency:
             c = self._draw(t)
             if c is None:
-                return
+                break
             self._start(c, t)
-
-    def _wake(self) -> bool:
-        """Nobody in flight: move the clock to when the first client that may start is
-        active, and start from there. False when nobody ever will."""
-        assert self.next_start is not None
-        free = [c for c in range(self.total) if c not in self._started_now]
-        when = min((self.next_start(c, self.time) for c in free), default=math.inf)
-        if not math.isfinite(when):
-            return False
-        self.time = max(self.time, when)
-        self._fill(self.time)
-        return bool(self._busy)
+        if len(self._busy) < self.concurrency and self.next_start is not None:
+            when = min((self.next_start(c, t) for c in range(self.total)
+                        if c not in self._busy and c not in self._started_now),
+                       default=math.inf)
+            if t < when < self._wake_at:
+                self._wake_at = when
+                heapq.heappush(self._heap, (when, -1, self._seq, None))
+                self._seq += 1
 
     @property
     def clients_applied(self) -> int:
@@ -169,19 +170,25 @@ class Schedule:
         return len({t.client % r.buffers for t in self._buffer}) == r.buffers
 
     def next_step(self) -> StepPlan:
-        """Simulate until the next server step and return it. Raises RuntimeError when no
+        """Simulate until the next server step and return it. Raises ClockStalled when no
         client will ever be active again before the buffer fills."""
         if not self._filled:
             self._filled = True
             self._fill(self.time)
         while True:
-            if not self._heap and (self.next_start is None or not self._wake()):
-                raise RuntimeError(
-                    f"step {self.version + 1}: no client can start a task any more (the "
-                    "availability trace has no later active window) before the server's "
-                    f"buffer fills; {len(self._buffer)} update(s) wait in it")
+            if not self._heap:
+                raise ClockStalled(
+                    f"server step {self.version + 1}: no client can start a task any more "
+                    "(speeds.availability has no later active window) before the server's "
+                    f"buffer fills, with {len(self._buffer)} update(s) in it; give more "
+                    "clients or later windows, or fewer rounds")
             finish, c, _, task = heapq.heappop(self._heap)
             self.time = finish
+            if task is None:  # a wake-up: clients may start now
+                if finish == self._wake_at:
+                    self._wake_at = math.inf
+                self._fill(self.time)
+                continue
             self._busy.discard(c)
             if self.max_staleness is not None and c not in self.fresh and \
                     self.version - task.version > self.max_staleness:
@@ -202,7 +209,7 @@ class Schedule:
             self._fill(self.time)
             if step is not None:
                 # versions in flight after the step's replacements started (the new one too)
-                kept = tuple(sorted({e[3].version for e in self._heap}))
+                kept = tuple(sorted({e[3].version for e in self._heap if e[3] is not None}))
                 return StepPlan(step.index, step.time, step.arrivals, step.contributed,
                                 step.dropped, step.started, kept)
 

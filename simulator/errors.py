@@ -65,6 +65,11 @@ class ClientStateLost(FedrayError):
     with the same numbers; ``fedray resume`` continues it from its last checkpoint."""
 
 
+class ClockStalled(FedrayError):
+    """The simulated clock of an asynchronous run cannot go on: no client will ever be
+    active again (an availability trace) before the server's buffer fills."""
+
+
 class DeviceUnavailable(FedrayError):
     """The scenario asks for a device this process does not have."""
 

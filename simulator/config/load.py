@@ -45,16 +45,29 @@ class LoadedScenario:
     points: list[RunPoint] = field(default_factory=list)
 
 
+# the schema's own file paths (a plugin lists its own in ``traits.path_params``)
+SCHEMA_PATHS = (("speeds", "trace"), ("speeds", "availability"))
+
+
 def _resolve_paths(raw: dict, base: Path) -> None:
-    """Relative file paths in plugin blocks (a plugin lists them in ``traits.path_params``) are
-    relative to the scenario file's directory, wherever ``fedray`` is started from."""
+    """Relative file paths in plugin blocks (a plugin lists them in ``traits.path_params``)
+    and in the schema's blocks (``SCHEMA_PATHS``) are relative to the scenario file's
+    directory, wherever ``fedray`` is started from."""
     for loc, kind in PLUGIN_FIELDS:
         spec = get_path(raw, loc)
         cls = plugin_class(kind, spec)
         for key in cls.traits.path_params if cls is not None else ():
-            value = spec.get(key)
-            if isinstance(value, str) and value and not Path(value).is_absolute():
-                spec[key] = str((base / value).resolve())
+            _resolve(spec, key, base)
+    for *where, key in SCHEMA_PATHS:
+        block = get_path(raw, tuple(where))
+        if isinstance(block, dict):
+            _resolve(block, key, base)
+
+
+def _resolve(block: dict, key: str, base: Path) -> None:
+    value = block.get(key)
+    if isinstance(value, str) and value and not Path(value).is_absolute():
+        block[key] = str((base / value).resolve())
 
 
 MAX_FILE_BYTES = 1 << 20  # a scenario file is text of a few kB

@@ -251,3 +251,46 @@ def test_a_timing_attack_claims_fresh_updates_and_escapes_the_staleness_cap(tmp_
         sum(m["dropped_stale"] for m in timing.metrics)
     # the Byzantine updates the server took as fresh were in truth stale
     assert max(m["staleness_max"] for m in timing.metrics if m["byzantine_sampled"]) > 1
+
+
+def test_fedscale_traces_beside_the_scenario_drive_the_clock(tmp_path, monkeypatch):
+    """Device capacity and availability in FedScale's formats (JSON here), given relative to
+    the scenario file and read from another directory: client 0 computes at 10 ms a sample
+    (3 passes: 0.03 s a sample), client 1 at 20 ms, client 2 at 40 ms; 16 samples a task,
+    the model (650 float32 parameters) down and up at 1,000 kbit/s (1,024 bits each).
+    Client 0 is active only in [0.5, 1) of every second: the first update to arrive is
+    client 1's, at 16 * 0.06 + 2 * 20,800 / 1,024,000 s."""
+    import json
+
+    folder = tmp_path / "scenario"
+    folder.mkdir()
+    (folder / "capacity.json").write_text(json.dumps(
+        {str(k + 1): {"computation": ms, "communication": 1000}
+         for k, ms in enumerate([10, 20, 40])}))
+    (folder / "availability.json").write_text(json.dumps({
+        "1": {"active": [0.5], "inactive": [1.0], "finish_time": 1.0, "duration": 0.5},
+        "2": {"active": [0.0], "inactive": [100.0], "finish_time": 100.0, "duration": 100},
+        "3": {"active": [0.0], "inactive": [100.0], "finish_time": 100.0, "duration": 100}}))
+    p = folder / "s.yaml"
+    p.write_text(BASE + "server: {mode: fedasync}\nspeeds: {trace: capacity.json, "
+                 "availability: availability.json}\n")
+    monkeypatch.chdir(tmp_path)
+    sc = load(p, ["clients={total: 3}", "rounds=4", "local={steps: 2, batch_size: 8}"]
+              ).points[0].scenario
+    res = Engine(sc, InlineBackend()).run()
+    comm = 2 * 32 * 650 / 1_024_000
+    assert res.metrics[0]["sim_time"] == pytest.approx(16 * 0.06 + comm, rel=1e-12)
+    # client 0 starts at 0.5 s (its first active time) and arrives at 0.5 + 16 * 0.03 + comm
+    assert [m["sim_time"] for m in res.metrics][1] == pytest.approx(0.5 + 0.48 + comm)
+
+
+def test_a_clock_that_no_client_can_move_is_one_line():
+    """Availability that ends: client 0 active in [0, 1) of a 1e9 s cycle, client 1 never;
+    a buffer of 2 cannot fill once client 0 has sent its one update of version 0."""
+    from simulator.errors import ClockStalled
+
+    s = Schedule(2, 2, Rule(2), None, lambda c, k: 0.5, 0,
+                 lambda c, t: t if c == 0 and t < 1 else float("inf"))
+    with pytest.raises(ClockStalled, match=r"^server step 1: no client can start a task any "
+                       r"more .* with 1 update\(s\) in it; give more clients"):
+        s.next_step()
