@@ -226,7 +226,8 @@ def factors(speeds: Speeds, total: int, seed: int) -> np.ndarray:
     else:
         raise ValueError(f"{_AT}.distribution: unknown distribution {dist!r}")
     fmax = np.finfo(np.float64)
-    return np.clip(f, fmax.tiny, fmax.max)  # > 0 and finite, however far the tail reaches
+    # > 0 and finite, however far the tail reaches; at most max_factor (Plato's cap)
+    return np.clip(f, fmax.tiny, fmax.max if speeds.max_factor is None else speeds.max_factor)
 
 
 _ZIPF_A = "zipf needs a > 1 (its normalising sum diverges at a <= 1),"

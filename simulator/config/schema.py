@@ -169,7 +169,8 @@ class Speeds(Strict):
     ``samples * sample_seconds * s_c * exp(jitter * e) + 2 * model_bits / bandwidth_c``
     simulated seconds: ``s_c`` a fixed factor per client drawn from ``distribution``
     (``constant`` 1, ``exponential`` of mean 1, ``lognormal`` exp(sigma z), ``zipf`` with
-    exponent ``a`` (> 1), ``pareto`` with shape ``a`` and minimum 1), ``e`` a standard normal
+    exponent ``a`` (> 1), ``pareto`` with shape ``a`` and minimum 1; at most ``max_factor``),
+    ``e`` a standard normal
     draw per task, the model sent down and up. ``trace``: a FedScale device-capacity file
     (``{client: {computation, communication}}``: ms per sample, kbit/s; pickle, JSON or
     Parquet) replaces the factors and the bandwidth; ``availability``: a FedScale
@@ -180,6 +181,9 @@ class Speeds(Strict):
     distribution: Literal["constant", "exponential", "lognormal", "zipf", "pareto"] = "constant"
     sigma: Annotated[float, Ge(0), Le(100)] = 0.5
     a: Annotated[float, Gt(0), Le(100)] = 1.2
+    # the slowest device's factor (heavy tails such as Zipf's draw factors in the millions;
+    # Plato rescales its Zipf sleep times into a [min, max] range); null: no cap
+    max_factor: Annotated[float, Gt(0), Le(1e12)] | None = None
     jitter: Annotated[float, Ge(0), Le(100)] = 0.0
     sample_seconds: Annotated[float, Gt(0), Le(1e6)] = 0.001
     bandwidth: Annotated[float, Gt(0), AllowInfNan(True)] = float("inf")  # bits/s; inf: none

@@ -411,3 +411,14 @@ def test_jitter_draw_per_client_and_task():
     assert prof.task_seconds(2, 50, 1e5, 1) != prof.task_seconds(3, 50, 1e5, 1)
     times = np.array([prof.task_seconds(0, 1, 0.0, t) for t in range(4000)]) / 0.01
     assert np.log(times).std() == pytest.approx(0.3, abs=0.015)
+
+
+def test_max_factor_caps_the_heavy_tail():
+    """Zipf(1.2) draws factors in the millions; max_factor caps them, the rest unchanged."""
+    from simulator.config.schema import Speeds
+    from simulator.speeds import factors
+
+    free = factors(Speeds(distribution="zipf", a=1.2), 2000, 0)
+    capped = factors(Speeds(distribution="zipf", a=1.2, max_factor=30), 2000, 0)
+    assert free.max() > 1000 and capped.max() == 30
+    np.testing.assert_array_equal(capped, np.minimum(free, 30))
