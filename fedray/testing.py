@@ -16,7 +16,10 @@ one (name, callable) for a parametrised test, as ``parametrize_with_checks`` doe
         check()
 
 A rule whose constructor takes ``f`` is built with the number of Byzantine rows of the test
-matrices (``F``); other required keys come from ``params``. ``skip`` names checks that do
+matrices (``F``); other required keys come from ``params``. An aggregation rule with
+``traits.weighted`` gets the weighted checks too: equal weights give its unweighted output,
+``weights=None`` is the call without weights, the weights are never modified, scaling them
+changes nothing and they follow their rows when the rows are permuted. ``skip`` names checks that do
 not apply, with the reason (``{"permutation_invariance": "relative to its first row"}``).
 fedray's own plugins run through these same checks (tests/strategies/test_conformance.py).
 """
@@ -81,6 +84,59 @@ def _spread(x: torch.Tensor) -> float:
 
 
 # ---------------------------------------------------------------------------- aggregation
+
+
+def _weighted_checks(cls: Any, run: Callable[..., torch.Tensor]) -> list[Check]:
+    """The checks of a weighted aggregation rule (``traits.weighted``); ``run(x, **kw)``
+    calls a fresh instance on ``x`` with a seeded generator and the keywords ``kw``."""
+    def weights_keyword() -> None:
+        p = inspect.signature(cls.__call__).parameters.get("weights")
+        assert p is not None and p.default is None and p.kind in (
+            p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY), \
+            f"{cls.__name__} declares traits.weighted but its __call__ takes no weights=None"
+
+    def weights_none_is_unweighted() -> None:
+        x = matrix(22)
+        assert torch.equal(run(x, weights=None), run(x)), \
+            "weights=None gives another output than the call without weights"
+
+    def equal_weights_are_unweighted() -> None:
+        x = matrix(23)
+        plain = run(x)
+        for value, dtype in ((1.0, torch.float64), (0.3, torch.float64), (7.0, torch.float32)):
+            out = run(x, weights=torch.full((N,), value, dtype=dtype))
+            err = float((out - plain).abs().max())
+            assert torch.allclose(out, plain, rtol=1e-5, atol=1e-5), \
+                f"equal weights {value} ({dtype}) move the output by {err:.3g} from no weights"
+
+    def weights_not_modified() -> None:
+        x = matrix(24)
+        for dtype in (torch.float64, torch.float32):
+            w = torch.rand(N, generator=torch.Generator().manual_seed(25), dtype=dtype) + 0.1
+            before, x_before = w.clone(), x.clone()
+            out = run(x, weights=w)
+            assert torch.equal(w, before), "modified its weights"
+            assert torch.equal(x, x_before), "modified its input"
+            assert out.shape == (D,) and out.dtype == torch.float32 and torch.isfinite(out).all(), \
+                f"output {tuple(out.shape)} {out.dtype} with {dtype} weights"
+
+    def weights_scale_free() -> None:
+        """Weights are not normalised: the rule divides by their total."""
+        x = matrix(26)
+        w = torch.rand(N, generator=torch.Generator().manual_seed(27), dtype=torch.float64) + 0.1
+        torch.testing.assert_close(run(x, weights=w * 5.0), run(x, weights=w),
+                                   rtol=1e-5, atol=1e-5)
+
+    def weights_follow_their_rows() -> None:
+        x = matrix(28)
+        w = torch.rand(N, generator=torch.Generator().manual_seed(29), dtype=torch.float64) + 0.1
+        perm = torch.randperm(N, generator=torch.Generator().manual_seed(30))
+        torch.testing.assert_close(run(x[perm], weights=w[perm]), run(x, weights=w),
+                                   rtol=1e-5, atol=1e-4)
+
+    return [(c.__name__, c) for c in (weights_keyword, weights_none_is_unweighted,
+                                      equal_weights_are_unweighted, weights_not_modified,
+                                      weights_scale_free, weights_follow_their_rows)]
 
 
 def _aggregator_checks(make: Callable[[], Any]) -> list[Check]:
@@ -503,10 +559,24 @@ def plugin_checks(kind: str, cls: Any, params: dict[str, Any] | None = None,
     def plain() -> Any:
         return make()
 
+    def weighted(run: Callable[..., torch.Tensor]) -> list[Check]:
+        return _weighted_checks(cls, run) if getattr(cls, "traits", None) is not None \
+            and cls.traits.weighted else []
+
+    def run_aggregator(x: torch.Tensor, **kw: Any) -> torch.Tensor:
+        return plain()(x, generator=torch.Generator().manual_seed(0), **kw)
+
+    def run_meta(x: torch.Tensor, **kw: Any) -> torch.Tensor:
+        from strategies.aggregators import CoordinateWiseMedian
+
+        return plain()(x, CoordinateWiseMedian(), generator=torch.Generator().manual_seed(0),
+                       **kw)
+
     by_kind: dict[str, Callable[[], list[Check]]] = {
-        "aggregators": lambda: [_takes_a_generator(cls), *_aggregator_checks(plain)],
+        "aggregators": lambda: [_takes_a_generator(cls), *_aggregator_checks(plain),
+                                *weighted(run_aggregator)],
         "preaggregators": lambda: [_takes_a_generator(cls), *_preaggregator_checks(plain)],
-        "meta": lambda: [_takes_a_generator(cls), *_meta_checks(plain)],
+        "meta": lambda: [_takes_a_generator(cls), *_meta_checks(plain), *weighted(run_meta)],
         "attacks": lambda: _attack_checks(_with_aggregate(make), cls),
         "topologies": lambda: _topology_checks(plain, cls),
         "gossip_defenses": lambda: _gossip_defense_checks(_defense(make)),

@@ -194,6 +194,8 @@ def contract(kind: str) -> type:
 # kinds whose rules are called with the round's generator, by keyword (deterministic rules
 # ignore it): the pipeline calls every rule the same way
 GENERATOR_KINDS = ("aggregators", "preaggregators", "meta")
+# kinds whose rules may declare traits.weighted, and then take weights=None by keyword
+WEIGHTED_KINDS = ("aggregators", "meta")
 
 
 @cache
@@ -208,6 +210,12 @@ def _loaded(kind: str, name: str) -> type:
         raise BadPlugin(f"{kind.removesuffix('s')} {name!r} ({_origin(ep)}): __call__ must take "
                         "generator=None (the one signature of aggregation rules, "
                         f"{base.__module__}.{base.__qualname__}); a deterministic rule ignores it")
+    weighted = getattr(getattr(cls, "traits", None), "weighted", False)
+    if kind in WEIGHTED_KINDS and weighted and \
+            "weights" not in inspect.signature(cls.__call__).parameters:
+        raise BadPlugin(f"{kind.removesuffix('s')} {name!r} ({_origin(ep)}): traits.weighted, "
+                        "but __call__ takes no weights=None (the signature of weighted "
+                        f"aggregation rules, {base.__module__}.{base.__qualname__})")
     return cls
 
 

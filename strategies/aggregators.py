@@ -4,7 +4,12 @@ Each aggregator is a small class whose constructor arguments are exactly its key
 scenario file (``aggregator: {name: cwtm, f: 2}``). ``check(n)`` states the constraints that
 depend on how many rows it will receive, with a message naming the parameter. Every rule is
 called as ``rule(x, generator=...)``: one that draws from the generator declares
-``traits = Traits(random=True)``, the others ignore it. A stateful rule (centered clipping) keeps its state in attributes
+``traits = Traits(random=True)``, the others ignore it. A rule with a weighted definition
+(``traits.weighted``: mean, CWMed, CWTM, geometric median, Krum, Multi-Krum) also takes
+``weights``, one positive weight per row (an asynchronous server weighs its updates, Dahan &
+Levy, "Weight for Robustness: A Comprehensive Approach towards Optimal Fault-Tolerant
+Asynchronous ML", NeurIPS 2024); ``weights=None`` runs the unweighted code unchanged. A
+stateful rule (centered clipping) keeps its state in attributes
 exposed by ``state_dict()`` / ``load_state_dict()``, as torch.optim does. The contract is
 ``strategies.protocols.Aggregator``; the shared maths is in ``strategies.geometry``.
 
@@ -42,6 +47,12 @@ from strategies.geometry import (
     rank,
     row_keys,
     squared_distances,
+    weight_vector,
+    weighted_coordinate_median,
+    weighted_krum_scores,
+    weighted_mean,
+    weighted_mean_of_rows,
+    weighted_trimmed_mean,
 )
 from strategies.protocols import Aggregator, Traits, require_generator
 
@@ -79,13 +90,18 @@ class Mean(Aggregator):
     """Arithmetic mean of the rows: FedAvg's aggregation (McMahan et al., AISTATS 2017).
 
     Not robust: a single unbounded Byzantine row moves it arbitrarily far.
+
+    Weighted (Dahan & Levy, NeurIPS 2024): ``sum_i w_i x_i / sum_i w_i``; row i moves it by
+    at most ``w_i / W`` times its norm.
     """
 
-    traits = Traits(averaging=True)
+    traits = Traits(averaging=True, weighted=True)
 
-    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
-                 ) -> torch.Tensor:
-        return x.mean(dim=0)
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None,
+                 weights: torch.Tensor | None = None) -> torch.Tensor:
+        if weights is None:
+            return x.mean(dim=0)
+        return weighted_mean(x, weight_vector(weights, x.shape[0], x.device))
 
     def check(self, n: int) -> None:
         return None
@@ -96,11 +112,23 @@ class CoordinateWiseMedian(Aggregator):
 
     For an even number of rows the mean of the two middle values is returned (the usual
     statistical median, as NumPy computes it), not torch's lower median.
+
+    Weighted (w-CWMed, Dahan & Levy, NeurIPS 2024): per coordinate, the smallest value whose
+    cumulative weight (values in ascending order) reaches half the total ``W``; where it
+    equals ``W / 2`` exactly, the mean of that value and the next. Equal weights give the
+    median above (the even-n midpoint included), integer weights the median of the rows
+    repeated as often as their weight. The authors' code takes the first value whose
+    normalised cumulative weight exceeds 1/2, with no midpoint: it differs only at such
+    exact halves.
     """
 
-    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
-                 ) -> torch.Tensor:
-        return coordinate_median(x)
+    traits = Traits(weighted=True)
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None,
+                 weights: torch.Tensor | None = None) -> torch.Tensor:
+        if weights is None:
+            return coordinate_median(x)
+        return weighted_coordinate_median(x, weight_vector(weights, x.shape[0], x.device))
 
     def check(self, n: int) -> None:
         return None
@@ -108,15 +136,31 @@ class CoordinateWiseMedian(Aggregator):
 
 class CoordinateWiseTrimmedMean(Aggregator):
     """Coordinate-wise trimmed mean (Yin et al., ICML 2018): in each coordinate drop the f
-    largest and the f smallest values and average the remaining n - 2f."""
+    largest and the f smallest values and average the remaining n - 2f.
+
+    Weighted (in the spirit of Dahan & Levy, NeurIPS 2024, whose paper weighs CWMed and the
+    geometric median; this extension is ours): per coordinate, remove the weight
+    ``f W / n`` from each end of the sorted values (``W`` the total weight; the value at
+    each boundary loses part of its weight) and take the weighted mean of the weight
+    ``(n - 2f) W / n`` that is left. Equal weights give the rule above; integer weights the
+    rule on the rows repeated as often as their weight, with ``f' = f W / n`` when that is an
+    integer.
+    """
+
+    traits = Traits(weighted=True)
 
     def __init__(self, f: Annotated[int, Ge(0)] = 0) -> None:
         self.f = f
 
-    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
-                 ) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None,
+                 weights: torch.Tensor | None = None) -> torch.Tensor:
         n = x.shape[0]
         self.check(n)
+        if weights is not None:
+            w = weight_vector(weights, n, x.device)
+            if self.f == 0:
+                return weighted_mean(x, w)
+            return weighted_trimmed_mean(x, w, self.f * float(w.sum()) / n)
         if self.f == 0:
             return x.mean(dim=0)
         if bool(finite_rows(x).all()):
@@ -163,7 +207,16 @@ class GeometricMedian(Aggregator):
     Every iterate after the first is a weighted average of the rows, so the iterations run on
     the ``n x n`` Gram matrix (distances ``||x_i - z||^2 = G_ii - 2 (G a)_i + a'Ga`` for
     ``z = X'a``) and the ``(n, d)`` matrix is read once more at the end.
+
+    Weighted (w-GM, Dahan & Levy, NeurIPS 2024, as their code's weighted RFA): the
+    minimiser of ``sum_i s_i ||z - x_i||`` for row weights ``s_i``, by the same iteration
+    with ``w_i = s_i / max(nu, ||x_i - z||)``; the ``mean`` start is the ``s``-weighted mean,
+    the ``median`` start the weighted coordinate-wise median. Equal weights give the same
+    iterates as the unweighted rule; integer weights those of the rows repeated as often as
+    their weight (to float rounding).
     """
+
+    traits = Traits(weighted=True)
 
     def __init__(
         self,
@@ -174,10 +227,16 @@ class GeometricMedian(Aggregator):
     ) -> None:
         self.nu, self.iterations, self.tol, self.init = nu, iterations, tol, init
 
-    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
-                 ) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None,
+                 weights: torch.Tensor | None = None) -> torch.Tensor:
         ok = finite_rows(x)
-        xs = x if bool(ok.all()) else x[ok]
+        every = bool(ok.all())
+        xs = x if every else x[ok]
+        # s: the rows' weights, None for the unweighted rule (whose arithmetic is unchanged)
+        s = None
+        if weights is not None:
+            s = weight_vector(weights, x.shape[0])
+            s = s if every else s[ok]
         m = xs.shape[0]
         if m == 0:
             return torch.full_like(x[0], math.nan)
@@ -190,16 +249,18 @@ class GeometricMedian(Aggregator):
         cc = float(c.double() @ c.double())
         left = self.iterations
         if self.init == "mean":
-            a = torch.full((m,), 1.0 / m, dtype=torch.float64)
+            a = torch.full((m,), 1.0 / m, dtype=torch.float64) if s is None else s / s.sum()
         else:
-            z0 = coordinate_median(xs) if self.init == "median" else torch.zeros_like(xs[0])
-            a = self._weights(torch.linalg.vector_norm(xs - z0, dim=1).double())
+            z0 = torch.zeros_like(xs[0]) if self.init == "zero" else \
+                coordinate_median(xs) if s is None else \
+                weighted_coordinate_median(xs, s.to(xs.device))
+            a = self._weights(torch.linalg.vector_norm(xs - z0, dim=1).double(), s)
             left -= 1
         diag = torch.diagonal(g)
         for _ in range(left):
             ga = g @ a
             dist = (diag - 2 * ga + a @ ga).clamp_min(0).sqrt()
-            new = self._weights(dist)
+            new = self._weights(dist, s)
             delta = new - a
             step = float((delta @ g @ delta).clamp_min(0).sqrt())
             a = new
@@ -209,8 +270,10 @@ class GeometricMedian(Aggregator):
                     break
         return (a.to(xs.dtype) @ xs).to(x.dtype)
 
-    def _weights(self, dist: torch.Tensor) -> torch.Tensor:
-        w = 1.0 / dist.clamp_min(self.nu)
+    def _weights(self, dist: torch.Tensor, s: torch.Tensor | None = None) -> torch.Tensor:
+        """Weiszfeld's coefficients of the rows at ``dist`` (summing to 1), for the row
+        weights ``s`` (None: all 1)."""
+        w = 1.0 / dist.clamp_min(self.nu) if s is None else s / dist.clamp_min(self.nu)
         return w / w.sum()
 
     def check(self, n: int) -> None:
@@ -223,7 +286,21 @@ class MultiKrum(Aggregator):
     lowest score (``m`` defaults to n - f). Requires n > 2f + 2.
 
     ByzFL scores with the *mean* over n - f - 1 neighbours instead; we follow the paper.
+
+    Weighted (ours: Dahan & Levy, NeurIPS 2024, define weighted robust aggregation and weigh
+    CWMed, the geometric median and CTMA, not Krum): with row weights ``w`` of total ``W``,
+    the score of row i is the ``w``-weighted sum of its squared distances to its nearest
+    other rows, nearest first, until they cover the weight ``(n - f - 1) W / n - w_i`` (the
+    last one fractionally; score 0 when that is <= 0): the weight of n - f - 1 average rows
+    less its own, as the unweighted rule counts n - f - 2 others besides itself. The output
+    is the ``w``-weighted mean of the ``m`` rows of lowest score (``m`` counts rows, so Krum
+    stays Multi-Krum with m = 1). Equal weights give the rule above. With integer weights,
+    Krum's choice is the unweighted Krum's on the rows repeated as often as their weight with
+    ``f' = (f + 1) W / n - 1`` (when an integer); Multi-Krum's average of ``m`` rows has no
+    such reading (it would count copies). Non-finite rows rank after every finite row.
     """
+
+    traits = Traits(weighted=True)
 
     def __init__(self, f: Annotated[int, Ge(0)] = 0, m: Annotated[int, Ge(1)] | None = None) -> None:
         self.f, self.m = f, m
@@ -231,10 +308,19 @@ class MultiKrum(Aggregator):
     def _m(self, n: int) -> int:
         return n - self.f if self.m is None else self.m
 
-    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
-                 ) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None,
+                 weights: torch.Tensor | None = None) -> torch.Tensor:
         n = x.shape[0]
         self.check(n)
+        if weights is not None:
+            w = weight_vector(weights, n)
+            scores = weighted_krum_scores(squared_distances(x), w, self.f)
+            # non-finite rows rank after every finite row, even one of infinite score (a
+            # non-finite row whose own weight covers its budget would otherwise score 0)
+            scores = torch.where(finite_rows(x).cpu(), scores,
+                                 torch.full((), math.nan, dtype=scores.dtype))
+            best = rank(scores, row_keys(x))[: self._m(n)]
+            return weighted_mean_of_rows(x, best.to(x.device), w.to(x.device))
         scores = krum_scores(squared_distances(x), self.f)
         best = rank(scores, row_keys(x))[: self._m(n)]
         return mean_of_rows(x, best)
@@ -247,7 +333,12 @@ class MultiKrum(Aggregator):
 
 class Krum(MultiKrum):
     """Krum (Blanchard et al., NeurIPS 2017): the single row of lowest Krum score
-    (Multi-Krum with m = 1)."""
+    (Multi-Krum with m = 1).
+
+    Weighted: the row of lowest weighted Krum score (see :class:`MultiKrum`; ours, not Dahan
+    & Levy's, who define no weighted Krum). Equal weights give Krum; integer weights give
+    Krum on the rows repeated as often as their weight, with ``f' = (f + 1) W / n - 1``.
+    """
 
     def __init__(self, f: Annotated[int, Ge(0)] = 0) -> None:
         super().__init__(f, m=1)

@@ -17,6 +17,8 @@ import math
 import numpy as np
 import torch
 
+from strategies.protocols import check_weights
+
 GRAM_BLOCK = 8192  # columns per block of the Gram product (measured: 1.5x faster than one block)
 
 
@@ -123,3 +125,111 @@ def krum_scores(d2: torch.Tensor, f: int) -> torch.Tensor:
     k = max(n - f - 2, 0)
     s = torch.sort(d2, dim=1).values[:, 1 : 1 + k]  # column 0 is the row itself
     return s.sum(dim=1)
+
+
+# ---------------------------------------------------------------------------- weights
+#
+# A weighted rule (traits.weighted) takes one positive weight per row. Its maths here works on
+# the weights scaled so that the largest is 1: equal weights become exactly 1.0, so the weighted
+# arithmetic repeats the unweighted one (the same sums, the same divisions) and a weighted rule
+# at equal weights gives the unweighted numbers.
+
+# entries of the (n, block) work arrays of the coordinate-wise weighted rules (sorted values,
+# their weights, cumulative sums): bounds their memory for large models
+WEIGHTED_BLOCK_ENTRIES = 1 << 22
+
+
+def weight_vector(weights: torch.Tensor, n: int, device: torch.device | None = None
+                  ) -> torch.Tensor:
+    """``weights`` checked (``strategies.protocols.check_weights``) and scaled so that the
+    largest is 1, as a new float64 tensor on ``device`` (the input is never modified)."""
+    check_weights(weights, n)
+    w = weights.detach().to(device=device, dtype=torch.float64)
+    return w / w.max()
+
+
+def weighted_mean(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``sum_i w_i x_i / sum_i w_i`` in the rows' dtype (``w`` from :func:`weight_vector`);
+    with equal weights the same number as ``x.mean(dim=0)``."""
+    r = w.to(x.dtype)
+    return (x * r[:, None]).sum(dim=0) / r.sum()
+
+
+def weighted_mean_of_rows(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The ``w``-weighted mean of the rows ``idx``, as :func:`mean_of_rows` computes the mean
+    (the same number with equal weights)."""
+    wi = w[idx]
+    if bool(finite_rows(x).all()):
+        v = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+        v[idx] = (wi / wi.sum()).to(x.dtype)
+        return v @ x
+    return weighted_mean(x[idx], wi)
+
+
+def _column_blocks(x: torch.Tensor):
+    """``(lo, hi)`` column ranges of at most ``WEIGHTED_BLOCK_ENTRIES`` entries of ``x``."""
+    step = max(1, WEIGHTED_BLOCK_ENTRIES // max(x.shape[0], 1))
+    for lo in range(0, x.shape[1], step):
+        yield lo, min(lo + step, x.shape[1])
+
+
+def _sorted_weights(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per column, the values sorted ascending (NaN last) and the weights of their rows."""
+    s, idx = torch.sort(x, dim=0)
+    return s, w[idx]
+
+
+def weighted_coordinate_median(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Per coordinate, the weighted median: the smallest value whose cumulative weight (values
+    sorted ascending, NaN last) reaches half the total; where the cumulative weight equals half
+    the total exactly (to float64 rounding, 1e-12 of the total), the mean of that value and
+    the next. Equal weights give :func:`coordinate_median`, the even-n midpoint included;
+    integer weights give the median of the rows repeated as often as their weight."""
+    n = x.shape[0]
+    total = float(w.sum())
+    half, tol = total / 2, 1e-12 * total
+    out = torch.empty(x.shape[1], dtype=x.dtype, device=x.device)
+    for lo, hi in _column_blocks(x):
+        s, ws = _sorted_weights(x[:, lo:hi], w)
+        c = ws.cumsum(dim=0)
+        k = (c < half - tol).sum(dim=0, keepdim=True).clamp_max(n - 1)
+        tie = (c.gather(0, k) <= half + tol) & (k < n - 1)
+        a = s.gather(0, k)
+        b = s.gather(0, (k + 1).clamp_max(n - 1))
+        out[lo:hi] = torch.where(tie, (a + b) / 2, a)[0]
+    return out
+
+
+def weighted_trimmed_mean(x: torch.Tensor, w: torch.Tensor, trim: float) -> torch.Tensor:
+    """Per coordinate, the weighted mean of the values left when weight ``trim`` is removed
+    from each end of the sorted values (NaN last), the value at each boundary cut
+    fractionally: value j keeps ``max(0, min(C_j, W - trim) - max(C_j - w_j, trim))`` of its
+    weight, with ``C_j`` the cumulative weight up to it and ``W`` the total; the kept weight
+    is ``W - 2 trim``. Computed in float64."""
+    total = float(w.sum())
+    keep = total - 2 * trim
+    out = torch.empty(x.shape[1], dtype=x.dtype, device=x.device)
+    zero = torch.zeros((), dtype=torch.float64, device=x.device)
+    for lo, hi in _column_blocks(x):
+        s, ws = _sorted_weights(x[:, lo:hi], w)
+        c = ws.cumsum(dim=0)
+        kept = (c.clamp_max(total - trim) - (c - ws).clamp_min(trim)).clamp_min(0)
+        # a trimmed value (weight 0) may be infinite or NaN: it must not reach the sum
+        out[lo:hi] = (torch.where(kept > 0, kept * s.double(), zero).sum(dim=0) / keep).to(x.dtype)
+    return out
+
+
+def weighted_krum_scores(d2: torch.Tensor, w: torch.Tensor, f: int) -> torch.Tensor:
+    """The weighted Krum score of each row: the ``w``-weighted sum of its squared distances
+    to its nearest other rows, taken nearest first until they cover the weight
+    ``B_i = (n - f - 1) W / n - w_i`` (``W`` the total; the last row covered fractionally;
+    0 when ``B_i <= 0``). At equal weights ``B_i`` is n - f - 2 rows: :func:`krum_scores`."""
+    n = d2.shape[0]
+    budget = (n - f - 1) * w.sum() / n - w
+    d = d2.clone()
+    d.fill_diagonal_(-1.0)  # the row itself sorts first, even among rows at distance 0
+    s, idx = torch.sort(d, dim=1)
+    s, ws = s[:, 1:], w[idx[:, 1:]]
+    cover = torch.minimum((budget[:, None] - (ws.cumsum(dim=1) - ws)).clamp_min(0), ws)
+    zero = torch.zeros((), dtype=s.dtype, device=s.device)
+    return torch.where(cover > 0, cover * s, zero).sum(dim=1)

@@ -90,6 +90,7 @@ __all__ = [
     "Topology",
     "Trainer",
     "Traits",
+    "check_weights",
     "require_generator",
 ]
 
@@ -129,6 +130,10 @@ class Traits:
     ``tokens``: a model that takes integer token ids (an embedding), not values; it lists
     ``vocabulary`` in ``context`` to receive the data's number of token ids.
     ``targets``: the labels a task needs, ``classes`` (int64 ids) or ``values`` (float32).
+    ``weighted``: an aggregation rule (aggregator or meta-aggregator) that takes ``weights``,
+    one positive weight per row (an asynchronous server weighs its updates); it is called
+    ``rule(x, generator=None, weights=None)`` (see :class:`Aggregator`). A rule without it
+    has no weighted definition and is refused weights.
     """
 
     random: bool = False
@@ -149,6 +154,7 @@ class Traits:
     tokens: bool = False
     client_state: bool = False
     targets: Literal["classes", "values"] = "classes"
+    weighted: bool = False
 
 
 class TraitAlias:
@@ -212,20 +218,46 @@ def require_generator(generator: torch.Generator | None, rule: object) -> torch.
     return generator
 
 
+def check_weights(weights: torch.Tensor, n: int) -> None:
+    """Raise ``ValueError("weights: ...")`` unless ``weights`` is what a weighted rule
+    (``traits.weighted``) is called with for ``n`` rows: a float64 or float32 tensor of
+    shape ``(n,)``, every entry finite and > 0."""
+    if not isinstance(weights, torch.Tensor) or tuple(weights.shape) != (n,):
+        got = tuple(weights.shape) if isinstance(weights, torch.Tensor) else type(weights).__name__
+        raise ValueError(f"weights: must be a tensor of shape ({n},), one weight per row, "
+                         f"got {got}")
+    if weights.dtype not in (torch.float64, torch.float32):
+        raise ValueError(f"weights: must be float64 or float32, got {weights.dtype}")
+    ok = torch.isfinite(weights) & (weights > 0)
+    if not bool(ok.all()):
+        bad = int(torch.nonzero(~ok)[0, 0])
+        raise ValueError(f"weights: every entry must be finite and > 0, got {float(weights[bad])} "
+                         f"at row {bad}")
+
+
 class Aggregator(Plugin, Stateful, ABC):
     """``(n, d)`` float32 updates -> ``(d,)`` aggregate. Non-finite rows must not break it
-    while at most ``f`` rows are Byzantine."""
+    while at most ``f`` rows are Byzantine.
+
+    A rule with ``traits.weighted`` also takes ``weights``: ``rule(x, generator=None,
+    weights=None)``. ``weights`` is None (the unweighted rule, the same numbers bit for bit as
+    a call without it) or a float64 or float32 tensor of shape ``(n,)``, every entry > 0
+    (:func:`check_weights`), not normalised: the rule divides by their total, so scaling
+    every weight by one constant leaves its output unchanged, and equal weights give the
+    unweighted rule. The rule never modifies ``weights``. A rule without the trait is never
+    given weights (the pipeline refuses them in one line)."""
 
     @abstractmethod
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
                  ) -> torch.Tensor:
         """The aggregate of the rows ``x``. Every caller may pass ``generator``: a rule with
-        ``traits.random`` draws from it (and needs it), any other ignores it."""
+        ``traits.random`` draws from it (and needs it), any other ignores it. A weighted rule
+        (``traits.weighted``) adds ``weights: torch.Tensor | None = None``."""
 
 
 class PreAggregator(Plugin, Stateful, ABC):
     """``(n, d)`` -> ``(output_rows(n), d)``, applied before the aggregator in the order of
-    the scenario's ``preaggregators`` list."""
+    the scenario's ``preaggregators`` list. Pre-aggregators take no weights."""
 
     @abstractmethod
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
@@ -241,13 +273,19 @@ class PreAggregator(Plugin, Stateful, ABC):
 class MetaAggregator(Plugin, Stateful, ABC):
     """Wraps the scenario's aggregator: ``meta(x, aggregator) -> (d,)``; ``aggregator`` maps
     ``(m, d)`` to ``(d,)`` (a random aggregator comes with its generator bound) and is called
-    on ``output_rows(n)`` rows at most."""
+    on ``output_rows(n)`` rows at most.
+
+    A meta-aggregator with ``traits.weighted`` is called ``meta(x, aggregator,
+    generator=None, weights=None)``, ``weights`` as for :class:`Aggregator` (None: the
+    unweighted rule, bit for bit). Given weights, it calls ``aggregator(rows, weights=...)``
+    with the weights of the rows it passes (the engine then hands it a weighted aggregator);
+    without, ``aggregator(rows)`` as an unweighted meta-aggregator does."""
 
     @abstractmethod
     def __call__(self, x: torch.Tensor, aggregator: Callable[[torch.Tensor], torch.Tensor],
                  generator: torch.Generator | None = None) -> torch.Tensor:
         """The aggregate of ``x`` through ``aggregator``; ``generator`` as for
-        :meth:`Aggregator.__call__`."""
+        :meth:`Aggregator.__call__`; a weighted meta-aggregator adds ``weights``."""
 
     def output_rows(self, n: int) -> int:
         """How many rows the wrapped aggregator receives at most from ``n`` rows."""

@@ -3,7 +3,9 @@
 One class used by the Server (which steps it every round) and by the Adversary (whose optimal
 attacks simulate it). Every rule is called with a generator derived from (seed, rule, round)
 (deterministic rules ignore it), so the pipeline is a pure function of its input, its state
-and the round.
+and the round. Given weights (one per row: an asynchronous server's), it hands them to the
+aggregator and the meta-aggregator, which must both have a weighted definition
+(``traits.weighted``); pre-aggregators take none.
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ from simulator.errors import TooFewRows, guarded
 from simulator.plan import PipelinePlan
 from simulator.registry import PluginSpec, instantiate
 from simulator.seeding import torch_generator
-from strategies.protocols import Aggregator, MetaAggregator, Plugin, PreAggregator, Stateful
+from strategies.protocols import (
+    Aggregator,
+    MetaAggregator,
+    Plugin,
+    PreAggregator,
+    Stateful,
+    check_weights,
+)
 
 
 class Pipeline:
@@ -53,25 +62,53 @@ class Pipeline:
         """The pipeline a Plan names, its random rules seeded from ``seed``."""
         return cls(list(plan.preaggregators), plan.aggregator, plan.meta, seed)
 
-    def aggregate(self, x: torch.Tensor, round_: int) -> torch.Tensor:
-        """``(n, d)`` updates -> ``(d,)`` aggregate; advances stateful rules. Raises
-        TooFewRows when ``n`` is below what a rule accepts, PluginError when a rule fails."""
+    def check_weighted(self) -> None:
+        """Raise ValueError, in one line naming the rule, unless every rule of the pipeline
+        takes weights (``traits.weighted``; pre-aggregators never do)."""
+        rules: list[tuple[str, Plugin]] = [
+            *((f"preaggregators[{i}]", p) for i, p in enumerate(self.pre)),
+            ("aggregator", self.aggregator),
+            *((("meta", self.meta),) if self.meta is not None else ())]
+        for where, rule in rules:
+            if not rule.traits.weighted:
+                raise ValueError(f"{where} {self.names[where]!r} has no weighted definition "
+                                 "(traits.weighted): it cannot aggregate rows with weights")
+
+    def aggregate(self, x: torch.Tensor, round_: int, weights: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+        """``(n, d)`` updates -> ``(d,)`` aggregate; advances stateful rules. ``weights``:
+        None, or one positive weight per row (``strategies.protocols.check_weights``) for
+        the aggregator and the meta-aggregator. Raises TooFewRows when ``n`` is below what a
+        rule accepts, ValueError when given weights that a rule cannot take or that are not
+        one positive number per row, PluginError when a rule fails."""
         self.check(x.shape[0])
+        if weights is not None:
+            self.check_weighted()
+            check_weights(weights, x.shape[0])
         for i, p in enumerate(self.pre):
             where = f"preaggregators[{i}]"
             x = guarded(where, self.names[where], p)(
                 x, generator=torch_generator(self.seed, "preaggregator", round_, i))
         aggregator, g = self.aggregator, torch_generator(self.seed, "aggregator", round_)
-        agg = guarded("aggregator", self.names["aggregator"],
-                      lambda rows: aggregator(rows, generator=g))
-        if self.meta is None:
-            return agg(x)
-        return guarded("meta", self.names["meta"], self.meta)(
-            x, agg, generator=torch_generator(self.seed, "meta", round_))
 
-    def simulate(self, x: torch.Tensor, round_: int) -> torch.Tensor:
+        def call(rows: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+            if weights is None:
+                return aggregator(rows, generator=g)
+            return aggregator(rows, generator=g, weights=weights)  # type: ignore[call-arg]
+
+        agg = guarded("aggregator", self.names["aggregator"], call)
+        if self.meta is None:
+            return agg(x) if weights is None else agg(x, weights=weights)
+        meta = guarded("meta", self.names["meta"], self.meta)
+        gm = torch_generator(self.seed, "meta", round_)
+        if weights is None:
+            return meta(x, agg, generator=gm)
+        return meta(x, agg, generator=gm, weights=weights)
+
+    def simulate(self, x: torch.Tensor, round_: int, weights: torch.Tensor | None = None
+                 ) -> torch.Tensor:
         """``aggregate`` on a copy: the pipeline's own state does not move."""
-        return copy.deepcopy(self).aggregate(x, round_)
+        return copy.deepcopy(self).aggregate(x, round_, weights)
 
     def _stateful(self) -> dict[str, Stateful]:
         rules: dict[str, Stateful] = {f"preaggregators.{i}": p for i, p in enumerate(self.pre)}
