@@ -25,6 +25,8 @@ from simulator.log import logger
 from simulator.metric_names import mlflow_name
 from simulator.tracking import Tracker, journaled_steps
 
+ROUND_MARKERS = ("sampled", "participants", "byzantine_peers")
+
 
 @dataclass
 class ExperimentResult:
@@ -189,9 +191,10 @@ class Experiment:
             child = self.opening.open_child(work.point, point_key(work.point), backend, tmp)
             return PointRun(work.point, None, None, tmp, opening=child)
         run_id, state, tracker = work.run_id, work.state, self.tracker
-        logged = {m.step for m in tracker.client.get_metric_history(run_id, mlflow_name("sampled"))} \
-            or {m.step for m in tracker.client.get_metric_history(
-                run_id, mlflow_name("byzantine_peers"))}
+        # the rounds logged: a metric each round protocol logs every round (server rounds:
+        # sampled, asynchronous steps: participants, D-SGD: byzantine_peers)
+        logged = {m.step for key in ROUND_MARKERS
+                  for m in tracker.client.get_metric_history(run_id, mlflow_name(key))}
         logged |= journaled_steps(run_id)  # still in the journal: `fedray sync` sends them
         start = state["round"] + 1 if state else 0
         logger.info("resuming %s (%s) at round %d/%d%s", work.label, run_id, start + 1,

@@ -1,5 +1,6 @@
 """The names fedray's per-round metrics have in MLflow: grouped by a prefix, so MLflow's
-chart view folds them into sections (``eval``, ``robust``, ``round``, ``dsgd``, ``privacy``)
+chart view folds them into sections (``eval``, ``robust``, ``round``, ``dsgd``, ``time``,
+``privacy``)
 instead of listing seventeen names alphabetically with the constant counters first.
 
 Inside fedray (the engine's rows, ``metrics.parquet``, the CLI's lines) a metric keeps its
@@ -22,6 +23,9 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     # who took part in the round and how local training went
     "round": ("sampled", "participants", "dropped", "stragglers", "client_loss"),
     "dsgd": ("consensus_distance", "byzantine_peers"),
+    # the simulated clock (speeds; the asynchronous modes)
+    "time": ("sim_time", "staleness_mean", "staleness_max", "dropped_stale", "started",
+             "clients_applied"),
     "privacy": ("epsilon",),
 }
 MLFLOW = {name: f"{section}/{name}" for section, names in SECTIONS.items() for name in names}

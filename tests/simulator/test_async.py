@@ -294,3 +294,22 @@ def test_a_clock_that_no_client_can_move_is_one_line():
     with pytest.raises(ClockStalled, match=r"^server step 1: no client can start a task any "
                        r"more .* with 1 update\(s\) in it; give more clients"):
         s.next_step()
+
+
+def test_weights_by_updates_reach_the_aggregation(tmp_path):
+    """asynchrony.weights: updates: at the first step every client has one update applied
+    (equal weights: the unweighted step, to the bit); later, fast clients weigh more and the
+    runs part."""
+    extra = ATTACKED.replace("max_staleness: 3", "max_staleness: 3\n  weights: WEIGHTS")
+    over = ["clients.byzantine=2", "attack={name: sign_flip}", "aggregator={name: median}",
+            "rounds=10"]
+    plain = Engine(point(tmp_path, extra.replace("WEIGHTS", "none"), over), InlineBackend()).run()
+    weighted = Engine(point(tmp_path, extra.replace("WEIGHTS", "updates"), over), InlineBackend()).run()
+    assert plain.metrics[0]["aggregate_norm"] == weighted.metrics[0]["aggregate_norm"]
+    assert [m["aggregate_norm"] for m in plain.metrics] != \
+        [m["aggregate_norm"] for m in weighted.metrics]
+    with pytest.raises(ScenarioError) as e:
+        point(tmp_path, extra.replace("WEIGHTS", "updates"), [*over, "aggregator={name: meamed, f: 1}"])
+    assert any(line.endswith("aggregator: 'meamed' has no weighted definition, which "
+                             "asynchrony.weights: updates needs; weighted: cwtm, geomed, krum, "
+                             "mean, median, multikrum") for line in e.value.lines), e.value.lines

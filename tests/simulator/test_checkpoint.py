@@ -111,7 +111,16 @@ runtime: {backend: inline, checkpoint_every: 2}
 """
 
 
-def test_kill_9_of_the_driver_then_resume_gives_the_uninterrupted_metrics(tmp_path, mlflow_uri):
+ASYNC_KILL = KILL.replace(
+    "server: {optimizer: {name: sgd, lr: 1.0, momentum: 0.5}}",
+    "server: {optimizer: {name: sgd, lr: 1.0, momentum: 0.5}, mode: fedbuff}\n"
+    "asynchrony: {concurrency: 8, buffer_size: 4, max_staleness: 3}\n"
+    "speeds: {distribution: lognormal, sigma: 1.0, jitter: 0.2}")
+
+
+@pytest.mark.parametrize("text", [KILL, ASYNC_KILL], ids=["sync", "fedbuff"])
+def test_kill_9_of_the_driver_then_resume_gives_the_uninterrupted_metrics(tmp_path, mlflow_uri,
+                                                                          text):
     import os
     import signal
     import subprocess
@@ -121,7 +130,7 @@ def test_kill_9_of_the_driver_then_resume_gives_the_uninterrupted_metrics(tmp_pa
     from mlflow.tracking import MlflowClient
 
     p = tmp_path / "kill.yaml"
-    p.write_text(KILL)
+    p.write_text(text)
     cmd = [sys.executable, "-m", "fedray"]
     proc = subprocess.Popen([*cmd, "run", str(p), "--quiet", "--tracking-uri", mlflow_uri],
                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -149,10 +158,11 @@ def test_kill_9_of_the_driver_then_resume_gives_the_uninterrupted_metrics(tmp_pa
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
     assert client.get_run(run.data.tags["mlflow.parentRunId"]).info.status == "FINISHED"
-    full = make_engine(_point(tmp_path, KILL), InlineBackend()).run()
-    for key in ("test_accuracy", "test_loss", "aggregation_error", "aggregate_norm"):
+    full = make_engine(_point(tmp_path, text), InlineBackend()).run()
+    keys = ["test_accuracy", "test_loss", "aggregation_error", "aggregate_norm"]
+    for key in keys + (["sim_time", "staleness_mean"] if text is ASYNC_KILL else []):
         hist = sorted(client.get_metric_history(run_id, mlflow_name(key)), key=lambda m: m.step)
-        assert [m.step for m in hist] == list(range(16))  # every round exactly once
+        assert [m.step for m in hist] == list(range(16)), key  # every round exactly once
         assert [m.value for m in hist] == [row[key] for row in full.metrics]
     assert not list(tmp_path.glob(".fedray/checkpoints/*/*.pt"))  # forgotten once finished
     names = {a.path for a in client.list_artifacts(run_id)}
