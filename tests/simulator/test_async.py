@@ -313,3 +313,25 @@ def test_weights_by_updates_reach_the_aggregation(tmp_path):
     assert any(line.endswith("aggregator: 'meamed' has no weighted definition, which "
                              "asynchrony.weights: updates needs; weighted: cwtm, geomed, krum, "
                              "mean, median, multikrum") for line in e.value.lines), e.value.lines
+
+
+def test_basgd_aggregates_its_buffers_means(tmp_path):
+    """BASGD with B = 2 buffers and the mean: a step moves the model by the mean of the two
+    buffers' means (client id mod 2), each update computed from its start version, by hand."""
+    sc = point(tmp_path, "server: {mode: basgd}\nasynchrony: {buffers: 2, staleness: "
+               "{function: constant}}\n", ["clients={total: 4}", "rounds=3", "local.steps=1"])
+    eng = Engine(sc, InlineBackend(), workers=1)
+    eng.start()
+    plans = [eng.protocol._schedule.next_step() for _ in range(3)]
+    res = Engine(sc, InlineBackend(), workers=2).run()
+    w = eng.pool.workers[0].actor
+    xs = [np.asarray(eng.protocol.server.actor.params(), dtype=np.float32)]
+    for k, p in enumerate(plans):
+        rows = {0: [], 1: []}
+        for t in p.arrivals:
+            rows[t.client % 2].append(w.train(TrainRequest(t.version, (t.client,)), xs[t.version],
+                                              None).updates[0])
+        means = [np.mean(rows[b], axis=0) for b in (0, 1)]
+        xs.append(xs[k] + np.mean(means, axis=0))
+    np.testing.assert_allclose(res.final_params, xs[-1], rtol=0, atol=2e-6)
+    assert [m["participants"] for m in res.metrics] == [len(p.arrivals) for p in plans]
