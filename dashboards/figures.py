@@ -1,6 +1,7 @@
 """A run's figure for the MLflow UI (``figures/curves.png`` on each point run): accuracy,
-losses and the Byzantine error per round, so a run reads without leaving MLflow. Static PNG
-via matplotlib (MLflow's UI previews images; it ships with MLflow)."""
+losses and the Byzantine error per round, and for a run with a simulated clock (a
+``speeds:`` block) accuracy against simulated seconds, so a run reads without leaving MLflow.
+Static PNG via matplotlib (MLflow's UI previews images; it ships with MLflow)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from dashboards.rundata import SIM_TIME
 from simulator.callbacks import Callback, PointRun
 
 PANELS = [
@@ -17,6 +19,24 @@ PANELS = [
 ]
 
 
+def figure_panels(rows: list[dict[str, float]]
+                  ) -> list[tuple[str, str, dict[str, list[tuple[float, float]]]]]:
+    """What ``run_figure`` draws: (title, x label, {metric: finite (x, value) points}) per
+    panel, x the round (1-based); with ``sim_time`` in the rows, a last panel of accuracy
+    against it (a row is one step, so value and time are matched by step)."""
+    out = []
+    for name, keys in PANELS:
+        out.append((name, "round", {k: [(float(i + 1), r[k]) for i, r in enumerate(rows)
+                                        if k in r and math.isfinite(r[k])]
+                                    for k in keys if any(k in r for r in rows)}))
+    if any(SIM_TIME in r for r in rows):
+        out.append(("accuracy against simulated time", "simulated time (s)",
+                    {k: [(r[SIM_TIME], r[k]) for r in rows
+                         if k in r and SIM_TIME in r and math.isfinite(r[k])]
+                     for k in PANELS[0][1] if any(k in r for r in rows)}))
+    return [(name, x, lines) for name, x, lines in out if lines]
+
+
 def run_figure(rows: list[dict[str, float]], path: Path, title: str = "") -> Path | None:
     """Plot the per-round ``rows`` of a run into ``path`` (None when nothing to plot)."""
     import matplotlib
@@ -24,18 +44,17 @@ def run_figure(rows: list[dict[str, float]], path: Path, title: str = "") -> Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(name, [k for k in keys if any(k in r for r in rows)]) for name, keys in PANELS]
-    panels = [(name, keys) for name, keys in panels if keys]
+    panels = figure_panels(rows)
     if not panels:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.2), squeeze=False)
-    for ax, (name, keys) in zip(axes[0], panels):
-        for k in keys:
-            pts = [(i, r[k]) for i, r in enumerate(rows) if k in r and math.isfinite(r[k])]
-            if pts:
-                ax.plot([p[0] + 1 for p in pts], [p[1] for p in pts], marker="." if len(pts) < 30
-                        else None, label=k)
-        ax.set_xlabel("round")
+    for ax, (name, x_label, lines) in zip(axes[0], panels):
+        for k, pts in lines.items():
+            if not pts:
+                continue
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 30
+                    else None, label=k)
+        ax.set_xlabel(x_label)
         ax.set_title(name)
         if name == "error":
             ax.set_yscale("symlog", linthresh=1e-3)

@@ -3,27 +3,30 @@ or of one run, built from what MLflow holds; no server needed for the embedded s
 
 Sections, each present when the runs have what it needs: a summary table (final accuracy,
 mean ± std over seeds, per sweep point); curves per sweep point with the spread over seeds
-(min-max band); ByzFL's views (worst case over attacks, best setting under the worst attack;
-see dashboards/robust.py: the Byzantine count and the attack are the condition, "no attack"
-a column beside the attacks); heat maps of final accuracy, aggregator x attack and aggregator
-x f, every map on one colour range, titles naming only what varies, diverged cells marked;
-for D-SGD, a topology table (spectral gap, accuracy, generalization gap, consensus distance).
-The report is logged as ``report/report.html`` on the scenario's parent run; its figures and
-tables go to ``figures/`` (PDF, SVG: see dashboards/export.py) and ``tables/``.
+(min-max band); for runs with a simulated clock (a ``speeds:`` block: ``sim_time``), test
+accuracy against simulated seconds; ByzFL's views (worst case over attacks, best setting
+under the worst attack; see dashboards/robust.py: the Byzantine count and the attack are the
+condition, "no attack" a column beside the attacks); heat maps of final accuracy,
+aggregator x attack and aggregator x f, every map on one colour range, titles naming only
+what varies, diverged cells marked; for D-SGD, a topology table (spectral gap, accuracy,
+generalization gap, consensus distance). The report is logged as ``report/report.html`` on
+the scenario's parent run; its figures and tables go to ``figures/`` (PDF, SVG: see
+dashboards/export.py) and ``tables/``.
 """
 
 from __future__ import annotations
 
+import bisect
 import html
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dashboards.robust import NO_ATTACK, Cell, Robust, robust
-from dashboards.rundata import RunData
+from dashboards.rundata import SIM_TIME, RunData
 from dashboards.stats import Summary, from_mlflow, summarize
 from dashboards.svg import heat_map, line_chart
 from simulator.metric_names import mlflow_name
@@ -81,7 +84,7 @@ def _load(client: Any, run: Any) -> RunData:
     name = run.info.run_name
     data = RunData(run.info.run_id, name, _group(name), run.data.tags.get("seed", ""),
                    dict(run.data.tags), dict(run.data.params))
-    for key in [k for k, _ in CURVES] + ["nonfinite_aggregate"]:  # plain names here,
+    for key in [k for k, _ in CURVES] + ["nonfinite_aggregate", SIM_TIME]:  # plain names here,
         # MLflow's (eval/test_accuracy) there
         if mlflow_name(key) in run.data.metrics:
             hist = sorted(client.get_metric_history(run.info.run_id, mlflow_name(key)),
@@ -152,6 +155,45 @@ def _series(groups: dict[str, list[RunData]], key: str,
     return out
 
 
+def _time_series(groups: dict[str, list[RunData]], key: str,
+                 style: dict[str, dict[str, str]] | None = None) -> list[dict]:
+    """Per sweep point, ``key`` against simulated time: each run's evaluations placed at
+    its ``sim_time`` of the same step (matched by step; steps without one are left out).
+    At every time one of the point's runs was evaluated, the mean, min and max over the
+    runs of the value each last logged at or before it (the model its server then held;
+    of two steps at one time, the later), over the span every run covers (from the latest
+    first evaluation to the earliest last one), so each point averages every seed. One
+    seed: its own points."""
+    out = []
+    for label, runs in groups.items():
+        tracks = []  # per run: times and values, in step order
+        for r in runs:
+            clock = dict(r.history.get(SIM_TIME, []))
+            pts = sorted((clock[s], s, v) for s, v in r.history.get(key, []) if s in clock)
+            if pts:
+                tracks.append(([t for t, _, _ in pts], [v for _, _, v in pts]))
+        if not tracks:
+            continue
+        start, end = max(t[0] for t, _ in tracks), min(t[-1] for t, _ in tracks)
+        times = sorted({x for t, _ in tracks for x in t if start <= x <= end})
+        mean, lo, hi = [], [], []
+        for x in times:
+            held = [v[bisect.bisect_right(t, x) - 1] for t, v in tracks]
+            vals = [y for y in held if math.isfinite(y)]
+            mean.append(statistics.fmean(vals) if vals else math.nan)
+            lo.append(min(vals) if vals else math.nan)
+            hi.append(max(vals) if vals else math.nan)
+        bad = sum(1 for _, v in tracks if not all(math.isfinite(y) for y in v))
+        series = {"label": label, "x": times, "mean": mean, "lo": lo, "hi": hi,
+                  **(style or {}).get(label, {})}
+        if not times:
+            series["label"] = f"{label} (its runs' simulated times do not overlap)"
+        elif bad:
+            series["label"] = f"{label} ({bad} of {len(tracks)} runs not finite)"
+        out.append(series)
+    return out
+
+
 def _pick(series: list[dict]) -> tuple[list[dict], str]:
     """Every curve, the MAX_SERIES // 2 best and worst by final value shown and the others
     faded until their legend entry is clicked: each one is reachable."""
@@ -166,12 +208,19 @@ def _pick(series: list[dict]) -> tuple[list[dict], str]:
                  "points shown; click a faded legend entry to show its curve)")
 
 
-def _panels(runs: list[RunData], key: str) -> list[tuple[str, list[dict]]] | None:
+class SeriesOf(Protocol):
+    def __call__(self, groups: dict[str, list[RunData]], key: str,
+                 style: dict[str, dict[str, str]] | None = None) -> list[dict]: ...
+
+
+def _panels(runs: list[RunData], key: str,
+            series_of: SeriesOf = _series) -> list[tuple[str, list[dict]]] | None:
     """The exported figure of a chart with too many curves for one plot, as small multiples:
     one panel per condition ("no attack", then each attack), in each a curve per setting,
     in the same colour and dash in every panel (so one legend reads them all); the runs of a
     setting with no attack (every attack name its f = 0 runs were given) make one curve. None
-    when the runs are not settings under conditions."""
+    when the runs are not settings under conditions. ``series_of``: the curves against
+    rounds (``_series``) or against simulated time (``_time_series``)."""
     from dashboards.svg import PALETTE
 
     rb = robust(runs)
@@ -184,7 +233,7 @@ def _panels(runs: list[RunData], key: str) -> list[tuple[str, list[dict]]] | Non
     for c in rb.conditions:
         groups = {_setting_text(rb, s): cell.runs for s in rb.settings
                   if (cell := rb.cell(s, c)).runs}
-        series = _series(groups, key, style)
+        series = series_of(groups, key, style)
         if series:
             out.append((rb.label(c), series))
     return out if len(out) > 1 else None
@@ -193,6 +242,36 @@ def _panels(runs: list[RunData], key: str) -> list[tuple[str, list[dict]]] | Non
 def _setting_text(rb: Robust, setting: tuple[str, ...]) -> str:
     """A setting in one line: ``cwtm(f=3), local.lr=0.1``."""
     return ", ".join([setting[0], *(f"{k}={v}" for k, v in zip(rb.extra, setting[1:]))])
+
+
+def _time_section(page: Page, runs: list[RunData], groups: dict[str, list[RunData]],
+                  style: dict[str, dict[str, str]]) -> list[str]:
+    """Test accuracy (or, without it, test loss) against simulated time, a curve per sweep
+    point, when some run logged ``sim_time`` (a ``speeds:`` block); none otherwise."""
+    if not any(SIM_TIME in r.history for r in runs):
+        return []
+    key = next((k for k in ("test_accuracy", "test_loss") if any(k in r.history for r in runs)),
+               None)
+    if key is None:
+        return []
+    label = dict(CURVES)[key]
+    series, note = _pick(_time_series(groups, key, style))
+    if not series:
+        return []
+    untimed = [g for g, members in groups.items()
+               if not any(SIM_TIME in r.history for r in members)]
+    return ["<h2>Simulated time</h2>",
+            ('<p class="note">The model\'s ' + html.escape(label) + " against the simulated "
+             "clock (seconds since the start, set by the devices' speeds of the scenario's "
+             "speeds: block, never by the computation's real time): at each time a run was "
+             "evaluated, the mean over seeds of the value each seed last logged at or before "
+             "it, over the span all of a point's seeds cover; bands span min to max over "
+             "seeds." +
+             (" Without simulated time (no speeds: block), not drawn: " +
+              html.escape(", ".join(untimed)) + "." if untimed else "") + "</p>"),
+            page.chart(f"{label} against simulated time", series, "simulated time (s)", key,
+                       note, _panels(runs, key, _time_series) if len(series) > MAX_SERIES
+                       else None)]
 
 
 def _heat_maps(page: Page, runs: list[RunData]) -> tuple[list[str], list[str]]:
@@ -490,6 +569,7 @@ def render(title: str, runs: list[RunData], exports: Exports | None = None) -> s
                                      _panels(runs, key) if len(series) > MAX_SERIES else None))
     if charts:
         parts += ["<h2>Curves</h2>", *charts]
+    parts += _time_section(page, runs, groups, style)
     mechanisms = _mechanisms(runs)
     if mechanisms:
         trade = [{"label": name, "x": ab[0], "mean": ab[1]} for name, ab in mechanisms.items()]

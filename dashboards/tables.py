@@ -11,16 +11,23 @@ differences against a baseline paired by seed.
 ``topology``); the runs of one row must differ only in their seed (a swept key left out of
 ``--by`` is named, never merged). ``--metrics`` lists ``metric:how``, how one of ``final``
 (the last value), ``lastK`` (the mean of the last K logged values: the last K
-evaluations, as papers average them), ``mean`` (over rounds), ``sum`` or ``param`` (a
-numeric run param such as ``spectral_gap``); one metric may appear with several hows, each
-its own column, never merged. By default a run is summarised by its final
+evaluations, as papers average them), ``mean`` (over rounds), ``sum``, ``param`` (a
+numeric run param such as ``spectral_gap``) or ``time_toX`` (the simulated seconds, the
+run's ``sim_time``, at the first step where the metric reaches X: >= X, or <= X for a
+metric where lower is better, a name ending in loss, perplexity, error or distance; runs
+need a ``speeds:`` block; ``time_to:X`` is short for ``test_accuracy:time_toX``); one metric
+may appear with several hows, each its own column, never merged. A ``time_toX`` cell is the
+mean ± std over the seeds that reached X and says how many did (``41.200 ± 3.100 (2 of
+3 reached; 1 never)``, ``never (0 of 3 reached)``): a seed that never reached X is never
+averaged in as a number. By default a run is summarised by its final
 ``test_accuracy``, the mean over rounds of ``relative_aggregation_error`` and its number of
 rounds with ``byzantine_exceeded``.
 
 ``--paired KEY=VALUE`` adds, per metric, the difference of each row from the row with
 ``KEY=VALUE`` and the same other ``--by`` values, computed seed by seed (runs paired by
 their seed) and summarised as mean ± std over the pairs; a row's unpaired seeds are left
-out and counted. Pairing removes the variance the seeds share (data split, initial model),
+out and counted, as are pairs with an infinite side (a seed that never reached a
+``time_toX`` threshold, a diverged run), which have no finite difference. Pairing removes the variance the seeds share (data split, initial model),
 which is why papers compare methods this way.
 """
 
@@ -34,6 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dashboards.rundata import SIM_TIME
 from dashboards.stats import Summary, from_mlflow, summarize
 from simulator.errors import FedrayError
 from simulator.log import logger, to_stderr
@@ -46,31 +54,76 @@ DEFAULT: list[tuple[str, str]] = [
 ]
 
 
-def parse_how(how: str) -> int | str:
-    """``final`` | ``mean`` | ``sum`` | ``param`` | ``lastK`` (K >= 1, returned as int)."""
+LOWER_IS_BETTER = ("loss", "perplexity", "error", "distance")
+
+
+def lower_is_better(metric: str) -> bool:
+    """Whether a smaller value of ``metric`` is the better one: its name ends in loss,
+    perplexity, error or distance (``test_loss``, ``relative_aggregation_error``,
+    ``consensus_distance``)."""
+    return plain_name(metric).endswith(LOWER_IS_BETTER)
+
+
+@dataclass(frozen=True)
+class TimeTo:
+    """``time_toX``: the simulated time at which a metric first reaches ``threshold``."""
+
+    threshold: float
+
+    @property
+    def how(self) -> str:
+        """The canonical spelling (``time_to0.90`` and ``time_to0.9`` are one column)."""
+        return f"time_to{self.threshold:.12g}"
+
+
+def parse_how(how: str) -> int | str | TimeTo:
+    """``final`` | ``mean`` | ``sum`` | ``param`` | ``lastK`` (K >= 1, returned as int) |
+    ``time_toX`` (X a finite number, also written ``time_to:X``; returned as TimeTo)."""
     m = re.fullmatch(r"last(\d+)", how)
     if m and int(m.group(1)) >= 1:
         return int(m.group(1))
     if how in ("final", "mean", "sum", "param"):
         return how
-    raise ValueError(f"how must be one of final, mean, sum, param or lastK (K >= 1), got {how!r}")
+    if how.startswith("time_to"):
+        text = how.removeprefix("time_to").removeprefix(":")
+        try:
+            x = float(text)
+        except ValueError:
+            x = math.nan
+        if not math.isfinite(x):
+            raise ValueError(f"time_toX needs a number X, the threshold (time_to0.9), got "
+                             f"{how!r}")
+        return TimeTo(x)
+    raise ValueError(f"how must be one of final, mean, sum, param, lastK (K >= 1) or "
+                     f"time_toX (X a number), got {how!r}")
 
 
 def column(metric: str, how: str) -> str:
-    """A column's name: ``test_accuracy (last 5)``."""
+    """A column's name: ``test_accuracy (last 5)``, ``test_loss (simulated s to ≤ 0.3)``."""
     k = parse_how(how)
+    if isinstance(k, TimeTo):
+        sign = "≤" if lower_is_better(metric) else "≥"
+        return f"{metric} (simulated s to {sign} {k.threshold:.12g})"
     return f"{metric} ({'last ' + str(k) if isinstance(k, int) else k})"
 
 
 def parse_metrics(items: Sequence[str]) -> list[tuple[str, str]]:
     """``["test_accuracy:last5", ...]`` -> ``[("test_accuracy", "last5"), ...]``; the same
-    metric and how twice is refused (no silent merge)."""
+    metric and how twice is refused (no silent merge). ``time_to:X`` (issue #30's spelling)
+    is ``test_accuracy:time_toX``; a ``time_toX`` how is returned in its canonical form."""
     out: list[tuple[str, str]] = []
     for item in items:
         metric, _, how = item.partition(":")
+        if metric == "time_to":  # time_to:0.9
+            metric, how = "test_accuracy", "time_to" + how
         if not metric:
             raise ValueError(f"--metrics {item}: METRIC:HOW")
-        parse_how(how or "final")
+        try:
+            k = parse_how(how or "final")
+        except ValueError as e:
+            raise ValueError(f"--metrics {item}: {e}") from None
+        if isinstance(k, TimeTo):
+            how = k.how
         pair = (plain_name(metric), how or "final")  # eval/test_accuracy or test_accuracy
         if pair in out:
             raise ValueError(f"--metrics {item}: given twice")
@@ -100,9 +153,46 @@ def run_summary(history: Sequence[float], how: str, final: float = math.nan,
     values = [from_mlflow(v) for v in history]
     if not values:
         return math.nan
+    if isinstance(k, TimeTo):
+        raise TypeError("time_toX needs the steps of the history: see time_to")
     if isinstance(k, int):
         return statistics.fmean(values[-k:])
     return float(sum(values) if k == "sum" else statistics.fmean(values))
+
+
+def time_to(history: Sequence[tuple[int, float]], sim_time: Sequence[tuple[int, float]],
+            threshold: float, lower: bool = False) -> float:
+    """The simulated time at which a metric first reaches ``threshold``: ``sim_time`` at the
+    first step, in step order, whose value is >= ``threshold`` (<= when ``lower``: a loss);
+    inf when no step's is. Both histories are (step, value) pairs in any order, matched by
+    step, never by position (an evaluated metric may be logged every k steps, the clock
+    every step); a reached step without a ``sim_time`` is an error naming the step."""
+    clock = dict(sim_time)
+    for step, raw in sorted(history, key=lambda p: p[0]):
+        v = from_mlflow(raw)
+        if v <= threshold if lower else v >= threshold:  # nan reaches nothing
+            if step not in clock:
+                raise ValueError(f"it reaches {threshold:.12g} at step {step}, where no "
+                                 f"{SIM_TIME} was logged")
+            return from_mlflow(clock[step])
+    return math.inf
+
+
+def reach_cell(values: Sequence[float]) -> str:
+    """A ``time_toX`` cell: mean ± std over the seeds that reached X and how many of the
+    seeds did (``41.200 ± 3.100 (2 of 3 reached; 1 never)``); ``never (0 of 3 reached)`` when
+    none did. A seed that never reached X (inf) is counted, never averaged in as a number;
+    a missing value (nan: the run did not log the metric) is left out."""
+    logged = [v for v in values if not math.isnan(v)]
+    if not logged:
+        return "-"
+    reached = [v for v in logged if math.isfinite(v)]
+    n, k = len(logged), len(reached)
+    if not reached:
+        return f"never (0 of {n} reached)"
+    s = summarize(reached)
+    return _num(s.mean, s.std, k) + f" ({k} of {n} reached" + \
+        (f"; {n - k} never)" if k < n else ")")
 
 
 @dataclass
@@ -116,12 +206,15 @@ class Row:
         return summarize(v[col] for v in self.by_seed.values())
 
 
-def _histories(client: Any, run: Any, metrics: set[str]) -> dict[str, list[float]]:
+def _histories(client: Any, run: Any, metrics: set[str]
+               ) -> dict[str, list[tuple[int, float]]]:
+    """Each metric's (step, value) pairs in step order (a step logged twice, by a resumed
+    run: in the order logged)."""
     out = {}
     for m in metrics:
         hist = sorted(client.get_metric_history(run.info.run_id, mlflow_name(m)),
-                      key=lambda x: x.step)
-        out[m] = [h.value for h in hist]
+                      key=lambda x: (x.step, x.timestamp))
+        out[m] = [(int(h.step), h.value) for h in hist]
     return out
 
 
@@ -178,6 +271,12 @@ def _check_columns(runs: list[Any], by: Sequence[str], metrics: Sequence[tuple[s
             logged = sorted({plain_name(k) for r in runs for k in r.data.metrics})
             raise ValueError(f"--metrics {metric}: no run logged it; logged: "
                              f"{', '.join(logged)}")
+        if isinstance(parse_how(how), TimeTo):
+            bare = next((r for r in runs if mlflow_name(SIM_TIME) not in r.data.metrics), None)
+            if bare is not None:
+                raise ValueError(f"--metrics {metric}:{how}: run {bare.info.run_name} "
+                                 f"({bare.info.run_id}) logged no {SIM_TIME} (simulated "
+                                 "time); add a speeds: block to its scenario")
 
 
 def collect_rows(experiment: str, by: Sequence[str], metrics: Sequence[tuple[str, str]],
@@ -197,6 +296,8 @@ def collect_rows(experiment: str, by: Sequence[str], metrics: Sequence[tuple[str
     rows: dict[tuple[str, ...], Row] = {}
     seen: dict[tuple[tuple[str, ...], str], Any] = {}  # (row, seed) -> its run
     needs = {m for m, h in metrics if h not in ("final", "param")}
+    if any(isinstance(parse_how(h), TimeTo) for _, h in metrics):
+        needs.add(SIM_TIME)
     runs = _children(client, experiment, parent_run_id, uri)
     _check_columns(runs, by, metrics, user_metrics)
     for run in runs:
@@ -207,12 +308,26 @@ def collect_rows(experiment: str, by: Sequence[str], metrics: Sequence[tuple[str
         if other is not run:
             raise ValueError(_mixed(by, key, seed, other, run))
         hist = _histories(client, run, needs)
-        row.by_seed[seed] = {
-            column(m, h): run_summary(hist.get(m, []), h,
-                                      float(run.data.metrics.get(mlflow_name(m), math.nan)),
-                                      run.data.params.get(m))
-            for m, h in metrics}
+        row.by_seed[seed] = {column(m, h): _run_value(run, m, h, hist) for m, h in metrics}
     return list(rows.values())
+
+
+def _run_value(run: Any, metric: str, how: str,
+               hist: dict[str, list[tuple[int, float]]]) -> float:
+    """One run's number for the column (metric, how)."""
+    k = parse_how(how)
+    if isinstance(k, TimeTo):
+        if not hist.get(metric):
+            return math.nan  # this run did not log the metric: a missing value
+        try:
+            return time_to(hist[metric], hist.get(SIM_TIME, []), k.threshold,
+                           lower_is_better(metric))
+        except ValueError as e:
+            raise ValueError(f"--metrics {metric}:{how}: run {run.info.run_name} "
+                             f"({run.info.run_id}): {metric} {e}") from None
+    return run_summary([v for _, v in hist.get(metric, [])], how,
+                       float(run.data.metrics.get(mlflow_name(metric), math.nan)),
+                       run.data.params.get(metric))
 
 
 def _mixed(by: Sequence[str], key: tuple[str, ...], seed: str, a: Any, b: Any) -> str:
@@ -235,17 +350,29 @@ class Paired:
     std: float
     n: int  # pairs
     unpaired: int  # this row's seeds without a baseline run of the same seed
+    infinite: int = 0  # pairs left out: a side is infinite (never reached X, diverged)
 
 
 def paired_difference(row: Row, base: Row, col: str) -> Paired:
-    """``row - base`` seed by seed for ``col``: mean and std over the pairs."""
+    """``row - base`` seed by seed for ``col``: mean and std over the pairs whose two values
+    are finite. A pair with an infinite side (a ``time_toX`` seed that never reached X, a
+    diverged run) has no finite difference: it is left out and counted; a missing value
+    (nan) is left out."""
     seeds = [s for s in row.by_seed if s in base.by_seed]
-    diffs = [row.by_seed[s][col] - base.by_seed[s][col] for s in seeds]
-    diffs = [d for d in diffs if not math.isnan(d)]
+    diffs, infinite = [], 0
+    for s in seeds:
+        a, b = row.by_seed[s][col], base.by_seed[s][col]
+        if math.isnan(a) or math.isnan(b):
+            continue
+        if math.isinf(a) or math.isinf(b):
+            infinite += 1
+            continue
+        diffs.append(a - b)
     if not diffs:
-        return Paired(math.nan, math.nan, 0, len(row.by_seed))
+        return Paired(math.nan, math.nan, 0, len(row.by_seed) - len(seeds), infinite)
     std = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
-    return Paired(statistics.fmean(diffs), std, len(diffs), len(row.by_seed) - len(seeds))
+    return Paired(statistics.fmean(diffs), std, len(diffs), len(row.by_seed) - len(seeds),
+                  infinite)
 
 
 def baseline_of(rows: Sequence[Row], row: Row, key: str, value: str) -> Row | None:
@@ -271,13 +398,14 @@ def table(rows: Sequence[Row], by: Sequence[str], metrics: Sequence[tuple[str, s
     """(header, cells): the ``by`` keys, seeds, each column as mean ± std, and with
     ``paired`` each column's paired difference from the baseline row."""
     cols = [column(m, h) for m, h in metrics]
+    reach = {column(m, h): isinstance(parse_how(h), TimeTo) for m, h in metrics}
     head = [*by, "seeds", *cols]
     if paired:
         head += [f"Δ {c} vs {paired[0]}={paired[1]}" for c in cols]
     body = []
     for r in rows:
         cells = [*(r.key[k] for k in by), str(len(r.by_seed))]
-        cells += [_num(*r.summary(c)[:3]) for c in cols]
+        cells += [_cell(r, c, reach[c]) for c in cols]
         if paired:
             base = baseline_of(rows, r, *paired)
             for c in cols:
@@ -287,10 +415,20 @@ def table(rows: Sequence[Row], by: Sequence[str], metrics: Sequence[tuple[str, s
                     cells.append("baseline")
                 else:
                     d = paired_difference(r, base, c)
+                    why = "never reached" if reach[c] else "not finite"
                     cells.append(_num(d.mean, d.std, d.n) + f" ({d.n} pairs"
-                                 + (f", {d.unpaired} unpaired" if d.unpaired else "") + ")")
+                                 + (f", {d.unpaired} unpaired" if d.unpaired else "")
+                                 + (f"; {d.infinite} left out: {why}" if d.infinite else "")
+                                 + ")")
         body.append(cells)
     return head, body
+
+
+def _cell(row: Row, col: str, reach: bool) -> str:
+    """A row's cell: mean ± std over seeds, or for a ``time_toX`` column ``reach_cell``."""
+    if reach:
+        return reach_cell([v.get(col, math.nan) for v in row.by_seed.values()])
+    return _num(*row.summary(col)[:3])
 
 
 def markdown(head: Sequence[str], body: Sequence[Sequence[str]], keys: int) -> str:
@@ -302,7 +440,8 @@ def markdown(head: Sequence[str], body: Sequence[Sequence[str]], keys: int) -> s
 
 TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
        "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
-       "^": r"\textasciicircum{}", "±": r"$\pm$", "Δ": r"$\Delta$"}
+       "^": r"\textasciicircum{}", "±": r"$\pm$", "Δ": r"$\Delta$", "≥": r"$\geq$",
+       "≤": r"$\leq$"}
 
 
 def _tex(text: str) -> str:
@@ -331,15 +470,17 @@ def csv_text(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     return buf.getvalue().rstrip("\n")
 
 
-def pivot_markdown(rows: Sequence[Row], by: Sequence[str], column_key: str, col: str) -> str:
+def pivot_markdown(rows: Sequence[Row], by: Sequence[str], column_key: str, col: str,
+                   reach: bool = False) -> str:
     """One column as a grid: a row per combination of the other ``by`` keys, a column per
-    value of ``column_key`` (in order of appearance), cells mean ± std."""
+    value of ``column_key`` (in order of appearance), cells mean ± std (``reach``: a
+    ``time_toX`` column's cells, see ``reach_cell``)."""
     keys = [k for k in by if k != column_key]
     cols = list(dict.fromkeys(r.key[column_key] for r in rows))
     grid: dict[tuple, dict[str, str]] = {}
     for r in rows:
         grid.setdefault(tuple(r.key[k] for k in keys), {})[r.key[column_key]] = \
-            _num(*r.summary(col)[:3])
+            _cell(r, col, reach)
     lines = ["| " + " | ".join([*keys, *(f"{column_key}={c}" for c in cols)]) + " |",
              "|" + "---|" * len(keys) + "---:|" * len(cols)]
     for key, cells in grid.items():
@@ -354,7 +495,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by", nargs="+", required=True, help="params or tags to group runs by")
     p.add_argument("--tracking-uri", default=None)
     p.add_argument("--metrics", nargs="+", default=None, metavar="METRIC:HOW",
-                   help="how: final | lastK | mean | sum | param (default: " +
+                   help="how: final | lastK | mean | sum | param | time_toX: the simulated "
+                   "seconds (sim_time; runs need a speeds: block) at the first step where "
+                   "METRIC >= X, or <= X for a metric whose name ends in loss, perplexity, "
+                   "error or distance; per seed, a seed that never reaches X is counted "
+                   "(never), not averaged; time_to:X is test_accuracy:time_toX (default: " +
                    " ".join(f"{m}:{h}" for m, h in DEFAULT) + ")")
     p.add_argument("--paired", default=None, metavar="KEY=VALUE",
                    help="differences from the row with KEY=VALUE, paired by seed")
@@ -391,7 +536,8 @@ def main(argv: list[str] | None = None) -> int:
         values = sorted({r.key[paired[0]] for r in rows})
         p.error(f"--paired: no run has {paired[0]}={paired[1]}; values: {', '.join(values)}")
     if args.pivot:
-        print(pivot_markdown(rows, args.by, args.pivot, column(*metrics[0])))
+        print(pivot_markdown(rows, args.by, args.pivot, column(*metrics[0]),
+                             isinstance(parse_how(metrics[0][1]), TimeTo)))
         return 0
     head, body = table(rows, args.by, metrics, paired)
     if args.format == "latex":

@@ -468,8 +468,8 @@ def build_parser() -> argparse.ArgumentParser:
     pc.set_defaults(func=cmd_privacy)
 
     tb = sub.add_parser("table", help="a sweep's table from MLflow: metrics over seeds (final, "
-                        "mean of the last K evaluations, ...), differences paired by seed; "
-                        "Markdown, LaTeX or CSV", add_help=False)
+                        "mean of the last K evaluations, simulated time to a threshold, ...), "
+                        "differences paired by seed; Markdown, LaTeX or CSV", add_help=False)
     tb.add_argument("args", nargs=argparse.REMAINDER)
     tb.set_defaults(func=lambda a: _table(a.args))
 
