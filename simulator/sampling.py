@@ -11,9 +11,11 @@ import numpy as np
 from simulator.seeding import numpy_rng
 
 
-def byzantine_clients(seed: int, total: int, f: int) -> np.ndarray:
-    """The fixed set of Byzantine client ids of a run (seeded)."""
-    return np.sort(numpy_rng(seed, "byzantine").choice(total, size=f, replace=False))
+def byzantine_clients(seed: int, total: int, f: int, epoch: int = 0) -> np.ndarray:
+    """The Byzantine client ids of a run (seeded): its one set, or with switching identities
+    (``clients.byzantine_period``) the set of ``epoch`` (epoch 0 is the one set)."""
+    rng = numpy_rng(seed, "byzantine") if epoch == 0 else numpy_rng(seed, "byzantine", epoch)
+    return np.sort(rng.choice(total, size=f, replace=False))
 
 
 def missed_round(seed: int, round_: int, clients: list[int], steps: np.ndarray, dropout: float,

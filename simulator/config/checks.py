@@ -37,6 +37,10 @@ def cross_field(sc: Scenario, problems: list[Problem]) -> None:
     if c.byzantine >= c.total:
         problems.append(Problem(("clients", "byzantine"),
                                 f"must be < clients.total ({c.total}), got {c.byzantine}"))
+    if c.byzantine_period is not None and (c.byzantine == 0 or sc.topology is not None):
+        problems.append(Problem(("clients", "byzantine_period"), "switches the Byzantine "
+                                "clients' identities: it needs clients.byzantine > 0 and a "
+                                "server (D-SGD's Byzantine peers are fixed); remove it"))
     if c.byzantine > 0 and sc.attack is None:
         usable = [a for a in registry.available("attacks")  # gossip attacks only with D-SGD
                   if registry.get("attacks", a).traits.gossip == bool(sc.topology)]

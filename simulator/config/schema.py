@@ -107,6 +107,9 @@ class Clients(Strict):
     b_hat: BHat | None = None
     dropout: Annotated[float, Ge(0), Lt(1)] = 0.0
     stragglers: Stragglers | None = None
+    # dynamic Byzantine identities (Dorfman, Yehya, Levy, ICML 2024): a new set of
+    # ``byzantine`` clients every ``byzantine_period`` rounds (server steps); null: one set
+    byzantine_period: Annotated[int, Ge(1), Le(MAX_ROUNDS)] | None = None
 
     @property
     def sampled(self) -> int:

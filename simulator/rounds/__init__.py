@@ -26,7 +26,7 @@ from simulator.runtime.backend import Backend
 @dataclass
 class RunContext:
     """What a protocol works with: the run's Plan, backend, data, worker pool, privacy
-    accountant and Byzantine clients."""
+    accountant and Byzantine clients (the first set, with switching identities)."""
 
     plan: Plan
     backend: Backend
@@ -34,6 +34,17 @@ class RunContext:
     pool: WorkerPool
     accountant: PrivacyAccountant
     byzantine: set[int]
+
+    def byzantine_at(self, round_: int) -> set[int]:
+        """The Byzantine clients of round ``round_``: the one set, or with switching
+        identities (``clients.byzantine_period``) the set of its period."""
+        c = self.plan.scenario.clients
+        epoch = round_ // c.byzantine_period if c.byzantine_period else 0
+        if epoch == 0:
+            return self.byzantine
+        from simulator.sampling import byzantine_clients
+
+        return set(byzantine_clients(self.plan.seed, c.total, c.byzantine, epoch).tolist())
 
     def evaluate_now(self, round_: int) -> bool:
         """Whether round ``round_`` (0-based) ends with an evaluation: every

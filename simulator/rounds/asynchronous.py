@@ -82,7 +82,7 @@ class AsyncRounds(ServerRounds):
         sc = ctx.plan.scenario
         t0 = time.perf_counter()
         sp = self._step_plan(round_)
-        byzantine = ctx.byzantine
+        byzantine = ctx.byzantine_at(round_)  # who is Byzantine when the step comes
         contributed = {(t.version, t.client): k for t, k in zip(sp.arrivals, sp.contributed)}
         honest = sorted((t.version, t.client) for t in sp.arrivals if t.client not in byzantine)
         byz = sorted((t.version, t.client) for t in sp.arrivals if t.client in byzantine)

@@ -97,7 +97,7 @@ class ServerRounds(RoundProtocol):
         the server's parameters are there); nothing in it changes the server."""
         ctx = self.ctx
         pool, c, seed, byzantine = ctx.pool, ctx.plan.scenario.clients, ctx.plan.seed, \
-            ctx.byzantine
+            ctx.byzantine_at(round_)
         t0 = time.perf_counter()
         sampled = sample_clients(seed, round_, c.total, c.sampled).tolist()
         byz = [i for i in sampled if i in byzantine]

@@ -335,3 +335,32 @@ def test_basgd_aggregates_its_buffers_means(tmp_path):
         xs.append(xs[k] + np.mean(means, axis=0))
     np.testing.assert_allclose(res.final_params, xs[-1], rtol=0, atol=2e-6)
     assert [m["participants"] for m in res.metrics] == [len(p.arrivals) for p in plans]
+
+
+def test_byzantine_identities_that_switch(tmp_path):
+    """clients.byzantine_period: 2: a new Byzantine set every 2 rounds (Dorfman, Yehya,
+    Levy, ICML 2024); each round's Byzantine count is its sample's overlap with its period's
+    set. Without it, the one set of today."""
+    from simulator.sampling import byzantine_clients, sample_clients
+
+    over = ["clients.byzantine=3", "attack={name: sign_flip}", "aggregator={name: cwtm, f: 2}",
+            "rounds=8"]
+    res = Engine(point(tmp_path, overrides=[*over, "clients.byzantine_period=2"]),
+                 InlineBackend()).run()
+    sets = [set(byzantine_clients(0, 12, 3, r // 2).tolist()) for r in range(8)]
+    assert sets[0] == set(byzantine_clients(0, 12, 3).tolist()) and sets[2] != sets[0]
+    assert [m["byzantine_sampled"] for m in res.metrics] == [
+        float(len(sets[r] & set(sample_clients(0, r, 12, 6).tolist()))) for r in range(8)]
+    fixed = Engine(point(tmp_path, overrides=over), InlineBackend()).run()
+    assert [m["byzantine_sampled"] for m in fixed.metrics] == [
+        float(len(sets[0] & set(sample_clients(0, r, 12, 6).tolist()))) for r in range(8)]
+    # asynchronously: who is Byzantine is decided when the step comes
+    on_clock = Engine(point(tmp_path, ATTACKED, [*over, "clients.byzantine_period=3",
+                                                 "aggregator={name: cwtm, f: 1}"]),
+                      InlineBackend(), workers=2).run()
+    assert sum(m["byzantine_sampled"] for m in on_clock.metrics) > 0
+    with pytest.raises(ScenarioError) as e:
+        point(tmp_path, overrides=["clients.byzantine_period=2"])
+    assert e.value.lines[-1].endswith(
+        "clients.byzantine_period: switches the Byzantine clients' identities: it needs "
+        "clients.byzantine > 0 and a server (D-SGD's Byzantine peers are fixed); remove it")
