@@ -235,7 +235,7 @@ class GeometricMedian(Aggregator):
         # s: the rows' weights, None for the unweighted rule (whose arithmetic is unchanged)
         s = None
         if weights is not None:
-            s = weight_vector(weights, x.shape[0])
+            s = weight_vector(weights, x.shape[0], torch.device("cpu"))  # the (n, n) side
             s = s if every else s[ok]
         m = xs.shape[0]
         if m == 0:
@@ -245,7 +245,7 @@ class GeometricMedian(Aggregator):
         # ||z||^2 = ||c||^2 + 2 a'(Y c) + a'Ga
         c_idx = int(torch.argmin(torch.linalg.vector_norm(xs, dim=1)))
         c = xs[c_idx]
-        yc = (xs @ c).double() - float(c.double() @ c.double())
+        yc = (xs @ c).double().cpu() - float(c.double() @ c.double())
         cc = float(c.double() @ c.double())
         left = self.iterations
         if self.init == "mean":
@@ -254,7 +254,7 @@ class GeometricMedian(Aggregator):
             z0 = torch.zeros_like(xs[0]) if self.init == "zero" else \
                 coordinate_median(xs) if s is None else \
                 weighted_coordinate_median(xs, s.to(xs.device))
-            a = self._weights(torch.linalg.vector_norm(xs - z0, dim=1).double(), s)
+            a = self._weights(torch.linalg.vector_norm(xs - z0, dim=1).double().cpu(), s)
             left -= 1
         diag = torch.diagonal(g)
         for _ in range(left):
@@ -268,7 +268,7 @@ class GeometricMedian(Aggregator):
                 norm_z = math.sqrt(max(cc + 2 * float(a @ yc) + float(a @ g @ a), 0.0))
                 if step <= self.tol * norm_z:
                     break
-        return (a.to(xs.dtype) @ xs).to(x.dtype)
+        return (a.to(device=xs.device, dtype=xs.dtype) @ xs).to(x.dtype)
 
     def _weights(self, dist: torch.Tensor, s: torch.Tensor | None = None) -> torch.Tensor:
         """Weiszfeld's coefficients of the rows at ``dist`` (summing to 1), for the row
@@ -313,7 +313,7 @@ class MultiKrum(Aggregator):
         n = x.shape[0]
         self.check(n)
         if weights is not None:
-            w = weight_vector(weights, n)
+            w = weight_vector(weights, n, torch.device("cpu"))  # the (n, n) side
             scores = weighted_krum_scores(squared_distances(x), w, self.f)
             # non-finite rows rank after every finite row, even one of infinite score (a
             # non-finite row whose own weight covers its budget would otherwise score 0)
@@ -480,7 +480,7 @@ class CovarianceAgnosticFilter(Aggregator):
             c = c * (1 - tau / tau.max())
         if best_w is None:  # 2f = 0 and nothing to filter: the mean of the finite rows
             best_w = c / c.sum()
-        w = best_w.to(x.dtype)
+        w, ok = best_w.to(device=x.device, dtype=x.dtype), ok.to(x.device)
         return (w[ok][:, None] * x[ok]).sum(dim=0)
 
     def check(self, n: int) -> None:
@@ -562,7 +562,7 @@ class DivideAndConquer(Aggregator):
             _, _, vh = torch.linalg.svd(c, full_matrices=False)
             score = (c @ vh[0]) ** 2
             score = torch.where(ok, score, torch.full((), math.inf, dtype=torch.float64))
-            kept = torch.zeros(n, dtype=torch.bool)
+            kept = torch.zeros(n, dtype=torch.bool, device=x.device)
             kept[torch.sort(score, stable=True).indices[:keep_n]] = True
             good &= kept
         if not bool(good.any()):
@@ -595,7 +595,8 @@ class CenteredClipping(Aggregator):
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
                  ) -> torch.Tensor:
         ok = finite_rows(x)
-        v = torch.zeros_like(x[0]) if self.centre is None else self.centre.to(x.dtype)
+        v = torch.zeros_like(x[0]) if self.centre is None else \
+            self.centre.to(device=x.device, dtype=x.dtype)
         xs = x if bool(ok.all()) else torch.where(ok[:, None], x, torch.zeros((), dtype=x.dtype))
         for _ in range(self.iterations):
             diff = xs - v

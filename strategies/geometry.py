@@ -32,7 +32,7 @@ def partition(x: torch.Tensor, kth: list[int]) -> torch.Tensor:
     """``x`` partially sorted along the rows: each position in ``kth`` holds the value a full
     sort would put there, with smaller values before it and larger after (NaN sorts last).
     NumPy's introselect, about twice as fast as ``torch.sort`` along dim 0."""
-    return torch.from_numpy(np.partition(x.detach().cpu().numpy(), kth, axis=0))
+    return torch.from_numpy(np.partition(x.detach().cpu().numpy(), kth, axis=0)).to(x.device)
 
 
 def coordinate_median(x: torch.Tensor) -> torch.Tensor:
@@ -48,27 +48,28 @@ def mean_of_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """Mean of the rows ``idx``: a weighted ``(n,) @ (n, d)`` product (no gathered copy) when
     every row is finite, a gather otherwise (0 * inf would poison the product)."""
     if bool(finite_rows(x).all()):
-        w = torch.zeros(x.shape[0], dtype=x.dtype)
-        w[idx] = 1.0 / len(idx)
+        w = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+        w[idx.to(x.device)] = 1.0 / len(idx)
         return w @ x
     return x[idx].mean(dim=0)
 
 
 def gram(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(G, ok)``: the Gram matrix (float64) of the rows centred on the finite row of smallest
-    norm, non-finite rows replaced by zero, and the finite-row mask."""
+    norm, non-finite rows replaced by zero, and the finite-row mask, both on the CPU (the
+    ``(n, d)`` product runs on the rows' device; the small ``(n, n)`` side is the host's)."""
     norms = torch.linalg.vector_norm(x, dim=1)
     ok = torch.isfinite(norms)
     if not bool(ok.any()):
-        return torch.zeros((x.shape[0], x.shape[0]), dtype=torch.float64), ok
+        return torch.zeros((x.shape[0], x.shape[0]), dtype=torch.float64), ok.cpu()
     ref = int(torch.argmin(torch.where(ok, norms, torch.full((), math.inf, dtype=norms.dtype))))
     src = x if bool(ok.all()) else torch.where(ok[:, None], x, x[ref])  # bad rows -> 0 below
-    g = torch.zeros((x.shape[0], x.shape[0]), dtype=x.dtype)
+    g = torch.zeros((x.shape[0], x.shape[0]), dtype=x.dtype, device=x.device)
     for lo in range(0, x.shape[1], GRAM_BLOCK):  # centre block by block: stays in cache
         y = src[:, lo : lo + GRAM_BLOCK] - x[ref, lo : lo + GRAM_BLOCK]
         g.addmm_(y, y.T)
-    g = g.double()
-    return (g + g.T) / 2, ok  # exactly symmetric: d(i, j) and d(j, i) are the same number
+    g = g.double().cpu()
+    return (g + g.T) / 2, ok.cpu()  # exactly symmetric: d(i, j) and d(j, i) are the same number
 
 
 def squared_distances(x: torch.Tensor) -> torch.Tensor:
@@ -87,14 +88,14 @@ def squared_distances(x: torch.Tensor) -> torch.Tensor:
 def row_keys(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Content keys of the rows (their sum, then their first entry) for breaking exact ties."""
     s = torch.nan_to_num(x.sum(dim=1).double(), nan=0.0)
-    return torch.nan_to_num(x[:, 0].double(), nan=0.0).numpy(), s.numpy()
+    return torch.nan_to_num(x[:, 0].double(), nan=0.0).cpu().numpy(), s.cpu().numpy()
 
 
 def rank(scores: torch.Tensor, keys: tuple[np.ndarray, np.ndarray]) -> torch.Tensor:
     """Indices ordering ``scores`` ascending, exact ties broken by the rows' content
     (``row_keys``) rather than their position, so that a selection does not depend on the
     order of the clients."""
-    return torch.from_numpy(np.lexsort((*keys, scores.double().numpy())))
+    return torch.from_numpy(np.lexsort((*keys, scores.double().cpu().numpy())))
 
 
 def mean_around_median(x: torch.Tensor, k: int) -> torch.Tensor:

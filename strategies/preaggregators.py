@@ -99,8 +99,8 @@ class NearestNeighborMixing(PreAggregator):
         self.check(n)
         d2 = squared_distances(x)
         nn_idx = torch.sort(d2, dim=1, stable=True).indices[:, : n - self.f]
-        mix = torch.zeros((n, n), dtype=x.dtype)
-        mix.scatter_(1, nn_idx, 1.0 / (n - self.f))
+        mix = torch.zeros((n, n), dtype=x.dtype, device=x.device)
+        mix.scatter_(1, nn_idx.to(x.device), 1.0 / (n - self.f))
         ok = finite_rows(x)
         # Zero the non-finite rows so that 0 * inf cannot leak into rows that do not use them;
         # rows that do mix one (the non-finite rows themselves, which are their own nearest
@@ -137,8 +137,9 @@ class Bucketing(PreAggregator):
         perm = torch.randperm(n, generator=require_generator(generator, self))
         bucket = torch.empty(n, dtype=torch.int64)
         bucket[perm] = torch.arange(n) // self.s
+        bucket = bucket.to(x.device)
         m = self.output_rows(n)
-        sums = torch.zeros((m, x.shape[1]), dtype=x.dtype).index_add_(0, bucket, x)
+        sums = torch.zeros((m, x.shape[1]), dtype=x.dtype, device=x.device).index_add_(0, bucket, x)
         counts = torch.bincount(bucket, minlength=m).to(x.dtype)
         return sums / counts[:, None]
 
