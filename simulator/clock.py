@@ -98,6 +98,9 @@ class Schedule:
     next_start: Callable[[int, float], float] | None = None
     # clients whose updates claim to be fresh (a timing attack): never dropped as stale
     fresh: frozenset[int] = frozenset()
+    # who starts next: uniformly (0), or in proportion to (id + 1) ** draw_power (Dahan &
+    # Levy's arrival models: 1, 2)
+    draw_power: int = 0
     # the state, advanced by ``next_step``
     time: float = 0.0
     version: int = 0
@@ -116,6 +119,8 @@ class Schedule:
 
     def __post_init__(self) -> None:
         self._rng = numpy_rng(self.seed, "async-schedule")
+        self._cumulative = None if not self.draw_power else \
+            np.cumsum((np.arange(self.total, dtype=np.float64) + 1.0) ** self.draw_power)
 
     def _eligible(self, c: int, t: float) -> bool:
         if c in self._busy or c in self._started_now:
@@ -123,13 +128,21 @@ class Schedule:
         return self.next_start is None or self.next_start(c, t) <= t
 
     def _draw(self, t: float) -> int | None:
-        """A client that may start now, drawn uniformly (None: none may)."""
+        """A client that may start now, drawn uniformly, or in proportion to ``draw_power``
+        of (its id + 1) (None: none may)."""
+        cum = self._cumulative
         for _ in range(REJECTION_TRIES):
-            c = int(self._rng.integers(self.total))
+            c = int(self._rng.integers(self.total)) if cum is None else \
+                int(np.searchsorted(cum, self._rng.random() * cum[-1], side="right"))
             if self._eligible(c, t):
                 return c
         ok = [c for c in range(self.total) if self._eligible(c, t)]
-        return ok[int(self._rng.integers(len(ok)))] if ok else None
+        if not ok:
+            return None
+        if cum is None:
+            return ok[int(self._rng.integers(len(ok)))]
+        p = (np.asarray(ok, dtype=np.float64) + 1.0) ** self.draw_power
+        return ok[int(np.searchsorted(np.cumsum(p), self._rng.random() * p.sum(), side="right"))]
 
     def _start(self, c: int, t: float) -> None:
         k = self._tasks.get(c, 0)
@@ -162,6 +175,10 @@ class Schedule:
     def clients_applied(self) -> int:
         """How many distinct clients have had an update applied so far."""
         return len(self._applied)
+
+    def applied(self) -> dict[int, int]:
+        """Each client's number of updates applied so far (those with one)."""
+        return dict(self._applied)
 
     def _ready(self) -> bool:
         r = self.rule
@@ -224,11 +241,14 @@ def settings(sc: Scenario) -> Asynchrony:
 def step_rule(sc: Scenario) -> Rule:
     """When the server steps, by ``server.mode``."""
     a = settings(sc)
-    if sc.server.mode == "fedasync":
+    if sc.server.mode in ("fedasync", "latest"):
         return Rule(1)
     if sc.server.mode == "basgd":
         return Rule(buffers=a.buffers)
     return Rule(a.buffer_size or concurrency(sc))
+
+
+DRAW_POWER = {"uniform": 0, "id": 1, "id_squared": 2}
 
 
 def concurrency(sc: Scenario) -> int:
@@ -239,6 +259,8 @@ def concurrency(sc: Scenario) -> int:
 def rows_per_step(sc: Scenario) -> int:
     """How many rows the aggregation pipeline receives a step."""
     rule = step_rule(sc)
+    if sc.server.mode == "latest":  # every client that has sent an update
+        return sc.clients.total
     return rule.buffers if rule.buffers is not None else rule.buffer_size
 
 

@@ -91,6 +91,7 @@ class ServerCheckpoint(TypedDict):
     # ({version: [parameters, buffers]}); absent from a synchronous run's checkpoint
     version: NotRequired[int]
     versions: NotRequired[dict[int, list[Any]]]
+    latest: NotRequired[dict[int, Any]]  # server.mode latest: each client's latest row
 
 
 Group = tuple[int, tuple[int, ...], int]  # (start version, clients, number of results)
@@ -104,7 +105,8 @@ class StepLayout:
     one group of its round's version. The asynchronous modes add, per row (honest then
     Byzantine): its staleness ``scales`` (None: every row as sent), its aggregation
     ``weights`` (None: unweighted) and its BASGD buffer (``buffer_of``); ``keep``: the
-    versions still in flight after the step, whose models the server keeps."""
+    versions still in flight after the step, whose models the server keeps; ``table``: the
+    clients whose latest rows the step aggregates (``server.mode: latest``)."""
 
     groups: tuple[Group, ...]
     byzantine: tuple[tuple[int, int], ...] = ()
@@ -112,6 +114,10 @@ class StepLayout:
     weights: tuple[float, ...] | None = None
     buffer_of: tuple[int, ...] | None = None
     keep: tuple[int, ...] = ()
+    # server.mode latest: the clients whose latest rows the step aggregates (the arrivals'
+    # replace theirs), and which of them are Byzantine; weights then follow ``table``
+    table: tuple[int, ...] | None = None
+    table_byzantine: tuple[int, ...] = ()
 
     @property
     def honest_versions(self) -> list[int]:

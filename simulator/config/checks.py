@@ -431,7 +431,7 @@ def _check_dsgd(sc: Scenario, problems: list[Problem]) -> None:
             return
 
 
-MODES_ASYNC = "fedasync, fedbuff, basgd"
+MODES_ASYNC = "fedasync, fedbuff, basgd, latest"
 
 
 def _check_async(sc: Scenario, problems: list[Problem]) -> None:
@@ -484,8 +484,8 @@ def _check_async_keys(sc: Scenario, problems: list[Problem]) -> None:
             ("clients", "per_round")
         problems.append(Problem(where, f"clients in flight must be <= clients.total "
                                 f"({c.total}), got {k}"))
-    if mode == "fedasync" and a.buffer_size not in (None, 1):
-        problems.append(Problem(("asynchrony", "buffer_size"), "fedasync steps on every "
+    if mode in ("fedasync", "latest") and a.buffer_size not in (None, 1):
+        problems.append(Problem(("asynchrony", "buffer_size"), f"{mode} steps on every "
                                 f"update; remove it (or use fedbuff), got {a.buffer_size}"))
     if mode == "fedbuff" and a.buffer_size is not None and a.buffer_size > c.total:
         problems.append(Problem(("asynchrony", "buffer_size"), f"must be <= clients.total "

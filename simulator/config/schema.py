@@ -149,8 +149,9 @@ class ServerSettings(Strict):
     buffers: Literal["auto", "mean", "median", "local"] = "auto"
     # how the server steps: ``sync`` (lock-step rounds), or asynchronously on a simulated
     # clock (the ``asynchrony`` block; docs/async.md): ``fedasync`` (Xie et al. 2019),
-    # ``fedbuff`` (Nguyen et al. 2022), ``basgd`` (Yang & Li 2023)
-    mode: Literal["sync", "fedasync", "fedbuff", "basgd"] = "sync"
+    # ``fedbuff`` (Nguyen et al. 2022), ``basgd`` (Yang & Li 2023), ``latest`` (Dahan & Levy
+    # 2024: on each update, the latest update of every client that has sent one)
+    mode: Literal["sync", "fedasync", "fedbuff", "basgd", "latest"] = "sync"
 
 
 class Staleness(Strict):
@@ -216,6 +217,9 @@ class Asynchrony(Strict):
     # what the Byzantine clients report of their updates' model version: the truth, or
     # ``fresh`` (a timing attack: the server, trusting it, neither drops nor discounts them)
     byzantine_staleness: Literal["honest", "fresh"] = "honest"
+    # who starts next among the clients that may: uniformly, or with probability
+    # proportional to (client id + 1) or its square (Dahan & Levy's arrival models)
+    draw: Literal["uniform", "id", "id_squared"] = "uniform"
 
 
 class DSGD(Strict):

@@ -26,7 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from simulator.clock import Schedule, StepPlan, concurrency, settings, staleness_scale, step_rule
+from simulator.clock import (
+    DRAW_POWER,
+    Schedule,
+    StepPlan,
+    concurrency,
+    settings,
+    staleness_scale,
+    step_rule,
+)
 from simulator.messages import ByzantineRows, ClientRows, Group, Ref, RoundReport, StepLayout
 from simulator.rounds.server import ServerRounds
 
@@ -50,7 +58,8 @@ class AsyncRounds(ServerRounds):
         fresh = frozenset(self.ctx.byzantine) if a.byzantine_staleness == "fresh" else frozenset()
         return Schedule(sc.clients.total, concurrency(sc), step_rule(sc), a.max_staleness,
                         self.task_seconds, self.ctx.plan.seed,
-                        avail.next_start if avail is not None else None, fresh)
+                        avail.next_start if avail is not None else None, fresh,
+                        DRAW_POWER[a.draw])
 
     def _step_plan(self, step: int) -> StepPlan:
         """Step ``step``'s plan (simulated once: a step computed again after a lost worker
@@ -88,16 +97,27 @@ class AsyncRounds(ServerRounds):
         byz = sorted((t.version, t.client) for t in sp.arrivals if t.client in byzantine)
         groups, refs = self._train(honest)
         byz_ref: Ref[ByzantineRows] | None = None
+        latest = sc.server.mode == "latest"
+        table = sorted(self._schedule.applied()) if latest else None
         if byz:
             assert self.adversary is not None  # Byzantine clients come with an attack
-            seen_groups, seen_refs = (groups, refs) if self.omniscient else \
-                self._train(byz, self.poison)
+            if self.omniscient and table is not None:  # the honest clients' latest rows
+                kept = [c for c in table if c not in byzantine and c not in
+                        {cl for _, cl in honest}]
+                seen_groups: list[Group] = [*groups, (round_, tuple(kept), 1)]
+                seen_refs = [*refs, self.server.latest_rows(kept)]
+            else:
+                seen_groups, seen_refs = (groups, refs) if self.omniscient else \
+                    self._train(byz, self.poison)
             byz_ref = self.adversary.attack_rows(
                 round_, len(byz), [(list(c), n) for _, c, n in seen_groups], self.dim,
                 self.d_buffers, seen_refs)
         a = settings(sc)
         weights = (tuple(float(contributed[t]) for t in honest + byz) if a.weights == "updates"
                    else None)
+        if table is not None and weights is not None:  # each table row: its client's count
+            counts = self._schedule.applied()
+            weights = tuple(float(counts[c]) for c in table)
         true_tau = np.asarray([round_ - v for v, _ in honest + byz], dtype=np.float64)
         if a.byzantine_staleness == "fresh":  # the versions they report, which the server trusts
             byz = [(round_, c) for _, c in byz]
@@ -112,7 +132,8 @@ class AsyncRounds(ServerRounds):
             weights=weights,
             buffer_of=(tuple(c % a.buffers for _, c in order) if sc.server.mode == "basgd"
                        else None),
-            keep=sp.in_flight)
+            keep=sp.in_flight, table=None if table is None else tuple(table),
+            table_byzantine=tuple(c for c in table or () if c in byzantine))
         step_ref = self.server.step(round_, layout, byz_ref, refs)
         eval_ref = self.server.evaluate() if ctx.evaluate_now(round_) else None
         metrics = dict(b.get(step_ref))

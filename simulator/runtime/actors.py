@@ -144,6 +144,7 @@ class Server:
         self.basgd_buffers = plan.asynchrony.buffers if plan.asynchrony is not None else 0
         self.version = 0
         self.versions: dict[int, list[torch.Tensor]] = {}
+        self.latest: dict[int, torch.Tensor] = {}  # server.mode latest: each client's last row
 
     @property
     def dim(self) -> int:
@@ -189,6 +190,14 @@ class Server:
         x = self.x if version == self.version else self.versions[version][0]
         return x.numpy().copy()
 
+    def latest_rows(self, clients: list[int]) -> ClientRows:
+        """The latest rows of ``clients`` (``server.mode: latest``), as one train call's
+        results: what an omniscient attack sees of the honest clients there."""
+        rows = np.stack([self.latest[c].numpy() for c in clients]) if clients else \
+            np.empty((0, self.dim), dtype=np.float32)
+        return ClientRows(np.asarray(clients, dtype=np.int64), rows,
+                          np.zeros(len(clients)))
+
     def buffers_at(self, version: int) -> np.ndarray:
         b = self.b if version == self.version else self.versions[version][1]
         return b.numpy().copy()
@@ -214,6 +223,14 @@ class Server:
             rows = rows * torch.tensor(layout.scales, dtype=torch.float64)[:, None].to(rows.dtype)
         n_honest = honest.shape[0]
         honest_rows = rows[:n_honest]
+        if layout.table is not None:  # Dahan & Levy: every client's latest row
+            ids = [c for _, clients, _ in layout.groups for c in clients] + \
+                [c for c, _ in layout.byzantine]
+            for c, row in zip(ids, rows):
+                self.latest[c] = row.clone()
+            rows = torch.stack([self.latest[c] for c in layout.table])
+            byz_ids = set(layout.table_byzantine)
+            honest_rows = rows[[i for i, c in enumerate(layout.table) if c not in byz_ids]]
         if layout.buffer_of is not None:
             b = self.basgd_buffers
             index = torch.tensor(layout.buffer_of, dtype=torch.int64)
@@ -250,7 +267,7 @@ class Server:
         if dp is not None:  # DP-FedAvg: clip every update; noise on the mean below
             rows = dp.privatize(rows)
         agg = None
-        if not len(honest):
+        if not len(honest_rows):
             self._skipped(round_, "no sampled honest client sent an update (dropout, "
                                   "stragglers)")
         else:
@@ -317,6 +334,7 @@ class Server:
         if self.mode != "sync":
             state["version"] = self.version
             state["versions"] = {v: [x.clone(), b.clone()] for v, (x, b) in self.versions.items()}
+            state["latest"] = {c: r.clone() for c, r in self.latest.items()}
         return state
 
     def restore(self, state: ServerCheckpoint) -> None:
@@ -325,6 +343,7 @@ class Server:
         self.version = int(state.get("version", 0))
         self.versions = {int(v): [x.clone(), b.clone()]
                          for v, (x, b) in state.get("versions", {}).items()}
+        self.latest = {int(c): r.clone() for c, r in state.get("latest", {}).items()}
         self.optimizer.load_state_dict(state["optimizer"])
         self.pipeline.load_state_dict(state["pipeline"])
 

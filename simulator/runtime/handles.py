@@ -77,6 +77,9 @@ class ServerHandle(_Handle):
     def params_at(self, version: int) -> Ref[np.ndarray]:
         return self.backend.call(self.actor, Server.params_at, version)
 
+    def latest_rows(self, clients: list[int]) -> Ref[ClientRows]:
+        return self.backend.call(self.actor, Server.latest_rows, clients)
+
     def buffers_at(self, version: int) -> Ref[np.ndarray]:
         return self.backend.call(self.actor, Server.buffers_at, version)
 
