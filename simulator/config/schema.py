@@ -200,8 +200,10 @@ class Asynchrony(Strict):
     """The asynchronous modes (``server.mode``): ``concurrency`` clients train at once
     (default: ``clients.per_round``), each from the model version it started from; the
     server steps after ``buffer_size`` updates (``fedbuff``; default: ``concurrency``),
-    after each one (``fedasync``, mixing ``mixing * s(tau)``), or once each of ``buffers``
-    buffers (client id mod ``buffers``) holds one (``basgd``). An update staler than
+    after each one (``fedasync``, mixing ``mixing * s(tau)``; ``latest``, aggregating every
+    client's latest update), or once each of ``buffers`` buffers (client id mod
+    ``buffers``) holds one (``basgd``). ``draw``: who starts next among the clients that
+    may. An update staler than
     ``max_staleness`` steps is dropped. ``weights: updates`` weights each row of the robust
     aggregation by how many updates its client has contributed (Dahan & Levy, NeurIPS
     2024). ``byzantine_staleness: fresh``: the Byzantine clients claim every update is fresh.
