@@ -40,6 +40,17 @@ def steps(s, n):
     return [s.next_step() for _ in range(n)]
 
 
+def by_hand(sc, n: int):
+    """(the first ``n`` step plans of ``sc``'s clock, its run on 2 workers, a ClientWorker to
+    train clients by hand, [the initial parameters])."""
+    eng = Engine(sc, InlineBackend(), workers=1)
+    eng.start()
+    plans = [eng.protocol._schedule.next_step() for _ in range(n)]
+    res = Engine(sc, InlineBackend(), workers=2).run()
+    x0 = np.asarray(eng.protocol.server.actor.params(), dtype=np.float32)
+    return plans, res, eng.pool.workers[0].actor, [x0]
+
+
 def test_a_three_client_fedasync_schedule_by_hand():
     """Clients 0, 1, 2 take 1, 2 and 3.5 s a task, all three in flight, a step per update:
     t=1 client 0 (from v0, tau 0) -> v1, it restarts from v1; t=2 client 0 (v1, tau 0)
@@ -329,12 +340,7 @@ def test_basgd_aggregates_its_buffers_means(tmp_path):
     buffers' means (client id mod 2), each update computed from its start version, by hand."""
     sc = point(tmp_path, "server: {mode: basgd}\nasynchrony: {buffers: 2, staleness: "
                "{function: constant}}\n", ["clients={total: 4}", "rounds=3", "local.steps=1"])
-    eng = Engine(sc, InlineBackend(), workers=1)
-    eng.start()
-    plans = [eng.protocol._schedule.next_step() for _ in range(3)]
-    res = Engine(sc, InlineBackend(), workers=2).run()
-    w = eng.pool.workers[0].actor
-    xs = [np.asarray(eng.protocol.server.actor.params(), dtype=np.float32)]
+    plans, res, w, xs = by_hand(sc, 3)
     for k, p in enumerate(plans):
         rows = {0: [], 1: []}
         for t in p.arrivals:
@@ -382,12 +388,7 @@ def test_latest_aggregates_every_clients_latest_update_as_by_hand(tmp_path):
     sc = point(tmp_path, "server: {mode: latest}\nasynchrony: {concurrency: 1, draw: id, "
                "weights: updates}\n", ["clients={total: 3}", "rounds=8", "local.steps=1",
                                        "aggregator={name: mean}"])
-    eng = Engine(sc, InlineBackend(), workers=1)
-    eng.start()
-    plans = [eng.protocol._schedule.next_step() for _ in range(8)]
-    res = Engine(sc, InlineBackend(), workers=2).run()
-    w = eng.pool.workers[0].actor
-    xs = [np.asarray(eng.protocol.server.actor.params(), dtype=np.float32)]
+    plans, res, w, xs = by_hand(sc, 8)
     latest, counts = {}, {}
     for k, p in enumerate(plans):
         (t,) = p.arrivals
