@@ -91,6 +91,11 @@ CELLS = [
      {"aggregator": "median", "meta": "none"},
      ["seeds", "test_accuracy (final)", "sim_time (final)", "byzantine_sampled (mean)",
       "staleness_mean (mean)"]),
+    ("docs/async.md", "async_weighted",
+     ("sweep={attack: [{name: sign_flip}], asynchrony.weights: [updates], asynchrony.draw: "
+      "[id], 'aggregator.name, meta': [[geomed, null]]}"),
+     {"asynchrony.draw": "id", "aggregator": "geomed", "meta": "none",
+      "asynchrony.weights": "updates"}, ["attack=sign_flip"]),
     ("docs/async.md", "async_vs_sync",
      ("sweep={'server.mode, rounds, asynchrony': [[fedbuff, 80, {concurrency: 20, "
       "buffer_size: 10, staleness: {function: polynomial, a: 0.5}}]]}"),
