@@ -28,6 +28,7 @@ and a resumed run computes the same schedule again up to its checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Callable
@@ -81,6 +82,9 @@ class StepPlan:
     dropped: int
     started: int
     in_flight: tuple[int, ...]
+    clients_applied: int = 0  # distinct clients with an update applied, this step included
+    # each client's updates applied, this step included (only with ``Schedule.tables``)
+    applied: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass
@@ -101,6 +105,8 @@ class Schedule:
     # who starts next: uniformly (0), or in proportion to (id + 1) ** draw_power (Dahan &
     # Levy's arrival models: 1, 2)
     draw_power: int = 0
+    # each step's plan carries every client's count of updates applied (server.mode latest)
+    tables: bool = False
     # the state, advanced by ``next_step``
     time: float = 0.0
     version: int = 0
@@ -171,15 +177,6 @@ class Schedule:
                 heapq.heappush(self._heap, (when, -1, self._seq, None))
                 self._seq += 1
 
-    @property
-    def clients_applied(self) -> int:
-        """How many distinct clients have had an update applied so far."""
-        return len(self._applied)
-
-    def applied(self) -> dict[int, int]:
-        """Each client's number of updates applied so far (those with one)."""
-        return dict(self._applied)
-
     def _ready(self) -> bool:
         r = self.rule
         if r.buffers is None:
@@ -219,7 +216,9 @@ class Schedule:
                     self._applied[a.client] = self._applied.get(a.client, 0) + 1
                     contributed.append(self._applied[a.client])
                 step = StepPlan(self.version, self.time, tuple(self._buffer),
-                                tuple(contributed), self._dropped, self._started, ())
+                                tuple(contributed), self._dropped, self._started, (),
+                                len(self._applied),
+                                tuple(sorted(self._applied.items())) if self.tables else ())
                 self.version += 1
                 self._buffer, self._dropped, self._started = [], 0, 0
                 self._started_now = set()
@@ -227,8 +226,7 @@ class Schedule:
             if step is not None:
                 # versions in flight after the step's replacements started (the new one too)
                 kept = tuple(sorted({e[3].version for e in self._heap if e[3] is not None}))
-                return StepPlan(step.index, step.time, step.arrivals, step.contributed,
-                                step.dropped, step.started, kept)
+                return dataclasses.replace(step, in_flight=kept)
 
 
 def settings(sc: Scenario) -> Asynchrony:

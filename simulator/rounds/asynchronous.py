@@ -42,12 +42,14 @@ from simulator.rounds.server import ServerRounds
 class AsyncRounds(ServerRounds):
     """A Server (and an Adversary) beside the worker pool, stepped by the simulated clock."""
 
-    prefetch = False
+    prefetch = True
 
     def ready(self) -> dict[str, str]:
         derived = super().ready()
         self._schedule = self._new_schedule()
-        self._plan: StepPlan | None = None
+        self._plans: dict[int, StepPlan] = {}
+        # the next step's honest training, submitted ahead: (step, groups, refs)
+        self._ahead: tuple[int, list[Group], list[Ref[ClientRows]]] | None = None
         self._round_end = 0.0
         return derived
 
@@ -59,15 +61,26 @@ class AsyncRounds(ServerRounds):
         return Schedule(sc.clients.total, concurrency(sc), step_rule(sc), a.max_staleness,
                         self.task_seconds, self.ctx.plan.seed,
                         avail.next_start if avail is not None else None, fresh,
-                        DRAW_POWER[a.draw])
+                        DRAW_POWER[a.draw], tables=sc.server.mode == "latest")
 
     def _step_plan(self, step: int) -> StepPlan:
-        """Step ``step``'s plan (simulated once: a step computed again after a lost worker
-        takes the same one)."""
-        if self._plan is None or self._plan.index != step:
-            self._plan = self._schedule.next_step()
-        assert self._plan.index == step, (self._plan.index, step)
-        return self._plan
+        """Step ``step``'s plan, simulated once (a step computed again after a lost worker,
+        or trained ahead, takes the same one); older plans are forgotten."""
+        while step not in self._plans:
+            p = self._schedule.next_step()
+            self._plans[p.index] = p
+        for k in [k for k in self._plans if k < step]:
+            del self._plans[k]
+        return self._plans[step]
+
+    def _honest(self, sp: StepPlan) -> tuple[set[int], list[tuple[int, int]]]:
+        """(the step's Byzantine clients, its honest arrivals as sorted (version, client))."""
+        byzantine = self.ctx.byzantine_at(sp.index)  # who is Byzantine when the step comes
+        return byzantine, sorted((t.version, t.client) for t in sp.arrivals
+                                 if t.client not in byzantine)
+
+    def drop_prefetched(self) -> None:
+        self._ahead = None
 
     def _train(self, tasks: list[tuple[int, int]], poison: dict[str, Any] | None = None
                ) -> tuple[list[Group], list[Ref[ClientRows]]]:
@@ -91,14 +104,16 @@ class AsyncRounds(ServerRounds):
         sc = ctx.plan.scenario
         t0 = time.perf_counter()
         sp = self._step_plan(round_)
-        byzantine = ctx.byzantine_at(round_)  # who is Byzantine when the step comes
+        byzantine, honest = self._honest(sp)
         contributed = {(t.version, t.client): k for t, k in zip(sp.arrivals, sp.contributed)}
-        honest = sorted((t.version, t.client) for t in sp.arrivals if t.client not in byzantine)
         byz = sorted((t.version, t.client) for t in sp.arrivals if t.client in byzantine)
-        groups, refs = self._train(honest)
+        ahead, self._ahead = self._ahead, None
+        groups, refs = ahead[1:] if ahead is not None and ahead[0] == round_ else \
+            self._train(honest)
         byz_ref: Ref[ByzantineRows] | None = None
         latest = sc.server.mode == "latest"
-        table = sorted(self._schedule.applied()) if latest else None
+        counts = dict(sp.applied)
+        table = sorted(counts) if latest else None
         if byz:
             assert self.adversary is not None  # Byzantine clients come with an attack
             if self.omniscient and table is not None:  # the honest clients' latest rows
@@ -116,7 +131,6 @@ class AsyncRounds(ServerRounds):
         weights = (tuple(float(contributed[t]) for t in honest + byz) if a.weights == "updates"
                    else None)
         if table is not None and weights is not None:  # each table row: its client's count
-            counts = self._schedule.applied()
             weights = tuple(float(counts[c]) for c in table)
         true_tau = np.asarray([round_ - v for v, _ in honest + byz], dtype=np.float64)
         if a.byzantine_staleness == "fresh":  # the versions they report, which the server trusts
@@ -135,6 +149,10 @@ class AsyncRounds(ServerRounds):
             keep=sp.in_flight, table=None if table is None else tuple(table),
             table_byzantine=tuple(c for c in table or () if c in byzantine))
         step_ref = self.server.step(round_, layout, byz_ref, refs)
+        if prefetch:  # the next step's honest training: its models exist once this step is
+            # applied (the server's queue runs its params_at calls after this step)
+            nxt = self._step_plan(round_ + 1)
+            self._ahead = (round_ + 1, *self._train(self._honest(nxt)[1]))
         eval_ref = self.server.evaluate() if ctx.evaluate_now(round_) else None
         metrics = dict(b.get(step_ref))
         if eval_ref is not None:
@@ -150,7 +168,7 @@ class AsyncRounds(ServerRounds):
                    # the true staleness (what a timing attack hides from the server)
                    "staleness_mean": float(true_tau.mean()),
                    "staleness_max": float(true_tau.max()),
-                   "clients_applied": float(self._schedule.clients_applied),
+                   "clients_applied": float(sp.clients_applied),
                    "b_hat": float(b_hat), "byzantine_exceeded": float(len(byz) > b_hat),
                    **metrics}
         return RoundReport(metrics, timings)
@@ -160,7 +178,7 @@ class AsyncRounds(ServerRounds):
         schedule is a function of the seed alone)."""
         calls = super().restore(state)
         self._schedule = self._new_schedule()
-        self._plan = None
+        self._plans, self._ahead = {}, None
         for _ in range(int(state["server"].get("version", 0))):
-            self._plan = self._schedule.next_step()
+            self._schedule.next_step()
         return calls

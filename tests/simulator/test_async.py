@@ -72,7 +72,7 @@ def test_buffered_steps_count_staleness_drops_and_contributions():
     assert [(p.time, [(a.client, a.version) for a in p.arrivals]) for p in plans[:3]] == [
         (1.5, [(0, 0), (1, 0)]), (3.0, [(0, 1), (1, 1)]), (4.5, [(0, 2), (1, 2)])]
     assert plans[2].dropped == 1 and plans[0].contributed == (1, 1)
-    assert plans[1].contributed == (2, 2) and s.clients_applied == 2
+    assert plans[1].contributed == (2, 2) and plans[3].clients_applied == 2
     # the versions kept after step 0 are those in flight: client 2's v0 and the new v1
     assert plans[0].in_flight == (0, 1)
 
