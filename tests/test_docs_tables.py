@@ -94,8 +94,8 @@ CELLS = [
     ("docs/async.md", "async_weighted",
      ("sweep={attack: [{name: sign_flip}], asynchrony.weights: [updates], asynchrony.draw: "
       "[id], 'aggregator.name, meta': [[geomed, null]]}"),
-     {"asynchrony.draw": "id", "aggregator": "geomed", "meta": "none",
-      "asynchrony.weights": "updates"}, ["attack=sign_flip"]),
+     {"asynchrony.draw": "id", "server.optimizer.name": "sgd", "aggregator": "geomed",
+      "meta": "none", "asynchrony.weights": "updates"}, ["attack=sign_flip"]),
     ("docs/async.md", "async_vs_sync",
      ("sweep={'server.mode, rounds, asynchrony': [[fedbuff, 80, {concurrency: 20, "
       "buffer_size: 10, staleness: {function: polynomial, a: 0.5}}]]}"),
