@@ -50,8 +50,17 @@ class AsyncRounds(ServerRounds):
         self._plans: dict[int, StepPlan] = {}
         # the next step's honest training, submitted ahead: (step, groups, refs)
         self._ahead: tuple[int, list[Group], list[Ref[ClientRows]]] | None = None
+        # each model version's parameters and buffers, fetched once while clients train from
+        # it (a version is the start of tasks that arrive over several steps)
+        self._models: dict[int, tuple[Ref[np.ndarray], Ref[np.ndarray] | None]] = {}
         self._round_end = 0.0
         return derived
+
+    def _model(self, v: int) -> tuple[Ref[np.ndarray], Ref[np.ndarray] | None]:
+        if v not in self._models:
+            self._models[v] = (self.server.params_at(v),
+                               self.server.buffers_at(v) if self.d_buffers else None)
+        return self._models[v]
 
     def _new_schedule(self) -> Schedule:
         sc, a = self.ctx.plan.scenario, settings(self.ctx.plan.scenario)
@@ -90,8 +99,7 @@ class AsyncRounds(ServerRounds):
         refs: list[Ref[ClientRows]] = []
         for v, items in itertools.groupby(tasks, key=lambda t: t[0]):
             clients = [c for _, c in items]
-            params = self.server.params_at(v)
-            buffers = self.server.buffers_at(v) if self.d_buffers else None
+            params, buffers = self._model(v)
             got = self.ctx.pool.train(v, clients, params, buffers, poison)
             groups.append((v, tuple(clients), len(got)))
             refs += got
@@ -149,6 +157,8 @@ class AsyncRounds(ServerRounds):
             keep=sp.in_flight, table=None if table is None else tuple(table),
             table_byzantine=tuple(c for c in table or () if c in byzantine))
         step_ref = self.server.step(round_, layout, byz_ref, refs)
+        # the versions clients still train from after this step
+        self._models = {v: m for v, m in self._models.items() if v in set(sp.in_flight)}
         if prefetch:  # the next step's honest training: its models exist once this step is
             # applied (the server's queue runs its params_at calls after this step)
             nxt = self._step_plan(round_ + 1)
@@ -178,7 +188,7 @@ class AsyncRounds(ServerRounds):
         schedule is a function of the seed alone)."""
         calls = super().restore(state)
         self._schedule = self._new_schedule()
-        self._plans, self._ahead = {}, None
+        self._plans, self._ahead, self._models = {}, None, {}
         for _ in range(int(state["server"].get("version", 0))):
             self._schedule.next_step()
         return calls
