@@ -44,6 +44,14 @@ def coordinate_median(x: torch.Tensor) -> torch.Tensor:
     return (s[n // 2 - 1] + s[n // 2]) / 2
 
 
+def group_means(x: torch.Tensor, index: torch.Tensor, m: int) -> torch.Tensor:
+    """``(m, d)``: row ``g`` is the mean of the rows of ``x`` whose ``index`` is ``g`` (every
+    group holds at least one row)."""
+    index = index.to(x.device)
+    sums = torch.zeros((m, x.shape[1]), dtype=x.dtype, device=x.device).index_add_(0, index, x)
+    return sums / torch.bincount(index, minlength=m).to(x.dtype)[:, None]
+
+
 def mean_of_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """Mean of the rows ``idx``: a weighted ``(n,) @ (n, d)`` product (no gathered copy) when
     every row is finite, a gather otherwise (0 * inf would poison the product)."""

@@ -15,7 +15,7 @@ import torch
 from annotated_types import Ge, Gt
 from pydantic import AllowInfNan
 
-from strategies.geometry import finite_rows, squared_distances
+from strategies.geometry import finite_rows, group_means, squared_distances
 from strategies.protocols import PreAggregator, Traits, require_generator
 
 
@@ -137,11 +137,7 @@ class Bucketing(PreAggregator):
         perm = torch.randperm(n, generator=require_generator(generator, self))
         bucket = torch.empty(n, dtype=torch.int64)
         bucket[perm] = torch.arange(n) // self.s
-        bucket = bucket.to(x.device)
-        m = self.output_rows(n)
-        sums = torch.zeros((m, x.shape[1]), dtype=x.dtype, device=x.device).index_add_(0, bucket, x)
-        counts = torch.bincount(bucket, minlength=m).to(x.dtype)
-        return sums / counts[:, None]
+        return group_means(x, bucket, self.output_rows(n))
 
     def output_rows(self, n: int) -> int:
         return math.ceil(n / self.s)

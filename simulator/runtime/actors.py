@@ -45,6 +45,7 @@ from simulator.runtime.common import (
 )
 from simulator.runtime.pipeline import Pipeline
 from simulator.seeding import torch_generator
+from strategies.geometry import group_means
 from strategies.gossip import consensus_distance, sparse_rows
 from strategies.protocols import GossipStep
 
@@ -231,12 +232,9 @@ class Server:
             rows = torch.stack([self.latest[c] for c in layout.table])
             byz_ids = set(layout.table_byzantine)
             honest_rows = rows[[i for i, c in enumerate(layout.table) if c not in byz_ids]]
-        if layout.buffer_of is not None:
-            b = self.basgd_buffers
-            index = torch.tensor(layout.buffer_of, dtype=torch.int64)
-            sums = torch.zeros((b, rows.shape[1]), dtype=rows.dtype).index_add_(0, index, rows)
-            counts = torch.bincount(index, minlength=b).to(rows.dtype)
-            rows = sums / counts[:, None]
+        if layout.buffer_of is not None:  # BASGD: each buffer's mean (as bucketing's)
+            rows = group_means(rows, torch.tensor(layout.buffer_of, dtype=torch.int64),
+                               self.basgd_buffers)
         weights = (torch.tensor(layout.weights, dtype=torch.float64)
                    if layout.weights is not None else None)
         return rows, honest_rows, weights

@@ -13,6 +13,7 @@ from simulator.engine import Engine
 from simulator.messages import TrainRequest
 from simulator.runtime.backend import InlineBackend
 from tests.simulator.test_checkpoint import _roundtrip
+from tests.simulator.test_engine import point as engine_point
 
 BASE = """\
 name: async-small
@@ -26,9 +27,7 @@ local: {steps: 2, batch_size: 8, lr: 0.2}
 
 
 def point(tmp_path, extra: str = "", overrides=()):
-    p = tmp_path / "s.yaml"
-    p.write_text(BASE + extra)
-    return load(p, list(overrides)).points[0].scenario
+    return engine_point(tmp_path, BASE + extra, overrides)
 
 
 def schedule(durations, rule, concurrency=None, max_staleness=None, seed=0):
