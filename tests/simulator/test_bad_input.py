@@ -121,12 +121,56 @@ def test_set_on_a_key_the_sweep_sets_is_refused(tmp_path, key):
     ("runtime.workers", "<= 10000"), ("runtime.checkpoint_every", "<= 1000000"),
     ("runtime.threads", "<= 1024"), ("runtime.eval_threads", "<= 1024"),
     ("runtime.num_cpus", "<= 1024.0"), ("runtime.num_gpus", "<= 64.0"),
+    ("clients.byzantine_period", "<= 1000000"), ("asynchrony.concurrency", "<= 10000000"),
+    ("asynchrony.buffer_size", "<= 10000000"), ("asynchrony.buffers", "<= 10000000"),
+    ("asynchrony.max_staleness", "<= 1000000"), ("asynchrony.staleness.b", "<= 1000000"),
 ])
 def test_every_integer_of_the_schema_has_an_upper_bound(tmp_path, key, allowed):
     p = _file(tmp_path, BASE)
     big = 2**63 - 1
     lines = _refused(p, [f"{key}={big}"])
     assert len(lines) == 1 and lines[0].endswith(f" {key}: must be {allowed}, got {big}")
+
+
+def _integer_fields(model, prefix=""):
+    """(dotted path, whether every int in its type has an upper bound) of each field of the
+    schema whose type holds an int, nested blocks included."""
+    import types
+    import typing
+
+    import annotated_types as at
+    from pydantic import BaseModel
+
+    def walk(ann, meta):
+        upper = any(isinstance(m, (at.Le, at.Lt)) for m in meta)
+        origin = typing.get_origin(ann)
+        if origin is typing.Annotated:
+            base, *more = typing.get_args(ann)
+            has, up = walk(base, more)
+            return has, up or upper
+        if origin in (typing.Union, types.UnionType, list):
+            parts = [walk(a, meta) for a in typing.get_args(ann)]
+            ints = [up for has, up in parts if has]
+            return bool(ints), all(ints) if ints else upper
+        return ann is int, upper
+
+    for name, field in model.model_fields.items():
+        for a in (field.annotation, *typing.get_args(field.annotation)):
+            if isinstance(a, type) and issubclass(a, BaseModel):
+                yield from _integer_fields(a, f"{prefix}{name}.")
+        has, up = walk(field.annotation, field.metadata)
+        if has:
+            yield f"{prefix}{name}", up
+
+
+def test_every_integer_field_found_by_walking_the_schema_has_an_upper_bound():
+    """The class, not the list above: a new integer key without a bound fails here."""
+    from simulator.config.schema import Scenario
+
+    fields = dict(_integer_fields(Scenario))
+    assert {"rounds", "asynchrony.concurrency", "asynchrony.staleness.b",
+            "clients.byzantine_period", "runtime.threads"} <= set(fields)
+    assert [k for k, bounded in fields.items() if not bounded] == []
 
 
 def test_seeds_are_bounded_in_number(tmp_path):
