@@ -36,7 +36,14 @@ import numpy as np
 import torch
 
 from simulator import registry
-from strategies.protocols import CONTRACTS, Attack, ClientData, GossipAttack, GossipStep
+from strategies.protocols import (
+    CONTRACTS,
+    Attack,
+    ClientData,
+    DriftRule,
+    GossipAttack,
+    GossipStep,
+)
 
 N, F, D = 11, 2, 16  # rows of the test matrices, Byzantine rows among them, dimension
 Check = tuple[str, Callable[[], None]]
@@ -362,8 +369,12 @@ def _gossip_defense_checks(make: Callable[[], Any]) -> list[Check]:
 
 
 def _optimizer_checks(make: Callable[[], Any]) -> list[Check]:
+    half = make().client_rule()
+    blocks = half.traits.message_blocks if half is not None else 1
+
     def step_and_state_round_trip() -> None:
-        x, deltas = matrix(19, n=1)[0], matrix(20, n=3, offset=0.0) * 0.1
+        # a client half of several blocks sends rows of blocks * d
+        x, deltas = matrix(19, n=1)[0], matrix(20, n=3, d=D * blocks, offset=0.0) * 0.1
         a = make()
         before = x.clone()
         y = a.step(x, deltas[0])
@@ -373,11 +384,51 @@ def _optimizer_checks(make: Callable[[], Any]) -> list[Check]:
         b = make()
         b.load_state_dict(saved)
         assert torch.equal(b.step(y, deltas[1]), nxt), "load_state_dict does not restore the state"
+        shared = a.shared()
+        assert shared is None or (shared.shape == x.shape and torch.isfinite(shared).all()), \
+            "shared() is a flat tensor of the model's size, or None"
 
-    return [("step_and_state_round_trip", step_and_state_round_trip)]
+    checks = [("step_and_state_round_trip", step_and_state_round_trip)]
+    if isinstance(half, DriftRule):  # the client half meets the drift contract too
+        checks += _drift_rule_checks(lambda: make().client_rule())
+    return checks
+
+
+def _drift_rule_checks(make: Callable[[], Any]) -> list[Check]:
+    from simulator.config import Local
+
+    local = Local(steps=3, batch_size=4, lr=0.1)
+
+    def drift_contract() -> None:
+        rule = make()
+        rule.prepare(np.array([3, 5, 2]), local)
+        start, update = matrix(21, n=1)[0], matrix(22, n=1, offset=0.0)[0] * 0.1
+        shared = torch.full_like(start, 0.5) if rule.traits.shared_state else None
+        state: dict[str, torch.Tensor] = {}
+        for _ in range(2):  # a first round (no state yet), then one with the state kept
+            fix = rule.correction(start, state, shared)
+            if fix is not None:
+                v = fix(start + 0.01)
+                assert v.shape == start.shape and torch.isfinite(v).all(), \
+                    "correction(w) is a finite flat vector of the model's size"
+            before = update.clone()
+            msg, state = rule.message(update, 3, state, shared, local)
+            assert torch.equal(update, before), "message() modified the update"
+            assert msg.shape == (start.numel() * rule.traits.message_blocks,), \
+                f"a message of {tuple(msg.shape)}, not traits.message_blocks * d"
+            assert torch.isfinite(msg).all()
+            assert all(isinstance(t, torch.Tensor) for t in state.values()), \
+                "state holds non-tensors"
+            assert rule.traits.client_state or not state, \
+                "a rule that keeps state declares traits.client_state"
+        pickle.loads(pickle.dumps(rule))
+
+    return [("drift_contract", drift_contract)]
 
 
 def _client_rule_checks(make: Callable[[], Any], cls: Any) -> list[Check]:
+    if issubclass(cls, DriftRule):
+        return _drift_rule_checks(make)
     if not cls.traits.gradient_rule:
         return [("builds", lambda: pickle.loads(pickle.dumps(make())) and None)]
 
@@ -580,9 +631,10 @@ def plugin_checks(kind: str, cls: Any, params: dict[str, Any] | None = None,
         "attacks": lambda: _attack_checks(_with_aggregate(make), cls),
         "topologies": lambda: _topology_checks(plain, cls),
         "gossip_defenses": lambda: _gossip_defense_checks(_defense(make)),
-        "optimizers": lambda: _optimizer_checks(plain),
+        # the engine offers the sampling fraction (SCAFFOLD, FedDyn take it)
+        "optimizers": lambda: _optimizer_checks(lambda: make(participation=0.5)),
         "client_optimizers": lambda: _client_rule_checks(plain, cls),
-        "trainers": lambda: _trainer_checks(_trainer(make)),
+        "trainers": lambda: _trainer_checks(_trainer(make, cls)),
         "privacy": lambda: _privacy_checks(plain),
         "datasets": lambda: _dataset_checks(plain),
         "partitioners": lambda: _partitioner_checks(plain),
@@ -615,14 +667,24 @@ def _defense(make: Callable[..., Any]) -> Callable[[], Any]:
     return lambda: make(clip_tau=None, aggregator=CoordinateWiseMedian())
 
 
-def _trainer(make: Callable[..., Any]) -> Callable[..., Any]:
+def _trainer(make: Callable[..., Any], cls: Any) -> Callable[..., Any]:
+    """The trainer with the engine's context: a rule of the class its constructor asks for
+    (worker momentum, or a default instance of a narrower rule class such as DriftRule),
+    the clients' sizes of ``_trainer_checks`` (6, 7 and 8 samples)."""
+    import typing
+
     from strategies.optimizers import WorkerMomentum
     from strategies.privacy import DPSGD
     from strategies.tasks import Classification
 
+    wanted = typing.get_type_hints(cls.__init__).get("rule") \
+        if "rule" in cls.traits.context else None
+    rule = wanted() if inspect.isclass(wanted) and not issubclass(WorkerMomentum, wanted) \
+        else WorkerMomentum()
+
     def with_context(**context: Any) -> Any:
-        return make(rule=WorkerMomentum(), privacy=DPSGD(noise_multiplier=0.0),
-                    task=Classification(), **context)
+        return make(rule=rule, privacy=DPSGD(noise_multiplier=0.0), task=Classification(),
+                    client_sizes=np.array([6, 7, 8]), **context)
 
     return with_context
 

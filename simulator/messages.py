@@ -36,12 +36,14 @@ class TrainRequest:
     """Train ``clients`` in ``round``. ``poison``: the spec of a data-poisoning attack these
     (Byzantine) clients run. ``expect_state``: clients whose state the worker must hold
     (they took part before); a worker that lost it says so instead of going on with other
-    numbers."""
+    numbers. ``partial``: (client, steps) of the stragglers that complete only that many
+    minibatch steps this round (``clients.stragglers.partial``)."""
 
     round: int
     clients: tuple[int, ...]
     poison: dict[str, Any] | None = None
     expect_state: tuple[int, ...] = ()
+    partial: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

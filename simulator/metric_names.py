@@ -21,7 +21,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                "aggregate_norm", "nonfinite_aggregate", "aggregation_skipped",
                "byzantine_sampled", "byzantine_exceeded", "b_hat", "buffer_aggregation_error"),
     # who took part in the round and how local training went
-    "round": ("sampled", "participants", "dropped", "stragglers", "client_loss"),
+    "round": ("sampled", "participants", "dropped", "stragglers", "partial_work", "client_loss"),
     "dsgd": ("consensus_distance", "byzantine_peers"),
     # the simulated clock (speeds; the asynchronous modes)
     "time": ("sim_time", "staleness_mean", "staleness_max", "dropped_stale", "started",

@@ -147,14 +147,19 @@ class WorkerPool:
         return sorted(mine.items())
 
     def train(self, round_: int, clients: list[int], params: Ref[np.ndarray],
-              buffers: Ref[np.ndarray] | None, poison: dict[str, Any] | None = None
+              buffers: Ref[np.ndarray] | None, poison: dict[str, Any] | None = None,
+              shared: Ref[np.ndarray] | None = None, partial: dict[int, int] | None = None
               ) -> list[Ref[ClientRows]]:
-        """One train call per worker that trains some of ``clients`` (``assign``)."""
+        """One train call per worker that trains some of ``clients`` (``assign``), with the
+        server's broadcast state ``shared`` and the stragglers' ``partial`` work (client ->
+        steps)."""
         calls = []
+        partial = partial or {}
         for w, ids in self.assign(clients):
             expect = tuple(c for c in ids if c in self.trained) if self.stateful else ()
-            calls.append(self.workers[w].train(TrainRequest(round_, tuple(ids), poison, expect),
-                                               params, buffers))
+            caps = tuple((c, partial[c]) for c in ids if c in partial)
+            request = TrainRequest(round_, tuple(ids), poison, expect, caps)
+            calls.append(self.workers[w].train(request, params, buffers, shared))
         self.trained.update(clients)
         return calls
 

@@ -71,6 +71,11 @@ class Plan:
     rule_from_server: bool  # it is the server optimizer's client half (mu2-SGD)
     gradient_rule: bool  # the rule sends one gradient message a round (and keeps state)
     client_state: bool  # the rule keeps per-client state between rounds
+    rule_in_trainer: bool  # the rule runs inside its trainer (state, a gradient correction)
+    # a client's message is this many model-sized blocks (SCAFFOLD: 2), so a row is
+    # message_blocks * d long
+    message_blocks: int
+    shared_state: bool  # the rule reads the server optimizer's broadcast state each round
     privacy: PluginSpec | None
     privacy_level: PrivacyLevel
     local_buffers: bool  # each client keeps its own model buffers (server.buffers: local)
@@ -96,22 +101,35 @@ def privacy_level(sc: Scenario) -> PrivacyLevel:
     return level
 
 
+def participation(sc: Scenario) -> float:
+    """The fraction of the clients sampled each round (|S| / N), which a server optimizer
+    may ask for in its ``traits.context`` (SCAFFOLD, FedDyn)."""
+    return sc.clients.sampled / sc.clients.total
+
+
+def build_server_optimizer(sc: Scenario, spec: PluginSpec | None = None) -> Any:
+    """The server optimizer ``spec`` names (the scenario's by default), with the context
+    the engine offers it."""
+    return registry.instantiate("optimizers", spec or sc.server.optimizer,
+                                participation=participation(sc))
+
+
 def client_rule(sc: Scenario) -> tuple[PluginSpec, bool, Any]:
     """(the clients' rule, whether the server optimizer brings it, the rule's traits): the
-    server optimizer's client half when it has one (mu2-SGD; its traits are only known from
-    an instance), else ``local.optimizer``."""
-    half = registry.instantiate("optimizers", sc.server.optimizer).client_rule()
+    server optimizer's client half when it has one (mu2-SGD, SCAFFOLD, FedDyn; its traits
+    are only known from an instance), else ``local.optimizer``."""
+    half = build_server_optimizer(sc).client_rule()
     if half is not None:
         return sc.server.optimizer, True, half.traits
     return sc.local.optimizer, False, registry.get("client_optimizers",
                                                    sc.local.optimizer["name"]).traits
 
 
-def build_client_rule(spec: PluginSpec, from_server: bool) -> Any:
+def build_client_rule(plan: Plan) -> Any:
     """The ClientRule a Plan names (built in each actor that runs it)."""
-    if from_server:
-        return registry.instantiate("optimizers", spec).client_rule()
-    return registry.instantiate("client_optimizers", spec)
+    if plan.rule_from_server:
+        return build_server_optimizer(plan.scenario, plan.client_rule).client_rule()
+    return registry.instantiate("client_optimizers", plan.client_rule)
 
 
 def build_privacy(plan: Plan) -> Any:
@@ -186,6 +204,8 @@ def resolve(sc: Scenario) -> Plan:
         loop_trainer={"name": loop} if loop is not None else None,
         client_rule=rule, rule_from_server=from_server, gradient_rule=traits.gradient_rule,
         client_state=traits.client_state or traits.gradient_rule,
+        rule_in_trainer=traits.client_state or traits.gradient_rule or traits.trainer is not None,
+        message_blocks=traits.message_blocks, shared_state=traits.shared_state,
         privacy=sc.privacy, privacy_level=privacy_level(sc),
         local_buffers=sc.server.buffers == "local", buffer_rule=buffer_rule(sc),
         pipeline=PipelinePlan(tuple(sc.preaggregators), sc.aggregator, sc.meta),

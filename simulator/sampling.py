@@ -19,25 +19,30 @@ def byzantine_clients(seed: int, total: int, f: int, epoch: int = 0) -> np.ndarr
 
 
 def missed_round(seed: int, round_: int, clients: list[int], steps: np.ndarray, dropout: float,
-                 stragglers: Any) -> tuple[set[int], set[int]]:
+                 stragglers: Any) -> tuple[set[int], dict[int, int]]:
     """(dropped, late): the ``clients`` that drop out of the round (probability ``dropout``)
     and those, of the rest, whose simulated time ``steps[c] * exp(sigma z_c + jitter e_cr)``
-    exceeds the deadline. One draw per client id from (seed, purpose, round): the outcome of
-    a client does not depend on who else was sampled."""
+    exceeds the deadline, each with the minibatch steps it finished by then,
+    ``floor(steps[c] * deadline / time)`` (less than ``steps[c]``; what it sends under
+    ``stragglers.partial``). One draw per client id from (seed, purpose, round): the outcome
+    of a client does not depend on who else was sampled."""
     if not clients:
-        return set(), set()
+        return set(), {}
     ids = np.asarray(clients, dtype=np.int64)
     total = len(steps)
     dropped: set[int] = set()
     if dropout > 0:
         u = numpy_rng(seed, "dropout", round_).random(total)
         dropped = set(ids[u[ids] < dropout].tolist())
-    late: set[int] = set()
+    late: dict[int, int] = {}
     if stragglers is not None:
         z = numpy_rng(seed, "speed").standard_normal(total)
         e = numpy_rng(seed, "jitter", round_).standard_normal(total)
         duration = steps * np.exp(stragglers.sigma * z + stragglers.jitter * e)
-        late = set(ids[duration[ids] > stragglers.deadline].tolist()) - dropped
+        over = ids[duration[ids] > stragglers.deadline]
+        done = np.floor(steps[over] * (stragglers.deadline / duration[over])).astype(np.int64)
+        late = {int(c): min(int(k), int(steps[c]) - 1)
+                for c, k in zip(over.tolist(), done.tolist(), strict=True) if c not in dropped}
     return dropped, late
 
 

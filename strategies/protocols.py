@@ -71,9 +71,11 @@ __all__ = [
     "BaseAttack",
     "ClientData",
     "ClientRule",
+    "Correction",
     "Dataset",
     "DatasetInfo",
     "DatasetSplit",
+    "DriftRule",
     "GossipAttack",
     "GossipDefense",
     "GossipStep",
@@ -130,6 +132,14 @@ class Traits:
     ``tokens``: a model that takes integer token ids (an embedding), not values; it lists
     ``vocabulary`` in ``context`` to receive the data's number of token ids.
     ``targets``: the labels a task needs, ``classes`` (int64 ids) or ``values`` (float32).
+    ``message_blocks``: a client rule whose message is that many model-sized blocks side by
+    side (SCAFFOLD: the model delta, then the control-variate delta), so a row is
+    ``message_blocks * d`` long; the robust pipeline aggregates the whole row and the server
+    optimizer (the rule's server half) splits the aggregate.
+    ``shared_state``: a client rule that reads the server optimizer's broadcast state each
+    round (``ServerOptimizer.shared``, in ``ClientData.shared``; SCAFFOLD's server control
+    variate): it needs a server that steps once per round of all its clients (synchronous
+    server rounds).
     ``weighted``: an aggregation rule (aggregator or meta-aggregator) that takes ``weights``,
     one positive weight per row (an asynchronous server weighs its updates); it is called
     ``rule(x, generator=None, weights=None)`` (see :class:`Aggregator`). A rule without it
@@ -155,6 +165,8 @@ class Traits:
     client_state: bool = False
     targets: Literal["classes", "values"] = "classes"
     weighted: bool = False
+    message_blocks: int = 1
+    shared_state: bool = False
 
 
 class TraitAlias:
@@ -388,6 +400,37 @@ class ClientRule(Plugin, ABC):
         raise NotImplementedError(f"{type(self).__name__} is not a gradient rule")
 
 
+# A correction of each local step's gradient: flat parameters -> a flat vector added to it
+Correction = Callable[[torch.Tensor], torch.Tensor]
+
+
+class DriftRule(ClientRule):
+    """A client rule that runs inside local SGD (the ``drift_sgd`` trainer,
+    strategies.drift): ``correction`` gives the term added to each local step's gradient,
+    ``message`` turns the local update into what the client sends (and its new state). The
+    base class itself is plain local SGD: no correction, the update as the message."""
+
+    traits = Traits(trainer="drift_sgd")
+
+    def prepare(self, steps: np.ndarray, local: LocalSettings) -> None:
+        """Told once, before any round, every client's number of local steps (a rule that
+        normalises by them, FedNova)."""
+
+    def correction(self, start: torch.Tensor, state: dict[str, torch.Tensor],
+                   shared: torch.Tensor | None) -> Correction | None:
+        """The term added to each local step's gradient at the flat parameters ``w``
+        (``start``: the global model; ``state``: the client's; ``shared``: the server's
+        broadcast), or None (no correction: exactly ``sgd``'s steps)."""
+        return None
+
+    def message(self, update: torch.Tensor, steps: int, state: dict[str, torch.Tensor],
+                shared: torch.Tensor | None, local: LocalSettings
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(what the client sends, ``traits.message_blocks`` model-sized blocks; its new
+        state) from its local ``update`` after ``steps`` minibatch steps."""
+        return update, state
+
+
 class ServerOptimizer(Plugin, Stateful, ABC):
     """The server's update of the global model from the round's aggregate (a model delta
     or a negative gradient, as the clients' rule sends)."""
@@ -397,7 +440,14 @@ class ServerOptimizer(Plugin, Stateful, ABC):
         """The next global model from ``x`` and the aggregate ``delta``; never in place."""
 
     def client_rule(self) -> ClientRule | None:
-        """The clients' half of a method that spans both sides (mu2-SGD), else None."""
+        """The clients' half of a method that spans both sides (mu2-SGD, SCAFFOLD, FedDyn),
+        else None."""
+        return None
+
+    def shared(self) -> torch.Tensor | None:
+        """The state the server broadcasts to the clients beside the model each round (a
+        flat tensor: SCAFFOLD's control variate), read by a client half with
+        ``traits.shared_state``; None when there is none (yet)."""
         return None
 
 
@@ -426,13 +476,19 @@ class ClientData:
     """One virtual client in one round, as a worker hands it to its trainer: its samples
     (writable float32 features and int64 labels, poisoned already for a data-poisoning
     Byzantine client), its random stream (seed, round, client) and its state (``{}`` until a
-    client rule with state has stored some; the trainer replaces it, the worker keeps it)."""
+    client rule with state has stored some; the trainer replaces it, the worker keeps it).
+    ``shared``: the server optimizer's broadcast state of the round (``ServerOptimizer.shared``;
+    None without). ``max_steps``: the most minibatch steps the client completes this round
+    (a straggler that sends partial work, ``clients.stragglers.partial``); None: all of its
+    local work."""
 
     client: int
     x: torch.Tensor
     y: torch.Tensor
     generator: torch.Generator
     state: dict[str, torch.Tensor] = field(default_factory=dict)
+    shared: torch.Tensor | None = None
+    max_steps: int | None = None
 
 
 class Trainer(Plugin, ABC):

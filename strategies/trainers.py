@@ -36,6 +36,7 @@ from torch.optim.sgd import sgd as sgd_step
 from strategies.protocols import (
     ClientData,
     ClientRule,
+    Correction,
     LocalSettings,
     Privacy,
     Task,
@@ -47,25 +48,34 @@ from strategies.tasks import Classification
 
 CLASSIFICATION = Classification()  # the functional twins' default task
 
-__all__ = ["DPSGD", "SGD", "GradientRule", "VectorizedSGD", "dp_sgd", "local_sgd",
-           "minibatches", "step_counts", "vectorized_sgd"]
+__all__ = ["DPSGD", "SGD", "GradientRule", "VectorizedSGD", "client_batches",
+           "dp_sgd", "local_sgd", "minibatches", "step_counts", "vectorized_sgd"]
 
 
-def minibatches(n: int, local: LocalSettings, generator: torch.Generator) -> list[torch.Tensor]:
+def minibatches(n: int, local: LocalSettings, generator: torch.Generator,
+                max_steps: int | None = None) -> list[torch.Tensor]:
     """The index batches of one client with ``n`` samples in a round: ``local.steps``
     batches of ``batch_size`` (fresh permutations as needed, partial batches dropped), or
-    ``local.epochs`` passes (default one) in ``batch_size`` chunks of a permutation each."""
+    ``local.epochs`` passes (default one) in ``batch_size`` chunks of a permutation each.
+    ``max_steps`` (a straggler's partial work): the first that many of them, drawn as the
+    whole round's are, so partial work is a prefix of the full work."""
     bs = min(local.batch_size, n)
     out: list[torch.Tensor] = []
     if local.steps is not None:
         while len(out) < local.steps:
             perm = torch.randperm(n, generator=generator)
             out += [perm[i : i + bs] for i in range(0, n - bs + 1, bs)]
-        return out[: local.steps]
-    for _ in range(local.epochs or 1):
-        perm = torch.randperm(n, generator=generator)
-        out += [perm[i : i + bs] for i in range(0, n, bs)]
-    return out
+        out = out[: local.steps]
+    else:
+        for _ in range(local.epochs or 1):
+            perm = torch.randperm(n, generator=generator)
+            out += [perm[i : i + bs] for i in range(0, n, bs)]
+    return out if max_steps is None else out[:max_steps]
+
+
+def client_batches(c: ClientData, local: LocalSettings) -> list[torch.Tensor]:
+    """:func:`minibatches` of client ``c`` this round (its partial work, if capped)."""
+    return minibatches(len(c.y), local, c.generator, c.max_steps)
 
 
 def step_counts(sizes: np.ndarray, local: LocalSettings) -> np.ndarray:
@@ -117,13 +127,26 @@ def _sgd_with_state(params: list[nn.Parameter], bufs: list[torch.Tensor | None],
         bufs[i] = b
 
 
+def _add_correction(params: list[nn.Parameter], correction: Correction) -> None:
+    """Add ``correction(w)`` (a flat vector, at the flat parameters ``w``) to the gradients."""
+    with torch.no_grad():
+        extra = correction(parameters_to_vector(params))
+        for p, g in zip(params, torch.split(extra, [p.numel() for p in params]), strict=True):
+            if p.grad is None:
+                p.grad = g.view_as(p).clone()
+            else:
+                p.grad.add_(g.view_as(p))
+
+
 def local_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
               batches: Sequence[torch.Tensor], lr: float, momentum: float = 0.0,
-              weight_decay: float = 0.0, task: Task = CLASSIFICATION
-              ) -> tuple[torch.Tensor, float]:
+              weight_decay: float = 0.0, task: Task = CLASSIFICATION,
+              correction: Correction | None = None) -> tuple[torch.Tensor, float]:
     """Minibatch SGD of ``model`` from the flat parameters ``start`` over ``batches`` of
     ``(x, y)`` on the mean of ``task``'s losses (torch.optim.SGD: momentum and weight decay
-    as it defines them). Returns
+    as it defines them). ``correction(w)``: a flat vector added to every step's gradient at
+    the flat parameters ``w`` (FedProx's proximal term, SCAFFOLD's control variates; see
+    strategies.drift); None adds nothing (and costs nothing). Returns
     (update = local - start, mean loss over the batches). ``model``'s parameters are
     overwritten."""
     params = list(model.parameters())
@@ -139,6 +162,8 @@ def local_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.T
         xb, yb = x[idx].to(start.device), y[idx].to(start.device)
         loss = task.losses(model(xb), task.target(xb, yb)).mean()
         loss.backward()
+        if correction is not None:
+            _add_correction(params, correction)
         if momentum or weight_decay:
             _sgd_with_state(params, bufs, lr, momentum, weight_decay)
         else:  # what SGD's step does then, without its per-call overhead
@@ -166,7 +191,7 @@ class SGD(Trainer):
         losses = torch.empty(len(clients), dtype=torch.float64)
         lc = self.local
         for i, c in enumerate(clients):
-            batches = minibatches(len(c.y), lc, c.generator)
+            batches = client_batches(c, lc)
             updates[i], losses[i] = local_sgd(self.model, start, c.x, c.y, batches, lc.lr,
                                               lc.momentum, lc.weight_decay, self.task)
         return updates, losses
@@ -218,7 +243,7 @@ def vectorized_sgd(model: nn.Module, start: torch.Tensor, clients: Sequence[Clie
     k, d = len(clients), start.numel()
     if not k:
         return torch.empty((0, d), device=start.device), torch.empty(0, dtype=torch.float64)
-    plans = [minibatches(len(c.y), local, c.generator) for c in clients]
+    plans = [client_batches(c, local) for c in clients]
     n_batches = np.array([len(b) for b in plans], dtype=np.int64)
     order = np.argsort(n_batches, kind="stable")  # fewest batches first
     # step s moves the clients first[s]: (of the order), on rows offsets[s]:offsets[s + 1]
@@ -310,18 +335,22 @@ class VectorizedSGD(Trainer):
 
 def dp_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
            generator: torch.Generator, local: LocalSettings, clip: float,
-           noise_multiplier: float, task: Task = CLASSIFICATION) -> tuple[torch.Tensor, float]:
+           noise_multiplier: float, task: Task = CLASSIFICATION, max_steps: int | None = None
+           ) -> tuple[torch.Tensor, float]:
     """DP-SGD (Abadi et al., CCS 2016) from ``start``: each step takes a Poisson sample of
     rate q = batch_size / n, clips every per-sample gradient (torch.func: vmap of grad) to
     ``clip``, adds N(0, (noise_multiplier clip)^2) to their sum and divides by the expected
     batch size q n; then SGD with momentum and weight decay as configured. The number of
-    steps is ``local.steps``, or ``local.epochs`` (default one) times ceil(n / batch_size).
-    Returns (update, mean loss of the sampled examples)."""
+    steps is ``local.steps``, or ``local.epochs`` (default one) times ceil(n / batch_size),
+    at most ``max_steps`` (a straggler's partial work; the accountant counts the full work,
+    an upper bound). Returns (update, mean loss of the sampled examples)."""
     from torch.func import functional_call, grad, vmap
 
     n = len(y)
     q = min(1.0, local.batch_size / max(n, 1))
     steps = local.steps or (local.epochs or 1) * math.ceil(max(n, 1) / local.batch_size)
+    if max_steps is not None:
+        steps = min(steps, max_steps)
     unflatten, _ = _flat_loss(model, task)
 
     def loss_one(vec: torch.Tensor, xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
@@ -370,7 +399,7 @@ class DPSGD(Trainer):
         for i, c in enumerate(clients):
             updates[i], losses[i] = dp_sgd(self.model, start, c.x, c.y, c.generator,
                                            self.local, self.clip, self.noise_multiplier,
-                                           self.task)
+                                           self.task, c.max_steps)
         return updates, losses
 
 

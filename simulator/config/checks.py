@@ -106,14 +106,17 @@ def _check_trainer(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
         problems.append(Problem(("local", "trainer"), f"{trainer['name']!r} does not take "
                                 f"'task' and trains classifiers only; task {sc.task['name']} "
                                 "needs a trainer that takes it (sgd)"))
-    for needed, present in (("privacy", level == "sample"), ("rule", plan.client_state)):
+    for needed, present in (("privacy", level == "sample"), ("rule", plan.rule_in_trainer)):
         what = "sample-level privacy (dp_sgd)" if needed == "privacy" else \
-            "a client rule with per-client state"
+            f"client rule {plan.client_rule['name']!r} (it runs inside its trainer)"
         if present != (needed in context):
-            problems.append(Problem(("local", "trainer"), f"{trainer['name']!r} " + (
+            fix = "remove local.trainer or pick one that fits" \
+                if plan.trainer_key == ("local", "trainer") else \
+                f"the trainer comes from {'.'.join(map(str, plan.trainer_key))}; the two " \
+                "cannot be combined"
+            problems.append(Problem(plan.trainer_key, f"{trainer['name']!r} " + (
                 f"does not take {needed!r}, which {what} needs" if present else
-                f"needs {what}, which the scenario does not have") +
-                "; remove local.trainer or pick one that fits"))
+                f"needs {what}, which the scenario does not have") + f"; {fix}"))
 
 
 def _check(plugin: Any, n: int, loc: tuple[Any, ...], problems: list[Problem],
@@ -465,12 +468,30 @@ def _check_async(sc: Scenario, problems: list[Problem]) -> None:
     if sc.privacy is not None:
         problems.append(Problem(("privacy",), f"not supported with server.mode {mode} yet (its "
                                 "accounting assumes sampled rounds); use server.mode sync"))
+    _check_round_optimizer(sc, problems)
     if c.b_hat is not None and c.b_hat.rule != "fixed":
         problems.append(Problem(("clients", "b_hat", "rule"), f"{c.b_hat.rule} assumes rounds of "
                                 f"sampled clients; with server.mode {mode} use fixed"))
     _check_async_keys(sc, problems)
     if a.weights != "none":
         _check_weights(sc, problems)
+
+
+def _check_round_optimizer(sc: Scenario, problems: list[Problem]) -> None:
+    """A server optimizer that steps once per round of sampled clients (it takes the
+    sampling fraction, ``participation``, or broadcasts a state its client half reads:
+    SCAFFOLD, FedDyn) has no round in an asynchronous mode."""
+    from simulator.plan import client_rule
+
+    name, mode = sc.server.optimizer["name"], sc.server.mode
+    if "participation" in registry.get("optimizers", name).traits.context or \
+            client_rule(sc)[2].shared_state:
+        usable = [n for n in registry.available("optimizers")
+                  if "participation" not in registry.get("optimizers", n).traits.context]
+        problems.append(Problem(("server", "optimizer"), f"{name!r} steps once per round of "
+                                f"sampled clients (|S|/N, a state broadcast to them), which "
+                                f"server.mode {mode} does not have; use server.mode sync or "
+                                f"one of {', '.join(usable)}"))
 
 
 def _check_async_keys(sc: Scenario, problems: list[Problem]) -> None:

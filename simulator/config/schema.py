@@ -89,11 +89,15 @@ class Stragglers(Strict):
     """Simulated compute speed: client c's time for one local step in round r is
     exp(sigma z_c + jitter e_cr) (z_c fixed per client, e_cr per round, standard normal,
     seeded; median 1); a client whose local work (its number of minibatch steps) takes more
-    than ``deadline`` step-times misses the round."""
+    than ``deadline`` step-times misses the round. ``partial``: it sends the work it finished
+    by the deadline instead (its first ``floor(steps * deadline / time)`` minibatch steps;
+    none finished: it misses the round), FedProx's systems heterogeneity (Li et al., MLSys
+    2020)."""
 
     deadline: Annotated[float, Gt(0), AllowInfNan(True)]  # inf: nobody misses a round
     sigma: Annotated[float, Ge(0)] = 0.5
     jitter: Annotated[float, Ge(0)] = 0.1
+    partial: bool = False
 
 
 class Clients(Strict):

@@ -29,7 +29,8 @@ class _Training:
     sampled: list[int]
     byz: list[int]
     dropped: set[int]
-    late: set[int]
+    late: set[int]  # the stragglers: they missed the deadline
+    partial: dict[int, int]  # those of them that send partial work: client -> steps done
     honest: list[int]
     honest_refs: list[Ref[ClientRows]]
     # the rows the attack sees: (clients, refs)
@@ -62,7 +63,8 @@ class ServerRounds(RoundProtocol):
         b = self.ctx.backend
         params_ref = self.server.params()
         derived = self.ctx.pool.keep_faster_trainer(params_ref)
-        self.dim = len(b.get(params_ref))
+        # a client's row: the model's size times its message's blocks (SCAFFOLD: 2)
+        self.dim = len(b.get(params_ref)) * self.ctx.plan.message_blocks
         self.d_buffers = len(b.get(self.server.buffers()))
         self.task_seconds = self._devices()
         return derived
@@ -103,15 +105,23 @@ class ServerRounds(RoundProtocol):
         byz = [i for i in sampled if i in byzantine]
         dropped, late = missed_round(seed, round_, [i for i in sampled if i not in byzantine],
                                      pool.local_steps, c.dropout, c.stragglers)
-        honest = [i for i in sampled if i not in byzantine and i not in dropped | late]
+        # stragglers.partial: a straggler that finished some steps sends them
+        partial = ({i: k for i, k in late.items() if k > 0}
+                   if c.stragglers is not None and c.stragglers.partial else {})
+        honest = [i for i in sampled if i not in byzantine and i not in dropped
+                  and (i not in late or i in partial)]
         params_ref = self.server.params()  # stored once, read by every worker
         buffers_ref = self.server.buffers() if self.d_buffers else None
-        honest_refs = pool.train(round_, honest, params_ref, buffers_ref)
+        shared_ref = self.server.shared() if ctx.plan.shared_state else None
+        honest_refs = pool.train(round_, honest, params_ref, buffers_ref, None, shared_ref,
+                                 partial)
         seen: tuple[list[int], list[Ref[ClientRows]]] | None = None
         if byz:
             seen = (honest, honest_refs) if self.omniscient else \
-                (byz, pool.train(round_, byz, params_ref, buffers_ref, self.poison))
-        return _Training(round_, t0, sampled, byz, dropped, late, honest, honest_refs, seen)
+                (byz, pool.train(round_, byz, params_ref, buffers_ref, self.poison,
+                                 shared_ref))
+        return _Training(round_, t0, sampled, byz, dropped, set(late), partial, honest,
+                         honest_refs, seen)
 
     def drop_prefetched(self) -> None:
         self._next = None
@@ -151,6 +161,9 @@ class ServerRounds(RoundProtocol):
             self._clock += max((self.task_seconds(c, round_) for c in tr.honest + tr.byz),
                                default=0.0)
             metrics["sim_time"] = self._clock
+        if ctx.plan.scenario.clients.stragglers is not None \
+                and ctx.plan.scenario.clients.stragglers.partial:
+            metrics["partial_work"] = float(len(tr.partial))  # stragglers that sent some
         metrics = {"sampled": float(len(tr.sampled)), "byzantine_sampled": float(len(tr.byz)),
                    "dropped": float(len(tr.dropped)), "stragglers": float(len(tr.late)),
                    "participants": float(len(tr.honest) + len(tr.byz)),

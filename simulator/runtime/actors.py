@@ -30,7 +30,7 @@ from simulator.messages import (
     stack_rows,
 )
 from simulator.models import build_model
-from simulator.plan import Plan
+from simulator.plan import Plan, build_server_optimizer
 from simulator.registry import instantiate
 from simulator.runtime.common import (
     buffers_to_vector,
@@ -128,7 +128,8 @@ class Server:
         self.b_stats = float_buffer_mask(self.model)  # statistics, not batch counters
         self.buffer_rule = plan.buffer_rule
         self.pipeline = Pipeline.from_plan(plan.pipeline, seed)
-        self.optimizer = instantiate("optimizers", scenario.server.optimizer)
+        self.optimizer = build_server_optimizer(scenario)
+        self.blocks = plan.message_blocks  # a row is this many model-sized blocks
         self.optimizer_name = scenario.server.optimizer["name"]
         # client-level DP (DP-FedAvg) acts here; sample-level DP acts in the trainer
         self.dp = (instantiate("privacy", plan.privacy)
@@ -149,7 +150,14 @@ class Server:
 
     @property
     def dim(self) -> int:
-        return int(self.x.numel())
+        """The length of a client's row (the model's size, times the message's blocks)."""
+        return int(self.x.numel()) * self.blocks
+
+    def shared(self) -> np.ndarray:
+        """The server optimizer's broadcast state (SCAFFOLD's control variate; empty
+        without one, or before its first step)."""
+        c = self.optimizer.shared()
+        return np.empty(0, dtype=np.float32) if c is None else c.numpy().copy()
 
     def params(self) -> np.ndarray:
         return self.x.numpy().copy()

@@ -34,8 +34,10 @@ class WorkerHandle(_Handle):
     """A ``ClientWorker``."""
 
     def train(self, request: TrainRequest, params: Ref[np.ndarray],
-              buffers: Ref[np.ndarray] | None) -> Ref[ClientRows]:
-        return self.backend.call(self.actor, ClientWorker.train, request, params, buffers)
+              buffers: Ref[np.ndarray] | None, shared: Ref[np.ndarray] | None = None
+              ) -> Ref[ClientRows]:
+        return self.backend.call(self.actor, ClientWorker.train, request, params, buffers,
+                                 shared)
 
     def probe(self, specs: list[PluginSpec], clients: list[int], params: Ref[np.ndarray],
               steps: int) -> Ref[list[float]]:
@@ -73,6 +75,9 @@ class ServerHandle(_Handle):
 
     def buffers(self) -> Ref[np.ndarray]:
         return self.backend.call(self.actor, Server.buffers)
+
+    def shared(self) -> Ref[np.ndarray]:
+        return self.backend.call(self.actor, Server.shared)
 
     def params_at(self, version: int) -> Ref[np.ndarray]:
         return self.backend.call(self.actor, Server.params_at, version)

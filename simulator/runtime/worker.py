@@ -123,9 +123,8 @@ class ClientWorker:
         sc, plan = self.scenario, self.plan
         privacy = build_privacy(plan)
         return instantiate("trainers", spec, model=self.model, local=local or sc.local,
-                           task=instantiate("tasks", sc.task),
-                           rule=build_client_rule(plan.client_rule, plan.rule_from_server),
-                           privacy=privacy)
+                           task=instantiate("tasks", sc.task), rule=build_client_rule(plan),
+                           privacy=privacy, client_sizes=np.diff(self.offsets))
 
     def use_trainer(self, spec: PluginSpec) -> None:
         """Train with the trainer plugin ``spec`` from now on."""
@@ -173,9 +172,12 @@ class ClientWorker:
             return first
         return fastest(clients, repeat)
 
-    def client_data(self, round_: int, client: int, poison: Attack | None = None) -> ClientData:
+    def client_data(self, round_: int, client: int, poison: Attack | None = None,
+                    shared: torch.Tensor | None = None, max_steps: int | None = None
+                    ) -> ClientData:
         """Client ``client``'s samples (writable copies; labels poisoned by a data-poisoning
-        attack), random stream and state in round ``round_``."""
+        attack), random stream and state in round ``round_``, with the server's broadcast
+        state ``shared`` and its cap on local steps ``max_steps`` (None: none)."""
         lo, hi = int(self.offsets[client]), int(self.offsets[client + 1])
         x = model_input(self.x[lo:hi])
         y = torch.from_numpy(np.array(self.y[lo:hi]))
@@ -183,7 +185,7 @@ class ClientWorker:
             y = poison.poison_labels(y, self.num_classes)
         # samples and state stay in host memory: the trainer moves each batch to the device
         return ClientData(int(client), x, y, torch_generator(self.seed, "local", round_, client),
-                          self.client_state.get(client))
+                          self.client_state.get(client), shared, max_steps)
 
     def _run(self, round_: int, clients: list[ClientData], start: torch.Tensor
              ) -> tuple[np.ndarray, np.ndarray]:
@@ -203,7 +205,8 @@ class ClientWorker:
         server's, or its own under ``server.buffers: local``); the buffers each client ends
         with are its third result, rows following ``clients``."""
         b0 = torch.from_numpy(np.array(global_buffers, dtype=np.float32))
-        updates = np.empty((len(clients), start.numel()), dtype=np.float32)
+        updates = np.empty((len(clients), start.numel() * self.plan.message_blocks),
+                           dtype=np.float32)
         losses = np.empty(len(clients))
         rows = np.empty((len(clients), self.buffer_dim), dtype=np.float32)
         for i, c in enumerate(clients):
@@ -222,10 +225,12 @@ class ClientWorker:
                 and (not self.local_buffers or client in self.client_buffers))
 
     def train(self, request: TrainRequest, global_params: np.ndarray,
-              buffers: np.ndarray | None = None) -> ClientRows:
+              buffers: np.ndarray | None = None, shared: np.ndarray | None = None
+              ) -> ClientRows:
         """Train the request's clients from ``global_params`` (and the model's ``buffers``,
-        when it has any); rows of ``updates`` (and ``buffers``: the statistics each client
-        ends with) follow the clients (``TrainRequest`` says what else it holds)."""
+        when it has any; the server optimizer's broadcast ``shared``, when its client half
+        reads it); rows of ``updates`` (and ``buffers``: the statistics each client ends
+        with) follow the clients (``TrainRequest`` says what else it holds)."""
         round_, clients, poison = request.round, request.clients, request.poison
         lost = [c for c in request.expect_state if not self._holds(int(c))]
         if lost:
@@ -236,14 +241,19 @@ class ClientWorker:
         t0 = time.perf_counter()
         attack = instantiate("attacks", poison) if poison else None
         start = torch.from_numpy(np.array(global_params, dtype=np.float32))
-        data = [self.client_data(round_, int(c), attack) for c in clients]
+        common = torch.from_numpy(np.array(shared, dtype=np.float32)) \
+            if shared is not None and len(shared) else None
+        caps = dict(request.partial)
+        data = [self.client_data(round_, int(c), attack, common, caps.get(int(c)))
+                for c in clients]
         ids = np.asarray(clients, dtype=np.int64)
         if self.buffer_dim:
             assert buffers is not None, "a model with buffers needs the server's buffers"
             updates, losses, rows = self._run_buffers(round_, data, start, buffers)
             return ClientRows(ids, updates, losses, time.perf_counter() - t0, rows)
         updates, losses = (self._run(round_, data, start) if data else
-                           (np.empty((0, start.numel()), np.float32), np.empty(0)))
+                           (np.empty((0, start.numel() * self.plan.message_blocks), np.float32),
+                            np.empty(0)))
         return ClientRows(ids, updates, losses, time.perf_counter() - t0)
 
     BUFFERS = "model.buffers"  # a client's own buffers in its checkpointed state

@@ -52,7 +52,11 @@ def _roundtrip(state):
     ["model={name: cnn, channels: [4], hidden: 8, norm: batch}"],
     ["model={name: cnn, channels: [4], hidden: 8, norm: batch}", "local.optimizer={name: sgd}",
      "server.buffers=local"],
-], ids=["momentum-cc-server-momentum", "mu2sgd", "fedadam", "batchnorm", "batchnorm-local"])
+    # control variates on the server and on each client
+    ["local.optimizer={name: sgd}", "local.steps=3", "server.optimizer={name: scaffold}"],
+    ["local.optimizer={name: sgd}", "local.steps=3", "server.optimizer={name: feddyn}"],
+], ids=["momentum-cc-server-momentum", "mu2sgd", "fedadam", "batchnorm", "batchnorm-local",
+        "scaffold", "feddyn"])
 def test_resume_from_a_checkpoint_gives_the_uninterrupted_numbers(tmp_path, over):
     sc = _point(tmp_path, FL, *over)
     saved: dict[int, dict] = {}
@@ -118,7 +122,12 @@ ASYNC_KILL = KILL.replace(
     "speeds: {distribution: lognormal, sigma: 1.0, jitter: 0.2}")
 
 
-@pytest.mark.parametrize("text", [KILL, ASYNC_KILL], ids=["sync", "fedbuff"])
+SCAFFOLD_KILL = KILL.replace("server: {optimizer: {name: sgd, lr: 1.0, momentum: 0.5}}",
+                             "server: {optimizer: {name: scaffold}}")
+
+
+@pytest.mark.parametrize("text", [KILL, ASYNC_KILL, SCAFFOLD_KILL],
+                         ids=["sync", "fedbuff", "scaffold"])
 def test_kill_9_of_the_driver_then_resume_gives_the_uninterrupted_metrics(tmp_path, mlflow_uri,
                                                                           text):
     import os

@@ -132,18 +132,21 @@ def _wait_dead(handle, timeout: float = 60.0) -> None:
     raise AssertionError("the killed worker still answers")
 
 
-@pytest.mark.parametrize("every", [0, 2], ids=["from-the-start", "from-a-checkpoint"])
+@pytest.mark.parametrize("every, rule", [
+    (0, "optimizer: {name: momentum}"), (2, "optimizer: {name: momentum}"),
+    (2, "steps: 3}\nserver: {optimizer: {name: scaffold}")],
+    ids=["from-the-start", "from-a-checkpoint", "scaffold-from-a-checkpoint"])
 def test_lost_client_state_sends_the_run_back_to_a_state_it_holds(tmp_path, shared_ray, terminal,
-                                                                   every):
-    """Worker momentum keeps per-client state in the workers: when a worker dies with it, the
-    run goes back to the newest state it holds (the start, or the last checkpoint round),
-    restores it on the live workers and computes the rounds since again: the uninterrupted
-    run's numbers, each round reported once."""
+                                                                   every, rule):
+    """Worker momentum (and SCAFFOLD's client control variates) keep per-client state in the
+    workers: when a worker dies with it, the run goes back to the newest state it holds (the
+    start, or the last checkpoint round), restores it on the live workers and computes the
+    rounds since again: the uninterrupted run's numbers, each round reported once."""
     import ray
 
     p = tmp_path / "s.yaml"
     p.write_text(SCENARIO.replace("local: {steps: 3, batch_size: 16, lr: 0.1}",
-                                  "local: {batch_size: 16, lr: 0.1, optimizer: {name: momentum}}")
+                                  "local: {batch_size: 16, lr: 0.1, " + rule + "}")
                  + f"runtime: {{checkpoint_every: {every}}}\n")
     sc = load(p).points[0].scenario
     reference = Engine(sc, InlineBackend()).run()

@@ -128,7 +128,8 @@ def test_a_trainer_that_cannot_hold_the_rules_state_is_refused(tmp_path, drift_r
     from simulator.config import ScenarioError
 
     with pytest.raises(ScenarioError, match=r"local.trainer: 'sgd' does not take 'rule', which "
-                                            r"a client rule with per-client state needs"):
+                                            r"client rule 'drift' \(it runs inside its trainer\) "
+                                            r"needs"):
         _point(tmp_path, "local.optimizer={name: drift}", "local.trainer={name: sgd}")
 
 
