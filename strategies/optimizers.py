@@ -39,8 +39,11 @@ def sgd_step(
 
 
 class ServerSGD(ServerOptimizer):
-    """Server SGD (FedAvg when ``lr = 1`` and ``momentum = 0``; FedAvgM with momentum,
-    Hsu, Qi, Brown 2019)."""
+    """Server SGD (FedAvg when ``lr = 1`` and ``momentum = 0``). FedAvgM (Hsu, Qi, Brown,
+    "Measuring the Effects of Non-Identical Data Distribution for Federated Visual
+    Classification", arXiv 2019) is ``sgd`` with momentum: ``{name: sgd, lr: 1, momentum:
+    beta}`` keeps their v <- beta v + delta and steps x + v (no dampening), and ``lr`` is the
+    server learning rate of FedOpt's FedAvgM (Reddi et al., ICLR 2021)."""
 
     def __init__(
         self, lr: Annotated[float, Gt(0)] = 1.0, momentum: Annotated[float, Ge(0), Lt(1)] = 0.0
@@ -79,7 +82,8 @@ def adam_step(
 class FedAdam(ServerOptimizer):
     """FedAdam (Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2):
     Adam on the server with the aggregated delta as the negative gradient, no bias
-    correction, adaptivity ``tau``."""
+    correction, adaptivity ``tau``. Departs from Algorithm 2 in one place: v starts at 0
+    (the paper asks v_{-1} >= tau^2); FedYogi and FedAdagrad start at tau^2."""
 
     def __init__(
         self,
@@ -99,6 +103,114 @@ class FedAdam(ServerOptimizer):
         x, self.m, self.v = adam_step(
             x, delta, self.m, self.v, self.lr, self.beta1, self.beta2, self.tau
         )
+        return x
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"m": self.m, "v": self.v}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.m, self.v = state["m"], state["v"]
+
+
+def yogi_step(
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    m: torch.Tensor,
+    v: torch.Tensor,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    tau: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One FedYogi step; returns the new (x, m, v):
+    m_t = beta1 m_{t-1} + (1 - beta1) delta,
+    v_t = v_{t-1} - (1 - beta2) delta^2 sign(v_{t-1} - delta^2),
+    x_{t+1} = x_t + lr m_t / (sqrt(v_t) + tau)."""
+    m = beta1 * m + (1 - beta1) * delta
+    d2 = delta * delta
+    v = v - (1 - beta2) * d2 * torch.sign(v - d2)
+    return x + lr * m / (v.sqrt() + tau), m, v
+
+
+class FedYogi(ServerOptimizer):
+    """FedYogi (Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2):
+    Yogi (Zaheer et al., NeurIPS 2018) on the server with the aggregated delta as the
+    negative gradient. v moves towards delta^2 by (1 - beta2) delta^2 whatever its distance
+    (Adam moves it by (1 - beta2)(delta^2 - v)), so when the deltas become small v shrinks,
+    and the effective step grows, more gently than FedAdam's. As Algorithm 2: no bias
+    correction, m starts at 0 and v at tau^2 (the smallest v_{-1} the paper allows; v then
+    stays positive). Defaults: beta1 0.9 and beta2 0.99 as in the paper's experiments, tau
+    1e-3 and lr 0.01 as FedAdam's (the paper tunes tau and lr per task)."""
+
+    def __init__(
+        self,
+        lr: Annotated[float, Gt(0)] = 0.01,
+        beta1: Annotated[float, Ge(0), Lt(1)] = 0.9,
+        beta2: Annotated[float, Ge(0), Lt(1)] = 0.99,
+        tau: Annotated[float, Gt(0)] = 1e-3,
+    ) -> None:
+        self.lr, self.beta1, self.beta2, self.tau = lr, beta1, beta2, tau
+        self.m: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def step(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        if self.m is None or self.v is None:
+            self.m = torch.zeros_like(delta)
+            self.v = torch.full_like(delta, self.tau**2)
+        x, self.m, self.v = yogi_step(
+            x, delta, self.m, self.v, self.lr, self.beta1, self.beta2, self.tau
+        )
+        return x
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"m": self.m, "v": self.v}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.m, self.v = state["m"], state["v"]
+
+
+def adagrad_step(
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    m: torch.Tensor,
+    v: torch.Tensor,
+    lr: float,
+    beta1: float,
+    tau: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One FedAdagrad step; returns the new (x, m, v):
+    m_t = beta1 m_{t-1} + (1 - beta1) delta, v_t = v_{t-1} + delta^2,
+    x_{t+1} = x_t + lr m_t / (sqrt(v_t) + tau)."""
+    m = beta1 * m + (1 - beta1) * delta
+    v = v + delta * delta
+    return x + lr * m / (v.sqrt() + tau), m, v
+
+
+class FedAdagrad(ServerOptimizer):
+    """FedAdagrad (Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2):
+    Adagrad on the server with the aggregated delta as the negative gradient, v the sum of
+    every round's delta^2, and momentum ``beta1`` on the step as Algorithm 2 writes it
+    (``beta1: 0`` is the momentum-free FedAdagrad of the paper's analysis). As Algorithm 2:
+    no bias correction, m starts at 0 and v at tau^2 (the smallest v_{-1} the paper allows).
+    Default ``lr`` 0.1: v sums delta^2 where FedAdam averages it with weight 1 - beta2, so
+    at equal ``lr`` the first steps would be sqrt(1 / (1 - 0.99)) = 10 times FedAdam's; 0.1
+    matches FedAdam's default 0.01 on the first round (the paper tunes ``lr`` per task)."""
+
+    def __init__(
+        self,
+        lr: Annotated[float, Gt(0)] = 0.1,
+        beta1: Annotated[float, Ge(0), Lt(1)] = 0.9,
+        tau: Annotated[float, Gt(0)] = 1e-3,
+    ) -> None:
+        self.lr, self.beta1, self.tau = lr, beta1, tau
+        self.m: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def step(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        if self.m is None or self.v is None:
+            self.m = torch.zeros_like(delta)
+            self.v = torch.full_like(delta, self.tau**2)
+        x, self.m, self.v = adagrad_step(x, delta, self.m, self.v, self.lr, self.beta1, self.tau)
         return x
 
     def state_dict(self) -> dict[str, Any]:
