@@ -421,6 +421,10 @@ def _drift_rule_checks(make: Callable[[], Any]) -> list[Check]:
                 "state holds non-tensors"
             assert rule.traits.client_state or not state, \
                 "a rule that keeps state declares traits.client_state"
+        if rule.traits.personal:
+            assert rule.traits.client_state, "a personal model is client state: declare it"
+            fix = rule.personal_correction(start)
+            assert fix is None or fix(start + 0.01).shape == start.shape
         pickle.loads(pickle.dumps(rule))
 
     return [("drift_contract", drift_contract)]

@@ -82,6 +82,15 @@ class EvalData:
     test_clients: np.ndarray | None = None
 
 
+@dataclass(frozen=True)
+class PersonalScores:
+    """A worker's personal models (Ditto) measured on their clients' own test samples:
+    the clients and each one's accuracy."""
+
+    clients: np.ndarray  # int64
+    accuracy: np.ndarray  # float64, one per client
+
+
 class ServerCheckpoint(TypedDict):
     """Everything the server's future depends on (tensors, as torch.load reads them)."""
 

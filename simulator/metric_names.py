@@ -15,6 +15,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     # the model's quality on held-out data
     "eval": ("test_accuracy", "test_loss", "test_perplexity", "train_loss",
              "client_test_accuracy_mean", "client_test_accuracy_p10", "min_peer_accuracy",
+             "personal_test_accuracy_mean", "personal_test_accuracy_p10", "personal_clients",
              "averaged_test_accuracy", "averaged_test_loss", "generalization_gap"),
     # what the Byzantine clients did to the aggregate
     "robust": ("aggregation_error", "relative_aggregation_error", "honest_update_norm",

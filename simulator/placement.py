@@ -12,7 +12,7 @@ import numpy as np
 
 from simulator import data as fdata
 from simulator.errors import ClientStateLost, DeviceUnavailable, UsageError, WorkerLost
-from simulator.messages import ClientRows, Ref, TrainRequest
+from simulator.messages import ClientRows, EvalData, PersonalScores, Ref, TrainRequest
 from simulator.plan import Plan
 from simulator.runtime import backend as backend_module
 from simulator.runtime.backend import PING_TIMEOUT, Backend, gpu_share
@@ -232,6 +232,13 @@ class WorkerPool:
         for states in self.backend.get([self.workers[w].client_states() for w in self.live]):
             out.update(states)
         return out
+
+    def evaluate_personal(self, exclude: list[int], eval_data: Ref[EvalData],
+                          buffers: Ref[np.ndarray] | None) -> list[Ref[PersonalScores]]:
+        """Every live worker's personal models on their clients' own test samples (calls,
+        not yet waited for); ``exclude``: the Byzantine clients."""
+        return [self.workers[w].evaluate_personal(tuple(exclude), eval_data, buffers)
+                for w in self.live]
 
     def load_client_states(self, states: dict[int, dict[str, Any]]) -> list[Ref[None]]:
         """Give each live worker the states of its clients (calls, not yet waited for)."""

@@ -76,6 +76,7 @@ class Plan:
     # message_blocks * d long
     message_blocks: int
     shared_state: bool  # the rule reads the server optimizer's broadcast state each round
+    personal: bool  # the rule keeps a personal model per client (Ditto), measured too
     privacy: PluginSpec | None
     privacy_level: PrivacyLevel
     local_buffers: bool  # each client keeps its own model buffers (server.buffers: local)
@@ -206,6 +207,7 @@ def resolve(sc: Scenario) -> Plan:
         client_state=traits.client_state or traits.gradient_rule,
         rule_in_trainer=traits.client_state or traits.gradient_rule or traits.trainer is not None,
         message_blocks=traits.message_blocks, shared_state=traits.shared_state,
+        personal=traits.personal,
         privacy=sc.privacy, privacy_level=privacy_level(sc),
         local_buffers=sc.server.buffers == "local", buffer_rule=buffer_rule(sc),
         pipeline=PipelinePlan(tuple(sc.preaggregators), sc.aggregator, sc.meta),

@@ -66,6 +66,7 @@ from strategies.kinds import KINDS
 
 __all__ = [
     "CONTRACTS",
+    "PERSONAL",
     "Aggregator",
     "Attack",
     "BaseAttack",
@@ -136,6 +137,10 @@ class Traits:
     side (SCAFFOLD: the model delta, then the control-variate delta), so a row is
     ``message_blocks * d`` long; the robust pipeline aggregates the whole row and the server
     optimizer (the rule's server half) splits the aggregate.
+    ``personal``: a client rule that keeps a personal model per client (Ditto): a flat
+    parameter vector in its state under :data:`PERSONAL`, trained beside the global model's
+    local steps (:meth:`DriftRule.personal_correction`) and measured on each client's own
+    test samples (``personal_test_accuracy_mean`` and ``_p10``).
     ``shared_state``: a client rule that reads the server optimizer's broadcast state each
     round (``ServerOptimizer.shared``, in ``ClientData.shared``; SCAFFOLD's server control
     variate): it needs a server that steps once per round of all its clients (synchronous
@@ -167,6 +172,7 @@ class Traits:
     weighted: bool = False
     message_blocks: int = 1
     shared_state: bool = False
+    personal: bool = False
 
 
 class TraitAlias:
@@ -402,6 +408,8 @@ class ClientRule(Plugin, ABC):
 
 # A correction of each local step's gradient: flat parameters -> a flat vector added to it
 Correction = Callable[[torch.Tensor], torch.Tensor]
+# where a client rule with ``traits.personal`` keeps the client's personal model in its state
+PERSONAL = "personal"
 
 
 class DriftRule(ClientRule):
@@ -429,6 +437,13 @@ class DriftRule(ClientRule):
         """(what the client sends, ``traits.message_blocks`` model-sized blocks; its new
         state) from its local ``update`` after ``steps`` minibatch steps."""
         return update, state
+
+    def personal_correction(self, start: torch.Tensor) -> Correction | None:
+        """With ``traits.personal``: the term added to each gradient step of the client's
+        personal model (from ``state[PERSONAL]``, the global model ``start`` at first),
+        which runs after the global model's steps, over a fresh draw of the same local work;
+        None otherwise."""
+        return None
 
 
 class ServerOptimizer(Plugin, Stateful, ABC):

@@ -484,8 +484,13 @@ def _check_round_optimizer(sc: Scenario, problems: list[Problem]) -> None:
     from simulator.plan import client_rule
 
     name, mode = sc.server.optimizer["name"], sc.server.mode
+    rule, _, traits = client_rule(sc)
+    if traits.personal:
+        problems.append(Problem(("local", "optimizer"), f"{rule['name']!r} (personal models) "
+                                f"is not supported with server.mode {mode} yet; use server.mode "
+                                "sync"))
     if "participation" in registry.get("optimizers", name).traits.context or \
-            client_rule(sc)[2].shared_state:
+            traits.shared_state:
         usable = [n for n in registry.available("optimizers")
                   if "participation" not in registry.get("optimizers", n).traits.context]
         problems.append(Problem(("server", "optimizer"), f"{name!r} steps once per round of "

@@ -16,6 +16,7 @@ from simulator.config.schema import Speeds
 from simulator.messages import ByzantineRows, ClientRows, Ref, RoundReport, StepLayout
 from simulator.rounds import RoundProtocol
 from simulator.runtime.actors import Adversary, Server
+from simulator.runtime.common import personal_accuracy
 from simulator.runtime.handles import AdversaryHandle, ServerHandle
 from simulator.sampling import missed_round, sample_clients
 
@@ -45,7 +46,7 @@ class ServerRounds(RoundProtocol):
     def start(self) -> list[Any]:
         ctx = self.ctx
         b, plan, data = ctx.backend, ctx.plan, ctx.data
-        eval_ref = b.put(data.eval_data())
+        eval_ref = self.eval_ref = b.put(data.eval_data())
         self.server = ServerHandle(b, b.spawn(Server, plan, data.input_shape, data.num_classes,
                                               eval_ref, data.vocabulary, role="server",
                                               options=ctx.pool.server_options))
@@ -144,12 +145,19 @@ class ServerRounds(RoundProtocol):
                                                  self.d_buffers, tr.seen[1])
         layout = StepLayout(((round_, tuple(tr.honest), len(tr.honest_refs)),))
         step_ref = self.server.step(round_, layout, byz_ref, tr.honest_refs)
+        # the personal models (Ditto) after this round's training, before a prefetched
+        # round trains them again in the workers' queues
+        personal = self.ctx.pool.evaluate_personal(
+            sorted(ctx.byzantine_at(round_)), self.eval_ref,
+            self.server.buffers() if self.d_buffers else None) \
+            if ctx.plan.personal and ctx.evaluate_now(round_) else []
         if prefetch:  # its params call comes before the evaluation in the server's queue
             self._next = self.submit(round_ + 1)
         eval_ref = self.server.evaluate() if ctx.evaluate_now(round_) else None
         metrics = dict(b.get(step_ref))
         if eval_ref is not None:
             metrics.update(b.get(eval_ref))
+            metrics.update(personal_accuracy(b.get(personal)) if personal else {})
             metrics.update(ctx.accountant.spent(round_ + 1))
         timings = {k: metrics.pop(k) for k in list(metrics) if k.endswith("_seconds")}
         end = time.perf_counter()

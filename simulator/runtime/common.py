@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from simulator.data.datasets import unit_pixels
+from simulator.messages import PersonalScores
 from strategies.protocols import Task
 
 EVAL_BATCH = 4096
@@ -150,3 +151,18 @@ def client_accuracy(hits: np.ndarray, clients: np.ndarray) -> dict[str, float]:
     acc = np.bincount(clients[mine], weights=hits[mine].astype(np.float64))[has] / counts[has]
     return {"client_test_accuracy_mean": float(acc.mean()),
             "client_test_accuracy_p10": float(np.percentile(acc, 10))}
+
+
+def personal_accuracy(scores: Sequence[PersonalScores]) -> dict[str, float]:
+    """The workers' personal models (Ditto) on their clients' own test samples: the mean
+    over clients, its 10th percentile, and how many clients have one (none: no metric)."""
+    if not scores:
+        return {}
+    ids = np.concatenate([s.clients for s in scores])
+    # by client id: the same sums whichever worker holds which client
+    acc = np.concatenate([s.accuracy for s in scores])[np.argsort(ids, kind="stable")]
+    if not len(acc):
+        return {}
+    return {"personal_test_accuracy_mean": float(acc.mean()),
+            "personal_test_accuracy_p10": float(np.percentile(acc, 10)),
+            "personal_clients": float(len(acc))}

@@ -13,6 +13,8 @@ import numpy as np
 from simulator.messages import (
     ByzantineRows,
     ClientRows,
+    EvalData,
+    PersonalScores,
     Ref,
     ServerCheckpoint,
     StepLayout,
@@ -48,6 +50,11 @@ class WorkerHandle(_Handle):
 
     def client_states(self) -> Ref[dict[int, dict[str, Any]]]:
         return self.backend.call(self.actor, ClientWorker.client_states)
+
+    def evaluate_personal(self, exclude: tuple[int, ...], eval_data: Ref[EvalData],
+                          buffers: Ref[np.ndarray] | None) -> Ref[PersonalScores]:
+        return self.backend.call(self.actor, ClientWorker.evaluate_personal, exclude, eval_data,
+                                 buffers)
 
     def load_client_states(self, states: dict[int, dict[str, Any]]) -> Ref[None]:
         return self.backend.call(self.actor, ClientWorker.load_client_states, states)

@@ -19,20 +19,21 @@ import torch
 
 from simulator.data import client_arrays
 from simulator.errors import ClientStateLost, guarded
-from simulator.messages import ClientRows, TrainRequest
+from simulator.messages import ClientRows, EvalData, PersonalScores, TrainRequest
 from simulator.models import build_model
 from simulator.plan import Plan, build_client_rule, build_privacy
 from simulator.registry import PluginSpec, instantiate
 from simulator.runtime.common import (
     buffers_to_vector,
     deterministic_mode,
+    evaluate_model,
     model_input,
     resolve_device,
     single_thread,
     vector_to_buffers,
 )
 from simulator.seeding import torch_generator
-from strategies.protocols import Attack, ClientData, Trainer
+from strategies.protocols import PERSONAL, Attack, ClientData, Trainer
 
 
 class ClientStateStore:
@@ -255,6 +256,41 @@ class ClientWorker:
                            (np.empty((0, start.numel() * self.plan.message_blocks), np.float32),
                             np.empty(0)))
         return ClientRows(ids, updates, losses, time.perf_counter() - t0)
+
+    def evaluate_personal(self, exclude: tuple[int, ...], eval_data: EvalData,
+                          buffers: np.ndarray | None = None) -> PersonalScores:
+        """The accuracy of each personal model this worker holds (a client rule with
+        ``traits.personal``: Ditto) on its client's own test samples, the clients in
+        ``exclude`` (the Byzantine ones) left out, as are clients without test samples. A
+        model with buffers evaluates with the client's own (``server.buffers: local``) or
+        the server's ``buffers``."""
+        c_test = eval_data.test_clients
+        held = sorted(c for c, st in self.client_state.items()
+                      if PERSONAL in st and c not in set(exclude))
+        if c_test is None or not held:
+            return PersonalScores(np.empty(0, np.int64), np.empty(0))
+        order = np.argsort(c_test, kind="stable")
+        bounds = np.searchsorted(c_test[order], np.stack([held, np.add(held, 1)]))
+        task = instantiate("tasks", self.scenario.task)
+        params = list(self.model.parameters())
+        ids, accs = [], []
+        for c, lo, hi in zip(held, bounds[0], bounds[1], strict=True):
+            if lo == hi:
+                continue
+            idx = np.sort(order[lo:hi])
+            torch.nn.utils.vector_to_parameters(
+                self.client_state.get(c)[PERSONAL].to(self.device), params)
+            if self.buffer_dim:
+                own = self.client_buffers.get(c).get("buffers") if self.local_buffers else None
+                assert own is not None or buffers is not None, "a model with buffers needs them"
+                vector_to_buffers(own if own is not None else
+                                  torch.from_numpy(np.array(buffers, np.float32)), self.model)
+            acc, _, _ = evaluate_model(self.model, eval_data.x_test[idx],
+                                       eval_data.y_test[idx], task)
+            if acc is not None:
+                ids.append(c)
+                accs.append(acc)
+        return PersonalScores(np.asarray(ids, np.int64), np.asarray(accs, np.float64))
 
     BUFFERS = "model.buffers"  # a client's own buffers in its checkpointed state
 

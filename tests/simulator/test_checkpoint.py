@@ -55,13 +55,18 @@ def _roundtrip(state):
     # control variates on the server and on each client
     ["local.optimizer={name: sgd}", "local.steps=3", "server.optimizer={name: scaffold}"],
     ["local.optimizer={name: sgd}", "local.steps=3", "server.optimizer={name: feddyn}"],
+    # personal models, measured on each client's own test samples
+    ["local.optimizer={name: ditto, lam: 0.5}", "local.steps=3",
+     "data.dataset={name: synthetic, alpha: 1.0, beta: 1.0}", "data.partitioner={name: natural}"],
 ], ids=["momentum-cc-server-momentum", "mu2sgd", "fedadam", "batchnorm", "batchnorm-local",
-        "scaffold", "feddyn"])
+        "scaffold", "feddyn", "ditto"])
 def test_resume_from_a_checkpoint_gives_the_uninterrupted_numbers(tmp_path, over):
     sc = _point(tmp_path, FL, *over)
     saved: dict[int, dict] = {}
     full = make_engine(sc, InlineBackend(), workers=2).run(
         on_checkpoint=lambda r, st: saved.__setitem__(r, _roundtrip(st)))
+    if "ditto" in str(over):
+        assert full.metrics[-1]["personal_clients"] > 0
     assert sorted(saved) == [2, 5]  # after rounds 3 and 6 of 7
     for r in (2, 5):
         resumed = make_engine(sc, InlineBackend(), workers=2).run(resume={**saved[r], "round": r})
@@ -124,10 +129,15 @@ ASYNC_KILL = KILL.replace(
 
 SCAFFOLD_KILL = KILL.replace("server: {optimizer: {name: sgd, lr: 1.0, momentum: 0.5}}",
                              "server: {optimizer: {name: scaffold}}")
+DITTO_KILL = KILL.replace("dataset: {name: digits}",
+                          "dataset: {name: synthetic, alpha: 1.0, beta: 1.0}\n"
+                          "  partitioner: {name: natural}").replace(
+    "local: {epochs: 2, batch_size: 8, lr: 0.05}",
+    "local: {epochs: 2, batch_size: 8, lr: 0.05, optimizer: {name: ditto, lam: 0.5}}")
 
 
-@pytest.mark.parametrize("text", [KILL, ASYNC_KILL, SCAFFOLD_KILL],
-                         ids=["sync", "fedbuff", "scaffold"])
+@pytest.mark.parametrize("text", [KILL, ASYNC_KILL, SCAFFOLD_KILL, DITTO_KILL],
+                         ids=["sync", "fedbuff", "scaffold", "ditto"])
 def test_kill_9_of_the_driver_then_resume_gives_the_uninterrupted_metrics(tmp_path, mlflow_uri,
                                                                           text):
     import os
@@ -169,7 +179,9 @@ def test_kill_9_of_the_driver_then_resume_gives_the_uninterrupted_metrics(tmp_pa
     assert client.get_run(run.data.tags["mlflow.parentRunId"]).info.status == "FINISHED"
     full = make_engine(_point(tmp_path, text), InlineBackend()).run()
     keys = ["test_accuracy", "test_loss", "aggregation_error", "aggregate_norm"]
-    for key in keys + (["sim_time", "staleness_mean"] if text is ASYNC_KILL else []):
+    for key in keys + (["sim_time", "staleness_mean"] if text is ASYNC_KILL else []) + \
+            (["personal_test_accuracy_mean", "personal_test_accuracy_p10"]
+             if text is DITTO_KILL else []):
         hist = sorted(client.get_metric_history(run_id, mlflow_name(key)), key=lambda m: m.step)
         assert [m.step for m in hist] == list(range(16)), key  # every round exactly once
         assert [m.value for m in hist] == [row[key] for row in full.metrics]

@@ -134,8 +134,10 @@ def _wait_dead(handle, timeout: float = 60.0) -> None:
 
 @pytest.mark.parametrize("every, rule", [
     (0, "optimizer: {name: momentum}"), (2, "optimizer: {name: momentum}"),
-    (2, "steps: 3}\nserver: {optimizer: {name: scaffold}")],
-    ids=["from-the-start", "from-a-checkpoint", "scaffold-from-a-checkpoint"])
+    (2, "steps: 3}\nserver: {optimizer: {name: scaffold}"),
+    (2, "steps: 3, optimizer: {name: ditto, lam: 0.5}")],
+    ids=["from-the-start", "from-a-checkpoint", "scaffold-from-a-checkpoint",
+         "ditto-from-a-checkpoint"])
 def test_lost_client_state_sends_the_run_back_to_a_state_it_holds(tmp_path, shared_ray, terminal,
                                                                    every, rule):
     """Worker momentum (and SCAFFOLD's client control variates) keep per-client state in the
@@ -147,6 +149,9 @@ def test_lost_client_state_sends_the_run_back_to_a_state_it_holds(tmp_path, shar
     p = tmp_path / "s.yaml"
     p.write_text(SCENARIO.replace("local: {steps: 3, batch_size: 16, lr: 0.1}",
                                   "local: {batch_size: 16, lr: 0.1, " + rule + "}")
+                 .replace("dataset: {name: digits}", "dataset: {name: synthetic, alpha: 1.0, "
+                          "beta: 1.0}\n  partitioner: {name: natural}" if "ditto" in rule else
+                          "dataset: {name: digits}")
                  + f"runtime: {{checkpoint_every: {every}}}\n")
     sc = load(p).points[0].scenario
     reference = Engine(sc, InlineBackend()).run()
@@ -162,6 +167,7 @@ def test_lost_client_state_sends_the_run_back_to_a_state_it_holds(tmp_path, shar
     faulty = engine.run(kill)
     assert seen == [0, 1, 2, 3, 4]
     assert faulty.metrics == reference.metrics
+    assert "ditto" not in rule or faulty.metrics[-1]["personal_clients"] > 0
     np.testing.assert_array_equal(faulty.final_params, reference.final_params)
     err = terminal()
     back = "goes back to its start and computes rounds 1-4" if every == 0 else \

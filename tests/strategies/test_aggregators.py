@@ -183,7 +183,8 @@ def test_robust_aggregators_stay_near_the_honest_mean_under_huge_rows(name):
     honest = torch.randn((12, 16), generator=g) * 0.5
     x = torch.cat([honest, torch.full((3, 16), 1e6)])
     radius = float((honest - honest.mean(0)).norm(dim=1).max())
-    params = {"cc": {"tau": 1.0, "iterations": 5}}.get(name, {"f": 3})
+    params = {"cc": {"tau": 1.0, "iterations": 5}, "norm_bound": {"bound": 1.0}, "foolsgold": {},
+              "flame": {}}.get(name, {"f": 3})
     if name in ("geomed", "median"):
         params = {}
     out = call(instantiate("aggregators", {"name": name, **params}), x)

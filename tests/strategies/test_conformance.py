@@ -21,6 +21,8 @@ PARAMS: dict[tuple[str, str], dict] = {
     ("aggregators", "cc"): {"tau": 100.0, "iterations": 3},  # a radius at the rows' scale
     ("preaggregators", "bucketing"): {"s": 2},
     ("meta", "bucketing"): {"s": 2},
+    ("aggregators", "norm_bound"): {"bound": 100.0},  # a bound at the rows' scale
+    ("aggregators", "flame"): {"lam": 0.0},  # noise-free; its noise is tested in test_defenses
 }
 
 # Data sets read from files: the checks run on small files in their real formats.
@@ -32,6 +34,10 @@ SKIP: dict[tuple[str, str], dict[str, str]] = {
                               "breaks it (asserted below)"},
     ("aggregators", "monna"): {"permutation_invariance": "relative to its first row"},
     ("aggregators", "cc"): {"translation_equivariance": "clips around its stored centre"},
+    ("aggregators", "foolsgold"): {"translation_equivariance": "cosine similarities from the "
+                                   "origin"},
+    ("aggregators", "flame"): {"translation_equivariance": "cosine distances and norms from "
+                               "the origin"},
 }
 
 CASES = [(kind, name) for kind in registry.KINDS for name in registry.available(kind)

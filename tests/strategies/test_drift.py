@@ -18,7 +18,9 @@ from torch import nn
 from simulator.config import Local, ScenarioError
 from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
+from simulator.sampling import sample_clients
 from strategies.drift import (
+    Ditto,
     DriftSGD,
     FedDyn,
     FedNova,
@@ -27,7 +29,7 @@ from strategies.drift import (
     ScaffoldClient,
     momentum_norm,
 )
-from strategies.protocols import ClientData, DriftRule
+from strategies.protocols import PERSONAL, ClientData, DriftRule
 from strategies.tasks import Regression
 from tests.simulator.test_engine import point
 
@@ -144,6 +146,28 @@ def test_feddyn_two_rounds_follow_algorithm_1():
     _close(server.step(x, rows2.mean(0)), (x + rows2.mean(0) - h / alpha).tolist())
 
 
+def test_ditto_sends_fedavg_updates_and_keeps_a_personal_model():
+    rule = Ditto(lam=1.0)
+    # round 1: the global steps are FedAvg's (0.36); the personal model starts at x = 0 and
+    # takes as many steps on F_k(v) + lam / 2 ||v - x||^2: v = 0.2, then
+    # 0.2 - 0.1 (2 (0.2 - 1) + 1 (0.2 - 0)) = 0.34
+    rows, states = _round(rule, X0, [{}, {}])
+    _close(rows[0], [0.36, 0.0])
+    _close(states[0][PERSONAL], [0.34, 0.0])
+    _close(states[1][PERSONAL], [0.0, -0.34])
+    # round 2 from x = (0.18, -0.18), client 1's personal model from v = (0.34, 0):
+    #   v = (0.34, 0) - 0.1 ((2 (0.34 - 1), 0) + (0.34 - 0.18, 0 + 0.18)) = (0.456, -0.018)
+    #   v = (0.456, -0.018) - 0.1 ((2 (0.456 - 1), 0) + (0.276, 0.162)) = (0.5372, -0.0342)
+    x = torch.tensor([0.18, -0.18])
+    rows2, states2 = _round(rule, x, states)
+    # client 1's global steps from x: 0.18 -> 0.18 + 0.2 * 0.82 = 0.344 -> 0.344 + 0.2 * 0.656
+    _close(rows2[0], [0.344 + 0.2 * 0.656 - 0.18, 0.0])
+    _close(states2[0][PERSONAL], [0.5372, -0.0342])
+    # lam = 0: purely local personal models
+    _, alone = _round(Ditto(lam=0.0), X0, [{}, {}])
+    _close(alone[0][PERSONAL], [0.36, 0.0])
+
+
 # ---------------------------------------------------------------------------- in the engine
 
 
@@ -213,3 +237,40 @@ def test_combinations_the_maths_does_not_support_are_one_line(tmp_path, over, me
     with pytest.raises(ScenarioError) as e:
         point(tmp_path, overrides=over)
     assert len(e.value.lines) == 1 and message in e.value.lines[0], e.value.lines
+
+
+SYNTHETIC = """\
+name: syn
+rounds: 5
+data:
+  dataset: {name: synthetic, alpha: 1.0, beta: 1.0}
+  partitioner: {name: natural}
+model: {name: logreg}
+clients: {total: 16, per_round: 6}
+local: {steps: 4, batch_size: 10, lr: 0.05}
+"""
+
+
+def test_ditto_keeps_fedavgs_global_model_and_measures_personal_models(tmp_path):
+    """The global model is FedAvg's bit for bit (the personal steps come after); the personal
+    models, on each client's own test samples, beat the global model there (Synthetic(1, 1)
+    clients differ); a large lambda pulls them to the global model (lam lr = 0.95 of the
+    way each step)."""
+    def run(*over):
+        return Engine(point(tmp_path, SYNTHETIC, over), InlineBackend(), workers=2).run()
+
+    fedavg, ditto = run(), run("local.optimizer={name: ditto, lam: 0.1}")
+    np.testing.assert_array_equal(ditto.final_params, fedavg.final_params)
+    last = ditto.metrics[-1]
+    assert {k: v for k, v in last.items() if not k.startswith("personal")} == \
+        {k: v for k, v in fedavg.metrics[-1].items()
+         if k not in ("round_seconds",) and not k.endswith("_seconds")} | \
+        {k: v for k, v in last.items() if k.endswith("_seconds")}
+    assert "personal_test_accuracy_mean" not in fedavg.metrics[-1]
+    clients = sorted({c for r in range(5) for c in sample_clients(0, r, 16, 6).tolist()})
+    assert last["personal_clients"] == len(clients)  # the clients sampled so far
+    assert last["personal_test_accuracy_mean"] > last["client_test_accuracy_mean"] + 0.2
+    assert last["personal_test_accuracy_p10"] <= last["personal_test_accuracy_mean"]
+    pulled = run("local.optimizer={name: ditto, lam: 19.0}").metrics[-1]
+    assert pulled["test_accuracy"] == last["test_accuracy"]
+    assert pulled["personal_test_accuracy_mean"] < last["personal_test_accuracy_mean"] - 0.1
