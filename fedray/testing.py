@@ -307,12 +307,28 @@ def _attack_checks(make: Callable[[], Any], cls: Any) -> list[Check]:
 
     checks = [("rows_contract", rows_contract), ("picklable", picklable)]
     if cls.traits.data_poisoning:
-        def poisons_labels() -> None:
-            y = torch.arange(10) % 5
-            out = make().poison_labels(y.clone(), 5)
-            assert out.shape == y.shape and out.dtype == y.dtype
-            assert bool(((out >= 0) & (out < 5)).all()), "labels outside 0..num_classes-1"
-        checks.append(("poisons_labels", poisons_labels))
+        def poisons_data() -> None:
+            g = torch.Generator().manual_seed(3)
+            x, y = torch.rand((20, 1, 8, 8), generator=g), torch.arange(20) % 10
+            x0, y0 = x.clone(), y.clone()
+            px, py = make().poison(x, y, 1, 0, 10, torch.Generator().manual_seed(0))
+            assert torch.equal(x, x0) and torch.equal(y, y0), "poison() modified its inputs"
+            assert px.shape == x.shape and px.dtype == x.dtype
+            assert py.shape == y.shape and py.dtype == y.dtype
+            assert bool(((py >= 0) & (py < 10)).all()), "labels outside 0..num_classes-1"
+            again = make().poison(x, y, 1, 0, 10, torch.Generator().manual_seed(0))
+            assert torch.equal(again[0], px) and torch.equal(again[1], py), "not seeded"
+        checks.append(("poisons_data", poisons_data))
+    if cls.traits.targeted:
+        def builds_its_success_set() -> None:
+            x, y = torch.rand((20, 1, 8, 8), generator=torch.Generator().manual_seed(4)), \
+                torch.arange(20) % 10
+            tx, ty = make().triggered(x, y)
+            assert tx.shape[1:] == x.shape[1:] and len(tx) == len(ty) > 0
+            assert bool(((ty >= 0) & (ty < 10)).all()), "labels outside 0..num_classes-1"
+            again = make().triggered(x, y)
+            assert torch.equal(again[0], tx) and torch.equal(again[1], ty), "not deterministic"
+        checks.append(("builds_its_success_set", builds_its_success_set))
     return checks
 
 

@@ -20,7 +20,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     # what the Byzantine clients did to the aggregate
     "robust": ("aggregation_error", "relative_aggregation_error", "honest_update_norm",
                "aggregate_norm", "nonfinite_aggregate", "aggregation_skipped",
-               "byzantine_sampled", "byzantine_exceeded", "b_hat", "buffer_aggregation_error"),
+               "byzantine_sampled", "byzantine_exceeded", "b_hat", "buffer_aggregation_error",
+               "attack_success_rate"),
     # who took part in the round and how local training went
     "round": ("sampled", "participants", "dropped", "stragglers", "partial_work", "client_loss"),
     "dsgd": ("consensus_distance", "byzantine_peers"),

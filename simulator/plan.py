@@ -41,6 +41,7 @@ class AttackPlan:
     omniscient: bool  # it sees the honest updates of the round
     data_poisoning: bool  # the Byzantine clients train on labels it rewrites
     gossip: bool  # it attacks D-SGD's gossip (messages, not rows)
+    targeted: bool  # it builds a test set of its success (a backdoor): the server measures it
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,7 @@ def _attack(sc: Scenario) -> AttackPlan | None:
     if sc.attack is None:
         return None
     t = registry.get("attacks", sc.attack["name"]).traits
-    return AttackPlan(sc.attack, t.omniscient, t.data_poisoning, t.gossip)
+    return AttackPlan(sc.attack, t.omniscient, t.data_poisoning, t.gossip, t.targeted)
 
 
 def resolve(sc: Scenario) -> Plan:

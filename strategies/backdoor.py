@@ -258,7 +258,7 @@ class BackdoorAttack(Attack):
     the samples an attack can poison: see the class).
     """
 
-    traits = Traits(data_poisoning=True)
+    traits = Traits(data_poisoning=True, targeted=True)
 
     def __init__(self, target: _Label = 0,
                  poison_fraction: Annotated[float, Ge(0), Le(1)] = 0.5) -> None:

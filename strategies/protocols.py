@@ -137,6 +137,8 @@ class Traits:
     side (SCAFFOLD: the model delta, then the control-variate delta), so a row is
     ``message_blocks * d`` long; the robust pipeline aggregates the whole row and the server
     optimizer (the rule's server half) splits the aggregate.
+    ``targeted``: an attack with a goal of its own, a backdoor: it builds the test set of
+    its success (``Attack.triggered``), measured at every evaluation.
     ``personal``: a client rule that keeps a personal model per client (Ditto): a flat
     parameter vector in its state under :data:`PERSONAL`, trained beside the global model's
     local steps (:meth:`DriftRule.personal_correction`) and measured on each client's own
@@ -173,6 +175,7 @@ class Traits:
     message_blocks: int = 1
     shared_state: bool = False
     personal: bool = False
+    targeted: bool = False
 
 
 class TraitAlias:
@@ -331,9 +334,28 @@ class Attack(BaseAttack):
     def __call__(self, seen: torch.Tensor, f: int, generator: torch.Generator) -> torch.Tensor: ...
 
     def poison_labels(self, y: torch.Tensor, num_classes: int) -> torch.Tensor:
-        """A data-poisoning attack's labels for the Byzantine clients' training (only
-        called with ``traits.data_poisoning``)."""
+        """A data-poisoning attack's labels for the Byzantine clients' training (what the
+        default :meth:`poison` calls)."""
         raise NotImplementedError(f"{type(self).__name__} declares no data poisoning")
+
+    def poison(self, x: torch.Tensor, y: torch.Tensor, client: int, round_: int,
+               num_classes: int, generator: torch.Generator
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A data-poisoning attack (``traits.data_poisoning``): Byzantine client ``client``'s
+        training samples and labels in round ``round_`` (``x`` float32 as the model takes
+        it, ``y`` int64); new tensors, never the inputs or views of them; draws only from
+        ``generator`` (a stream of its own). By default the samples as they are and
+        :meth:`poison_labels`'s labels; a backdoor stamps a trigger on samples too."""
+        return x, self.poison_labels(y, num_classes)
+
+    def triggered(self, x_test: torch.Tensor, y_test: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A targeted attack (``traits.targeted``): the attack-success test set from the
+        clean test set (same layout as :meth:`poison`'s inputs): the samples the attack
+        should move, as it would present them, labelled with the class it wants. The server
+        reports the global model's accuracy on it, ``attack_success_rate``, at every
+        evaluation. Pure and deterministic."""
+        raise NotImplementedError(f"{type(self).__name__} declares no targeted test set")
 
 
 class GossipAttack(BaseAttack):

@@ -208,7 +208,30 @@ def _check_data_and_model(sc: Scenario, plan: Plan, problems: list[Problem]) -> 
             instantiate("partitioners", sc.data.partitioner).check_data(c.total, info)
         except ValueError as e:
             problems.append(problem(("data", "partitioner"), e))
+    if plan.attack is not None and plan.attack.targeted:
+        _check_targeted(sc, info, problems)
     _check_model(sc, plan, info, problems)
+
+
+def _check_targeted(sc: Scenario, info: Any, problems: list[Problem]) -> None:
+    """A targeted attack (a backdoor) poisons samples of a classifier and measures a class:
+    it needs images or features and class labels, and its class keys below the data's
+    number of classes (its ``poison`` raises ValueError naming the key)."""
+    import torch
+
+    assert sc.attack is not None
+    name = sc.attack["name"]
+    if info.tokens or info.targets != "classes":
+        problems.append(Problem(("attack", "name"), f"{name!r} is a targeted attack on a "
+                                "classifier of images or features; the data gives " +
+                                ("token ids" if info.tokens else "real-valued targets")))
+        return
+    x = torch.zeros((2, *info.input_shape))
+    try:
+        instantiate("attacks", sc.attack).poison(x, torch.zeros(2, dtype=torch.int64), 0, 0,
+                                                 info.num_classes, torch.Generator())
+    except ValueError as e:
+        problems.append(problem(("attack",), e))
 
 
 def _available_memory() -> int | None:

@@ -38,6 +38,7 @@ from simulator.runtime.common import (
     combine_buffers,
     evaluate_model,
     float_buffer_mask,
+    model_input,
     resolve_device,
     single_thread,
     torch_threads,
@@ -140,6 +141,14 @@ class Server:
         self.x_test, self.y_test = eval_data.x_test, eval_data.y_test
         self.x_tr, self.y_tr, self.c_test = eval_data.x_train, eval_data.y_train, \
             eval_data.test_clients
+        # a targeted attack's success set (a backdoor's triggered test samples), built once
+        self.x_asr: np.ndarray | None = None
+        self.y_asr: np.ndarray | None = None
+        if plan.attack is not None and plan.attack.targeted:
+            attack = instantiate("attacks", plan.attack.spec)
+            xt, yt = guarded("attack", plan.attack.spec["name"], attack.triggered)(
+                model_input(self.x_test), torch.from_numpy(np.array(self.y_test)))
+            self.x_asr, self.y_asr = xt.numpy(), yt.numpy()
         # asynchronous modes: the model's version (server steps so far) and the older
         # versions clients still train from ({version: [parameters, buffers]})
         self.mode = scenario.server.mode
@@ -328,6 +337,10 @@ class Server:
             _, train_loss, _ = evaluate_model(self.model, self.x_tr, self.y_tr, self.task)
         per_client = (client_accuracy(hits, self.c_test)
                       if self.c_test is not None and hits is not None else {})
+        if self.x_asr is not None and self.y_asr is not None:
+            with torch_threads(self.eval_threads):
+                asr, _, _ = evaluate_model(self.model, self.x_asr, self.y_asr, self.task)
+            per_client["attack_success_rate"] = float("nan") if asr is None else asr
         return {**{f"test_{k}": v for k, v in self.task.metrics(loss, acc).items()},
                 "train_loss": train_loss, **per_client}
 

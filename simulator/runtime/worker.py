@@ -176,14 +176,15 @@ class ClientWorker:
     def client_data(self, round_: int, client: int, poison: Attack | None = None,
                     shared: torch.Tensor | None = None, max_steps: int | None = None
                     ) -> ClientData:
-        """Client ``client``'s samples (writable copies; labels poisoned by a data-poisoning
+        """Client ``client``'s samples (writable copies; poisoned by a data-poisoning
         attack), random stream and state in round ``round_``, with the server's broadcast
         state ``shared`` and its cap on local steps ``max_steps`` (None: none)."""
         lo, hi = int(self.offsets[client]), int(self.offsets[client + 1])
         x = model_input(self.x[lo:hi])
         y = torch.from_numpy(np.array(self.y[lo:hi]))
-        if poison is not None:
-            y = poison.poison_labels(y, self.num_classes)
+        if poison is not None:  # a stream of its own: the training stream is unchanged
+            x, y = poison.poison(x, y, int(client), round_, self.num_classes,
+                                 torch_generator(self.seed, "poison", round_, client))
         # samples and state stay in host memory: the trainer moves each batch to the device
         return ClientData(int(client), x, y, torch_generator(self.seed, "local", round_, client),
                           self.client_state.get(client), shared, max_steps)
