@@ -234,10 +234,12 @@ class WorkerPool:
         return out
 
     def evaluate_personal(self, exclude: list[int], eval_data: Ref[EvalData],
-                          buffers: Ref[np.ndarray] | None) -> list[Ref[PersonalScores]]:
+                          buffers: Ref[np.ndarray] | None, params: Ref[np.ndarray] | None
+                          ) -> list[Ref[PersonalScores]]:
         """Every live worker's personal models on their clients' own test samples (calls,
-        not yet waited for); ``exclude``: the Byzantine clients."""
-        return [self.workers[w].evaluate_personal(tuple(exclude), eval_data, buffers)
+        not yet waited for); ``exclude``: the Byzantine clients; ``params``: the global
+        model (fedbn's personal models are it with each client's BatchNorm weights)."""
+        return [self.workers[w].evaluate_personal(tuple(exclude), eval_data, buffers, params)
                 for w in self.live]
 
     def load_client_states(self, states: dict[int, dict[str, Any]]) -> list[Ref[None]]:

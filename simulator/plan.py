@@ -81,6 +81,8 @@ class Plan:
     privacy: PluginSpec | None
     privacy_level: PrivacyLevel
     local_buffers: bool  # each client keeps its own model buffers (server.buffers: local)
+    # ... and its BatchNorm layers' affine weights, never aggregated (server.buffers: fedbn)
+    local_norm: bool
     buffer_rule: Literal["mean", "median"]  # how the server combines the clients' buffers
     pipeline: PipelinePlan
     attack: AttackPlan | None
@@ -167,7 +169,7 @@ def choose_trainer(sc: Scenario, rule_traits: Any, rule_key: Loc = ("local", "op
 
 def buffer_rule(sc: Scenario) -> Literal["mean", "median"]:
     """How the server combines the clients' buffers: ``server.buffers`` when it says mean or
-    median; ``auto`` and ``local``: median with Byzantine clients (they send poisoned
+    median; ``auto``, ``local`` and ``fedbn``: median with Byzantine clients (they send poisoned
     statistics too), else mean."""
     chosen = sc.server.buffers
     if chosen == "mean" or chosen == "median":
@@ -210,7 +212,8 @@ def resolve(sc: Scenario) -> Plan:
         message_blocks=traits.message_blocks, shared_state=traits.shared_state,
         personal=traits.personal,
         privacy=sc.privacy, privacy_level=privacy_level(sc),
-        local_buffers=sc.server.buffers == "local", buffer_rule=buffer_rule(sc),
+        local_buffers=sc.server.buffers in ("local", "fedbn"),
+        local_norm=sc.server.buffers == "fedbn", buffer_rule=buffer_rule(sc),
         pipeline=PipelinePlan(tuple(sc.preaggregators), sc.aggregator, sc.meta),
         attack=_attack(sc), b_hat=b_hat(sc),
         asynchrony=(sc.asynchrony or Asynchrony()) if sc.server.mode != "sync" else None,

@@ -346,6 +346,10 @@ def _check_model(sc: Scenario, plan: Plan, info: Any, problems: list[Problem]) -
 
     if model_buffers(model):
         _check_buffers(sc, plan, problems)
+    elif plan.local_norm:
+        problems.append(Problem(("server", "buffers"), f"fedbn keeps BatchNorm layers local; "
+                                f"{name} has none: use a model with norm: batch, or another "
+                                "value (auto | mean | median | local)"))
     d = sum(p.numel() for p in model.parameters())
     _check_work(sc, plan, info, d, problems)
     workers = sc.runtime.workers or os.cpu_count() or 1

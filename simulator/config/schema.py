@@ -146,11 +146,14 @@ class ServerSettings(Strict):
     ``mean`` (the participants' statistics averaged, as FedAvg does), ``median``
     (coordinate-wise median: Byzantine clients send poisoned statistics too), ``local``
     (each client keeps its own, SiloBN; the server's evaluation model takes the
-    participants' median or mean) or ``auto``: ``median`` with Byzantine clients, else
-    ``mean``. docs/models.md says what each does under attack."""
+    participants' median or mean), ``fedbn`` (FedBN, Li et al., ICLR 2021: as ``local``,
+    and each client keeps its BatchNorm layers' affine weights too, which the server never
+    aggregates; each client's own model is measured on its own test samples) or ``auto``:
+    ``median`` with Byzantine clients, else ``mean``. docs/models.md says what each does
+    under attack."""
 
     optimizer: PluginSpec = {"name": "sgd"}
-    buffers: Literal["auto", "mean", "median", "local"] = "auto"
+    buffers: Literal["auto", "mean", "median", "local", "fedbn"] = "auto"
     # how the server steps: ``sync`` (lock-step rounds), or asynchronously on a simulated
     # clock (the ``asynchrony`` block; docs/async.md): ``fedasync`` (Xie et al. 2019),
     # ``fedbuff`` (Nguyen et al. 2022), ``basgd`` (Yang & Li 2023), ``latest`` (Dahan & Levy

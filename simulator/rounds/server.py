@@ -149,8 +149,9 @@ class ServerRounds(RoundProtocol):
         # round trains them again in the workers' queues
         personal = self.ctx.pool.evaluate_personal(
             sorted(ctx.byzantine_at(round_)), self.eval_ref,
-            self.server.buffers() if self.d_buffers else None) \
-            if ctx.plan.personal and ctx.evaluate_now(round_) else []
+            self.server.buffers() if self.d_buffers else None,
+            self.server.params() if ctx.plan.local_norm else None) \
+            if (ctx.plan.personal or ctx.plan.local_norm) and ctx.evaluate_now(round_) else []
         if prefetch:  # its params call comes before the evaluation in the server's queue
             self._next = self.submit(round_ + 1)
         eval_ref = self.server.evaluate() if ctx.evaluate_now(round_) else None

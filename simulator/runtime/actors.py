@@ -39,6 +39,7 @@ from simulator.runtime.common import (
     evaluate_model,
     float_buffer_mask,
     model_input,
+    norm_parameter_mask,
     resolve_device,
     single_thread,
     torch_threads,
@@ -131,6 +132,8 @@ class Server:
         self.pipeline = Pipeline.from_plan(plan.pipeline, seed)
         self.optimizer = build_server_optimizer(scenario)
         self.blocks = plan.message_blocks  # a row is this many model-sized blocks
+        self.norm_mask = norm_parameter_mask(self.model).cpu() \
+            if plan.local_norm and self.b.numel() else None
         self.optimizer_name = scenario.server.optimizer["name"]
         # client-level DP (DP-FedAvg) acts here; sample-level DP acts in the trainer
         self.dp = (instantiate("privacy", plan.privacy)
@@ -298,6 +301,8 @@ class Server:
                     **_timings(t0, results)}
         if dp is not None:
             agg = dp.noise(agg, rows.shape[0], torch_generator(self.seed, "dp-noise", round_))
+        if self.norm_mask is not None:  # fedbn: BatchNorm weights stay with the clients,
+            agg[: self.norm_mask.numel()][self.norm_mask] = 0.0  # whatever Byzantine rows say
         honest_mean = honest_rows.mean(dim=0)
         buffer_metrics = {}
         if self.b.numel():

@@ -74,6 +74,15 @@ def buffers_to_vector(model: nn.Module) -> torch.Tensor:
     return torch.cat([b.detach().reshape(-1).to(torch.float32) for b in bufs])
 
 
+def norm_parameter_mask(model: nn.Module) -> torch.Tensor:
+    """Which entries of the flat parameters (``parameters_to_vector``) are BatchNorm layers'
+    affine weights and biases (what FedBN keeps local)."""
+    norm = {id(p) for m in model.modules()
+            if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm))
+            for p in m.parameters(recurse=False)}
+    return torch.cat([torch.full((p.numel(),), id(p) in norm) for p in model.parameters()])
+
+
 def float_buffer_mask(model: nn.Module) -> torch.Tensor:
     """Which entries of :func:`buffers_to_vector` are statistics (float buffers), not
     counters (BatchNorm's ``num_batches_tracked``)."""

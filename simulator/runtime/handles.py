@@ -52,9 +52,10 @@ class WorkerHandle(_Handle):
         return self.backend.call(self.actor, ClientWorker.client_states)
 
     def evaluate_personal(self, exclude: tuple[int, ...], eval_data: Ref[EvalData],
-                          buffers: Ref[np.ndarray] | None) -> Ref[PersonalScores]:
+                          buffers: Ref[np.ndarray] | None, params: Ref[np.ndarray] | None
+                          ) -> Ref[PersonalScores]:
         return self.backend.call(self.actor, ClientWorker.evaluate_personal, exclude, eval_data,
-                                 buffers)
+                                 buffers, params)
 
     def load_client_states(self, states: dict[int, dict[str, Any]]) -> Ref[None]:
         return self.backend.call(self.actor, ClientWorker.load_client_states, states)

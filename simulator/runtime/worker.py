@@ -28,6 +28,7 @@ from simulator.runtime.common import (
     deterministic_mode,
     evaluate_model,
     model_input,
+    norm_parameter_mask,
     resolve_device,
     single_thread,
     vector_to_buffers,
@@ -118,6 +119,9 @@ class ClientWorker:
         self.buffer_dim = int(buffers_to_vector(self.model).numel())
         self.local_buffers = plan.local_buffers and self.buffer_dim > 0
         self.client_buffers = ClientStateStore(torch.float32)
+        # server.buffers fedbn: each client's own BatchNorm weights (client_buffers "norm")
+        self.norm_mask = norm_parameter_mask(self.model).cpu() \
+            if plan.local_norm and self.buffer_dim else None
         self.peer_x: dict[int, torch.Tensor] = {}  # D-SGD: the models of this worker's peers
 
     def _trainer(self, spec: PluginSpec, local: Any = None) -> Trainer:
@@ -204,21 +208,32 @@ class ClientWorker:
     def _run_buffers(self, round_: int, clients: list[ClientData], start: torch.Tensor,
                      global_buffers: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The trainer on one client at a time, each from its starting buffers (the
-        server's, or its own under ``server.buffers: local``); the buffers each client ends
-        with are its third result, rows following ``clients``."""
+        server's, or its own under ``server.buffers: local``; under ``fedbn`` its own
+        BatchNorm weights too, whose update entries it does not send); the buffers each
+        client ends with are its third result, rows following ``clients``."""
         b0 = torch.from_numpy(np.array(global_buffers, dtype=np.float32))
-        updates = np.empty((len(clients), start.numel() * self.plan.message_blocks),
-                           dtype=np.float32)
+        d = start.numel()
+        updates = np.empty((len(clients), d * self.plan.message_blocks), dtype=np.float32)
         losses = np.empty(len(clients))
         rows = np.empty((len(clients), self.buffer_dim), dtype=np.float32)
+        mask = self.norm_mask
         for i, c in enumerate(clients):
-            own = self.client_buffers.get(c.client).get("buffers") if self.local_buffers else None
-            vector_to_buffers(b0 if own is None else own, self.model)
-            u, loss = self._run(round_, [c], start)
+            own = self.client_buffers.get(c.client) if self.local_buffers else {}
+            vector_to_buffers(own.get("buffers", b0), self.model)
+            begin = start
+            if mask is not None and "norm" in own:
+                begin = start.clone()
+                begin[mask] = own["norm"]
+            u, loss = self._run(round_, [c], begin)
             updates[i], losses[i] = u[0], loss[0]
             rows[i] = buffers_to_vector(self.model).cpu().numpy()
             if self.local_buffers:
-                self.client_buffers.set(c.client, {"buffers": torch.from_numpy(rows[i])})
+                kept = {"buffers": torch.from_numpy(rows[i])}
+                if mask is not None:  # its own weights go on; the server never sees them
+                    step = torch.from_numpy(updates[i, :d])
+                    kept["norm"] = begin[mask] + step[mask]
+                    updates[i, :d][mask.numpy()] = 0.0
+                self.client_buffers.set(c.client, kept)
         return updates, losses, rows
 
     def _holds(self, client: int) -> bool:
@@ -259,28 +274,40 @@ class ClientWorker:
         return ClientRows(ids, updates, losses, time.perf_counter() - t0)
 
     def evaluate_personal(self, exclude: tuple[int, ...], eval_data: EvalData,
-                          buffers: np.ndarray | None = None) -> PersonalScores:
-        """The accuracy of each personal model this worker holds (a client rule with
-        ``traits.personal``: Ditto) on its client's own test samples, the clients in
-        ``exclude`` (the Byzantine ones) left out, as are clients without test samples. A
-        model with buffers evaluates with the client's own (``server.buffers: local``) or
-        the server's ``buffers``."""
+                          buffers: np.ndarray | None = None,
+                          params: np.ndarray | None = None) -> PersonalScores:
+        """The accuracy of each personal model this worker holds on its client's own test
+        samples, the clients in ``exclude`` (the Byzantine ones) left out, as are clients
+        without test samples. A personal model is a client rule's (``traits.personal``:
+        Ditto), else under ``server.buffers: fedbn`` the global ``params`` with the client's
+        own BatchNorm weights. A model with buffers evaluates with the client's own
+        (``server.buffers: local``, ``fedbn``) or the server's ``buffers``."""
         c_test = eval_data.test_clients
-        held = sorted(c for c, st in self.client_state.items()
-                      if PERSONAL in st and c not in set(exclude))
+        out = set(exclude)
+        if self.plan.personal:
+            held = sorted(c for c, st in self.client_state.items()
+                          if PERSONAL in st and c not in out)
+        else:  # fedbn: the clients holding their own BatchNorm weights
+            held = sorted(c for c, st in self.client_buffers.items()
+                          if "norm" in st and c not in out)
         if c_test is None or not held:
             return PersonalScores(np.empty(0, np.int64), np.empty(0))
         order = np.argsort(c_test, kind="stable")
         bounds = np.searchsorted(c_test[order], np.stack([held, np.add(held, 1)]))
         task = instantiate("tasks", self.scenario.task)
-        params = list(self.model.parameters())
+        weights = list(self.model.parameters())
         ids, accs = [], []
         for c, lo, hi in zip(held, bounds[0], bounds[1], strict=True):
             if lo == hi:
                 continue
             idx = np.sort(order[lo:hi])
-            torch.nn.utils.vector_to_parameters(
-                self.client_state.get(c)[PERSONAL].to(self.device), params)
+            if self.plan.personal:
+                vec = self.client_state.get(c)[PERSONAL]
+            else:
+                assert params is not None and self.norm_mask is not None
+                vec = torch.from_numpy(np.array(params, dtype=np.float32))
+                vec[self.norm_mask] = self.client_buffers.get(c)["norm"]
+            torch.nn.utils.vector_to_parameters(vec.to(self.device), weights)
             if self.buffer_dim:
                 own = self.client_buffers.get(c).get("buffers") if self.local_buffers else None
                 assert own is not None or buffers is not None, "a model with buffers needs them"
@@ -294,6 +321,7 @@ class ClientWorker:
         return PersonalScores(np.asarray(ids, np.int64), np.asarray(accs, np.float64))
 
     BUFFERS = "model.buffers"  # a client's own buffers in its checkpointed state
+    NORM = "model.norm"  # its own BatchNorm weights (server.buffers fedbn)
 
     def client_states(self) -> dict[int, dict[str, torch.Tensor]]:
         """The per-client state this worker keeps (gradient rules' momenta, local buffers),
@@ -301,6 +329,8 @@ class ClientWorker:
         out = {c: {k: v.clone() for k, v in st.items()} for c, st in self.client_state.items()}
         for c, st in self.client_buffers.items():
             out.setdefault(c, {})[self.BUFFERS] = st["buffers"].clone()
+            if "norm" in st:
+                out[c][self.NORM] = st["norm"].clone()
         return out
 
     def load_client_states(self, states: dict[int, dict[str, torch.Tensor]]) -> None:
@@ -308,11 +338,14 @@ class ClientWorker:
         self.client_state = ClientStateStore(self.state_dtype)
         self.client_buffers = ClientStateStore(torch.float32)
         for c, st in states.items():
-            rule = {k: v for k, v in st.items() if k != self.BUFFERS}
+            rule = {k: v for k, v in st.items() if k not in (self.BUFFERS, self.NORM)}
             if rule:
                 self.client_state.set(int(c), rule)
             if self.BUFFERS in st:
-                self.client_buffers.set(int(c), {"buffers": st[self.BUFFERS]})
+                own = {"buffers": st[self.BUFFERS]}
+                if self.NORM in st:
+                    own["norm"] = st[self.NORM]
+                self.client_buffers.set(int(c), own)
 
     def node(self) -> str | None:
         """The Ray node this worker runs on (None in-process)."""

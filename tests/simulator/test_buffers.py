@@ -120,7 +120,8 @@ def test_local_statistics_stay_with_their_client_on_any_worker_count(tmp_path):
      "cannot update cnn's buffers"),
     (["privacy={name: dp_fedavg, clip: 1.0, noise_multiplier: 1.0}"], "privacy.name",
      "statistics would leave the clients unprotected"),
-    (["server.buffers=average"], "server.buffers", "'auto', 'mean', 'median' or 'local'"),
+    (["server.buffers=average"], "server.buffers",
+     "'auto', 'mean', 'median', 'local' or 'fedbn'"),
 ])
 def test_where_buffers_cannot_be_handled_the_scenario_is_refused(tmp_path, over, loc, words):
     with pytest.raises(ScenarioError) as e:
@@ -128,3 +129,59 @@ def test_where_buffers_cannot_be_handled_the_scenario_is_refused(tmp_path, over,
     text = str(e.value)
     assert f"{loc}:" in text and words in text and "norm: group" in text or \
         loc == "server.buffers" and words in text
+
+
+def test_fedbn_keeps_each_clients_batchnorm_weights_and_measures_its_own_model(tmp_path):
+    """FedBN (Li et al., ICLR 2021): the server never aggregates the BatchNorm layers' affine
+    weights (the global ones stay at their initial 1 and 0, whatever the rows say), each
+    client trains from its own; on a natural partition each client's own model (the global
+    one with its BatchNorm weights and statistics) is measured on its own test samples."""
+    from simulator.models import build_model
+    from simulator.runtime.common import norm_parameter_mask
+    from simulator.sampling import sample_clients
+
+    eng = Engine(point(tmp_path, BN, "server.buffers=fedbn", "rounds=4"), InlineBackend(),
+                 workers=2)
+    res = eng.run()
+    model = build_model(eng.plan.scenario.model, (1, 8, 8), 10, 0)
+    mask = norm_parameter_mask(model).numpy()
+    x0 = torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy()
+    assert mask.sum() == 2 * (8 + 16)  # two BatchNorm2d layers' weights and biases
+    np.testing.assert_array_equal(res.final_params[mask], x0[mask])  # never aggregated
+    assert not np.allclose(res.final_params[~mask], x0[~mask])
+    states = eng.pool.client_states()
+    own = [s["model.norm"] for s in states.values()]
+    assert len(own) == len({c for r in range(4) for c in sample_clients(0, r, 20, 10).tolist()})
+    assert all(o.shape == (mask.sum(),) for o in own)
+    assert not torch.equal(own[0], own[1])  # each client its own
+    assert "personal_test_accuracy_mean" not in res.metrics[-1]  # digits: no own test sets
+    local = run(tmp_path, "server.buffers=local", "rounds=4")
+    assert local.metrics != res.metrics
+
+
+def test_fedbn_measures_each_clients_own_model_on_its_own_test_samples(tmp_path):
+    from tests import formats
+
+    formats.write_leaf(tmp_path / "leaf", writers=8, per_writer=40)
+    text = f"""\
+name: fedbn
+rounds: 6
+data: {{dataset: {{name: femnist, root: {tmp_path / 'leaf'}}}, partitioner: {{name: natural}}}}
+model: {{name: cnn, channels: [4], hidden: 16, norm: batch}}
+clients: {{total: 8, per_round: 4}}
+local: {{epochs: 1, batch_size: 10, lr: 0.1}}
+"""
+    fedbn = run(tmp_path, "server.buffers=fedbn", text=text)
+    last = fedbn.metrics[-1]
+    assert 0 < last["personal_clients"] <= 8
+    assert 0.0 <= last["personal_test_accuracy_p10"] <= last["personal_test_accuracy_mean"] <= 1
+    one = run(tmp_path, "server.buffers=fedbn", text=text, workers=1)
+    assert one.metrics == fedbn.metrics  # any worker count
+
+
+def test_fedbn_without_batchnorm_is_refused(tmp_path):
+    with pytest.raises(ScenarioError) as e:
+        point(tmp_path, BN, "server.buffers=fedbn", "model.norm=group")
+    assert e.value.lines[0].endswith("server.buffers: fedbn keeps BatchNorm layers local; cnn "
+                                     "has none: use a model with norm: batch, or another value "
+                                     "(auto | mean | median | local)")

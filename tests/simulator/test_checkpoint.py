@@ -55,11 +55,14 @@ def _roundtrip(state):
     # control variates on the server and on each client
     ["local.optimizer={name: sgd}", "local.steps=3", "server.optimizer={name: scaffold}"],
     ["local.optimizer={name: sgd}", "local.steps=3", "server.optimizer={name: feddyn}"],
+    # FedBN: each client's own BatchNorm weights and statistics
+    ["model={name: cnn, channels: [4], hidden: 8, norm: batch}", "local.optimizer={name: sgd}",
+     "server.buffers=fedbn"],
     # personal models, measured on each client's own test samples
     ["local.optimizer={name: ditto, lam: 0.5}", "local.steps=3",
      "data.dataset={name: synthetic, alpha: 1.0, beta: 1.0}", "data.partitioner={name: natural}"],
 ], ids=["momentum-cc-server-momentum", "mu2sgd", "fedadam", "batchnorm", "batchnorm-local",
-        "scaffold", "feddyn", "ditto"])
+        "scaffold", "feddyn", "fedbn", "ditto"])
 def test_resume_from_a_checkpoint_gives_the_uninterrupted_numbers(tmp_path, over):
     sc = _point(tmp_path, FL, *over)
     saved: dict[int, dict] = {}
