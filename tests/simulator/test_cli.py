@@ -59,10 +59,11 @@ def test_list_kinds(capsys):
     assert "mnist  (root, download=False, mirror=None)" in capsys.readouterr().out.splitlines()
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert "aggregators: bulyan, caf, cc, cwtm, dnc, geomed, krum, mda, meamed, mean, median, monna, multikrum, smea" in out
+    assert ("aggregators: bulyan, caf, cc, cwtm, dnc, flame, foolsgold, geomed, krum, mda, "
+            "meamed, mean, median, monna, multikrum, norm_bound, smea") in out
     assert ("topologies: complete, edge_list, erdos_renyi, exponential, hypercube, "
             "one_peer_exponential, random_regular, ring, small_world, star, torus") in out
-    assert "client_optimizers: momentum, sgd" in out
+    assert "client_optimizers: ditto, fednova, fedprox, momentum, sgd" in out
 
 
 def test_list_verbose_shows_paper_types_and_defaults(capsys):
