@@ -92,3 +92,5 @@ docs-tables: $(STAMP)
 	$(PY) benchmarks/docs_tables.py docs/dsgd.md dsgd_byzantine
 	$(PY) benchmarks/docs_tables.py docs/robust-aggregation.md kappa
 	$(PY) benchmarks/docs_tables.py docs/robust-aggregation.md subset_limits
+	$(PY) benchmarks/docs_tables.py docs/client-drift.md fedprox_stragglers
+	$(PY) benchmarks/docs_tables.py docs/client-drift.md scaffold_rounds

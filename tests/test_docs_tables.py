@@ -105,6 +105,19 @@ CELLS = [
      {"attack.epsilon": "1.0", "dsgd.defense": "clipped_gossip"},
      ["seeds", "test_accuracy (final)", "min_peer_accuracy (final)",
       "averaged_test_accuracy (final)", "consensus_distance (final)"]),
+    # FedAvg dropping 90% stragglers (the cheapest row: its clients do little work)
+    ("docs/client-drift.md", "fedprox_stragglers",
+     ("sweep={'clients.stragglers.deadline, clients.stragglers.partial, local.optimizer.mu': "
+      "[[13.5, false, 0.0]]}"),
+     {"clients.stragglers.deadline": "13.5", "clients.stragglers.partial": "false",
+      "local.optimizer.mu": "0.0"},
+     ["seeds", "train_loss (final)", "test_accuracy (final)", "stragglers (mean)"]),
+    ("docs/client-drift.md", "scaffold_rounds",
+     ("sweep={'local.optimizer, server.optimizer': [[{name: sgd}, {name: scaffold, lr: 1.0}]], "
+      "'local.steps, speeds.sample_seconds': [[20, 0.005]]}"),
+     {"server.optimizer.name": "scaffold", "local.steps": "20"},
+     ["seeds", "test_accuracy (simulated s to ≥ 0.85)", "test_accuracy (simulated s to ≥ 0.9)",
+      "test_accuracy (final)"]),
 ]
 
 
