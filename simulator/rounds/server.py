@@ -167,8 +167,10 @@ class ServerRounds(RoundProtocol):
         self._round_end = end
         b_hat = ctx.plan.b_hat
         if self.task_seconds is not None:  # a round lasts as long as its slowest participant
-            self._clock += max((self.task_seconds(c, round_) for c in tr.honest + tr.byz),
-                               default=0.0)
+            steps = ctx.pool.local_steps  # a straggler's partial work: its share of the time
+            self._clock += max((self.task_seconds(c, round_) * (
+                tr.partial[c] / max(int(steps[c]), 1) if c in tr.partial else 1.0)
+                for c in tr.honest + tr.byz), default=0.0)
             metrics["sim_time"] = self._clock
         if ctx.plan.scenario.clients.stragglers is not None \
                 and ctx.plan.scenario.clients.stragglers.partial:

@@ -274,3 +274,15 @@ def test_ditto_keeps_fedavgs_global_model_and_measures_personal_models(tmp_path)
     pulled = run("local.optimizer={name: ditto, lam: 19.0}").metrics[-1]
     assert pulled["test_accuracy"] == last["test_accuracy"]
     assert pulled["personal_test_accuracy_mean"] < last["personal_test_accuracy_mean"] - 0.1
+
+
+def test_a_partial_stragglers_simulated_time_is_its_share_of_the_work(tmp_path):
+    """With speeds (a simulated clock), a straggler that sends k of its K steps takes k/K of
+    its task's time: the round is shorter than when it does all of its work."""
+    speeds = "speeds={distribution: constant, sample_seconds: 1.0}"
+    full = _run(tmp_path, speeds, "local.optimizer={name: fedprox, mu: 0.1}")
+    late = _run(tmp_path, speeds, "local.optimizer={name: fedprox, mu: 0.1}",
+                "clients.stragglers={deadline: 2.0, sigma: 0.0, jitter: 0.0, partial: true}")
+    # every client has 3 steps of batch 16 (48 samples) and sends 2: 2/3 of each round
+    assert all(m["partial_work"] == m["participants"] for m in late.metrics)
+    assert late.metrics[-1]["sim_time"] == pytest.approx(full.metrics[-1]["sim_time"] * 2 / 3)
