@@ -37,13 +37,16 @@ class TrainRequest:
     (Byzantine) clients run. ``expect_state``: clients whose state the worker must hold
     (they took part before); a worker that lost it says so instead of going on with other
     numbers. ``partial``: (client, steps) of the stragglers that complete only that many
-    minibatch steps this round (``clients.stragglers.partial``)."""
+    minibatch steps this round (``clients.stragglers.partial``). ``attackers``: (client, its
+    index among the Byzantine clients) of the poisoned clients (a distributed trigger is
+    split by it)."""
 
     round: int
     clients: tuple[int, ...]
     poison: dict[str, Any] | None = None
     expect_state: tuple[int, ...] = ()
     partial: tuple[tuple[int, int], ...] = ()
+    attackers: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

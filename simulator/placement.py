@@ -148,17 +148,19 @@ class WorkerPool:
 
     def train(self, round_: int, clients: list[int], params: Ref[np.ndarray],
               buffers: Ref[np.ndarray] | None, poison: dict[str, Any] | None = None,
-              shared: Ref[np.ndarray] | None = None, partial: dict[int, int] | None = None
-              ) -> list[Ref[ClientRows]]:
+              shared: Ref[np.ndarray] | None = None, partial: dict[int, int] | None = None,
+              attackers: dict[int, int] | None = None) -> list[Ref[ClientRows]]:
         """One train call per worker that trains some of ``clients`` (``assign``), with the
-        server's broadcast state ``shared`` and the stragglers' ``partial`` work (client ->
-        steps)."""
+        server's broadcast state ``shared``, the stragglers' ``partial`` work (client ->
+        steps) and, with ``poison``, each poisoned client's index among the Byzantine
+        clients (``attackers``)."""
         calls = []
-        partial = partial or {}
+        partial, attackers = partial or {}, attackers or {}
         for w, ids in self.assign(clients):
             expect = tuple(c for c in ids if c in self.trained) if self.stateful else ()
             caps = tuple((c, partial[c]) for c in ids if c in partial)
-            request = TrainRequest(round_, tuple(ids), poison, expect, caps)
+            ranks = tuple((c, attackers[c]) for c in ids if c in attackers)
+            request = TrainRequest(round_, tuple(ids), poison, expect, caps, ranks)
             calls.append(self.workers[w].train(request, params, buffers, shared))
         self.trained.update(clients)
         return calls

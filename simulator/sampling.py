@@ -46,6 +46,12 @@ def missed_round(seed: int, round_: int, clients: list[int], steps: np.ndarray, 
     return dropped, late
 
 
+def attacker_ranks(byzantine: set[int] | frozenset[int] | np.ndarray) -> dict[int, int]:
+    """Each Byzantine client's index among them, by id (0 .. f - 1): which part of a
+    distributed trigger it trains with (DBA's attackers in order)."""
+    return {int(c): i for i, c in enumerate(sorted(int(b) for b in byzantine))}
+
+
 def sample_clients(seed: int, round_: int, total: int, k: int) -> np.ndarray:
     """The ``k`` clients of a round, drawn without replacement, sorted by id."""
     if k >= total:

@@ -234,8 +234,9 @@ class BackdoorAttack(Attack):
 
     The contract, in the order the engine uses it:
 
-    * ``poison(x, y, client, round_, num_classes, generator) -> (x, y)``: Byzantine client
-      ``client``'s training data of round ``round_``, called on the worker before training
+    * ``poison(x, y, attacker, round_, num_classes, generator) -> (x, y)``: the training
+      data of round ``round_`` of the ``attacker``-th Byzantine client (its index among
+      them, by id), called on the worker before training
       in place of ``poison_labels``. ``x`` is float32 ``(n, *input_shape)`` as the model takes
       it (images ``(n, C, H, W)`` in [0, 1]; flat ``(n, d)``: see :func:`trigger_grid`),
       ``y`` the int64 labels ``(n,)``. Returns new tensors (never ``x`` or ``y`` themselves,
@@ -266,10 +267,11 @@ class BackdoorAttack(Attack):
         self.poison_fraction = poison_fraction
 
     @abstractmethod
-    def poison(self, x: torch.Tensor, y: torch.Tensor, client: int, round_: int,
+    def poison(self, x: torch.Tensor, y: torch.Tensor, attacker: int, round_: int,
                num_classes: int, generator: torch.Generator
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Byzantine client ``client``'s poisoned training ``(x, y)`` in round ``round_``."""
+        """The ``attacker``-th Byzantine client's poisoned training ``(x, y)`` in round
+        ``round_``."""
 
     @abstractmethod
     def triggered(self, x_test: torch.Tensor, y_test: torch.Tensor
@@ -283,7 +285,7 @@ class BackdoorAttack(Attack):
     def poison_labels(self, y: torch.Tensor, num_classes: int) -> torch.Tensor:
         raise NotImplementedError(
             f"{type(self).__name__} is a backdoor attack: it rewrites samples and labels "
-            "together through poison(x, y, client, round_, num_classes, generator)")
+            "together through poison(x, y, attacker, round_, num_classes, generator)")
 
 
 # ---------------------------------------------------------------------------- plugins
@@ -309,19 +311,19 @@ class PixelBackdoor(BackdoorAttack):
         self.size = size
         self.value = value
 
-    def local_trigger(self, input_shape: tuple[int, ...], client: int) -> torch.Tensor:
-        """The ``(H, W)`` mask client ``client`` stamps when training."""
+    def local_trigger(self, input_shape: tuple[int, ...], attacker: int) -> torch.Tensor:
+        """The ``(H, W)`` mask the ``attacker``-th Byzantine client stamps when training."""
         return self.global_trigger(input_shape)
 
     def global_trigger(self, input_shape: tuple[int, ...]) -> torch.Tensor:
         """The ``(H, W)`` mask of the full trigger (the one the test set carries)."""
         return square_trigger(trigger_grid(input_shape), self.size)
 
-    def poison(self, x: torch.Tensor, y: torch.Tensor, client: int, round_: int,
+    def poison(self, x: torch.Tensor, y: torch.Tensor, attacker: int, round_: int,
                num_classes: int, generator: torch.Generator
                ) -> tuple[torch.Tensor, torch.Tensor]:
         _check_label("target", self.target, num_classes)
-        mask = self.local_trigger(tuple(x.shape[1:]), client)
+        mask = self.local_trigger(tuple(x.shape[1:]), attacker)
         return backdoor_poison(x, y, mask, self.value, self.target, self.poison_fraction,
                                generator)
 
@@ -335,14 +337,15 @@ class DistributedBackdoor(PixelBackdoor):
     """Distributed backdoor attack, DBA (Xie, Huang, Chen, Li, "DBA: Distributed Backdoor
     Attacks against Federated Learning", ICLR 2020): the global trigger is ``parts``
     horizontal bars of ``size`` pixels at the right edge, ``gap`` rows apart
-    (:func:`dba_parts`); Byzantine client ``c`` trains with local trigger ``c mod parts``
-    only, and the attack is tested with the union of the parts (the full trigger).
+    (:func:`dba_parts`); the ``i``-th Byzantine client (by id, ``attacker`` in
+    :meth:`poison`) trains with local trigger ``i mod parts`` only, as the paper assigns
+    its parts to its attackers in order, and the attack is tested with the union of the
+    parts (the full trigger).
 
     Departures: the paper places its four local patterns in a 2x2 layout with tunable gaps
     and shifts; here the bars are stacked in one column at the bottom-right corner (``gap``
-    is the paper's trigger gap along the rows). Parts go by client id (the paper assigns
-    them to its attackers in order), so with fewer Byzantine clients than ``parts`` some
-    parts are never trained. The paper's scale factor is :class:`ModelReplacement`'s, not
+    is the paper's trigger gap along the rows). With fewer Byzantine clients than ``parts``
+    some parts are never trained. The paper's scale factor is :class:`ModelReplacement`'s, not
     applied here (the updates are sent unchanged).
     """
 
@@ -354,9 +357,9 @@ class DistributedBackdoor(PixelBackdoor):
         self.parts = parts
         self.gap = gap
 
-    def local_trigger(self, input_shape: tuple[int, ...], client: int) -> torch.Tensor:
+    def local_trigger(self, input_shape: tuple[int, ...], attacker: int) -> torch.Tensor:
         return dba_part(trigger_grid(input_shape), self.size, self.parts,
-                        client % self.parts, self.gap)
+                        attacker % self.parts, self.gap)
 
     def global_trigger(self, input_shape: tuple[int, ...]) -> torch.Tensor:
         return dba_parts(trigger_grid(input_shape), self.size, self.parts, self.gap).any(0)
@@ -421,7 +424,7 @@ class EdgeCaseBackdoor(BackdoorAttack):
             raise ValueError(f"source: must differ from target = {self.target}, "
                              f"got {self.source}")
 
-    def poison(self, x: torch.Tensor, y: torch.Tensor, client: int, round_: int,
+    def poison(self, x: torch.Tensor, y: torch.Tensor, attacker: int, round_: int,
                num_classes: int, generator: torch.Generator
                ) -> tuple[torch.Tensor, torch.Tensor]:
         _check_label("target", self.target, num_classes)

@@ -338,11 +338,12 @@ class Attack(BaseAttack):
         default :meth:`poison` calls)."""
         raise NotImplementedError(f"{type(self).__name__} declares no data poisoning")
 
-    def poison(self, x: torch.Tensor, y: torch.Tensor, client: int, round_: int,
+    def poison(self, x: torch.Tensor, y: torch.Tensor, attacker: int, round_: int,
                num_classes: int, generator: torch.Generator
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A data-poisoning attack (``traits.data_poisoning``): Byzantine client ``client``'s
-        training samples and labels in round ``round_`` (``x`` float32 as the model takes
+        """A data-poisoning attack (``traits.data_poisoning``): the training samples and
+        labels in round ``round_`` of the ``attacker``-th Byzantine client (its index among
+        the Byzantine clients, by id: a distributed trigger is split by it) (``x`` float32 as the model takes
         it, ``y`` int64); new tensors, never the inputs or views of them; draws only from
         ``generator`` (a stream of its own). By default the samples as they are and
         :meth:`poison_labels`'s labels; a backdoor stamps a trigger on samples too."""

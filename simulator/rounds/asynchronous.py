@@ -37,6 +37,7 @@ from simulator.clock import (
 )
 from simulator.messages import ByzantineRows, ClientRows, Group, Ref, RoundReport, StepLayout
 from simulator.rounds.server import ServerRounds
+from simulator.sampling import attacker_ranks
 
 
 class AsyncRounds(ServerRounds):
@@ -91,16 +92,18 @@ class AsyncRounds(ServerRounds):
     def drop_prefetched(self) -> None:
         self._ahead = None
 
-    def _train(self, tasks: list[tuple[int, int]], poison: dict[str, Any] | None = None
+    def _train(self, tasks: list[tuple[int, int]], poison: dict[str, Any] | None = None,
+               ranks: dict[int, int] | None = None
                ) -> tuple[list[Group], list[Ref[ClientRows]]]:
         """Train ``tasks`` ((version, client), sorted) grouped by version: one train call per
-        version, from that version's model."""
+        version, from that version's model (``ranks``: the poisoned clients' indices among
+        the Byzantine clients)."""
         groups: list[Group] = []
         refs: list[Ref[ClientRows]] = []
         for v, items in itertools.groupby(tasks, key=lambda t: t[0]):
             clients = [c for _, c in items]
             params, buffers = self._model(v)
-            got = self.ctx.pool.train(v, clients, params, buffers, poison)
+            got = self.ctx.pool.train(v, clients, params, buffers, poison, attackers=ranks)
             groups.append((v, tuple(clients), len(got)))
             refs += got
         return groups, refs
@@ -131,7 +134,7 @@ class AsyncRounds(ServerRounds):
                 seen_refs = [*refs, self.server.latest_rows(kept)]
             else:
                 seen_groups, seen_refs = (groups, refs) if self.omniscient else \
-                    self._train(byz, self.poison)
+                    self._train(byz, self.poison, attacker_ranks(byzantine))
             byz_ref = self.adversary.attack_rows(
                 round_, len(byz), [(list(c), n) for _, c, n in seen_groups], self.dim,
                 self.d_buffers, seen_refs)

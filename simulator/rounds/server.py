@@ -18,7 +18,7 @@ from simulator.rounds import RoundProtocol
 from simulator.runtime.actors import Adversary, Server
 from simulator.runtime.common import personal_accuracy
 from simulator.runtime.handles import AdversaryHandle, ServerHandle
-from simulator.sampling import missed_round, sample_clients
+from simulator.sampling import attacker_ranks, missed_round, sample_clients
 
 
 @dataclass
@@ -120,7 +120,7 @@ class ServerRounds(RoundProtocol):
         if byz:
             seen = (honest, honest_refs) if self.omniscient else \
                 (byz, pool.train(round_, byz, params_ref, buffers_ref, self.poison,
-                                 shared_ref))
+                                 shared_ref, attackers=attacker_ranks(byzantine)))
         return _Training(round_, t0, sampled, byz, dropped, set(late), partial, honest,
                          honest_refs, seen)
 

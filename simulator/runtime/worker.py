@@ -178,16 +178,17 @@ class ClientWorker:
         return fastest(clients, repeat)
 
     def client_data(self, round_: int, client: int, poison: Attack | None = None,
-                    shared: torch.Tensor | None = None, max_steps: int | None = None
-                    ) -> ClientData:
+                    shared: torch.Tensor | None = None, max_steps: int | None = None,
+                    attacker: int = 0) -> ClientData:
         """Client ``client``'s samples (writable copies; poisoned by a data-poisoning
         attack), random stream and state in round ``round_``, with the server's broadcast
-        state ``shared`` and its cap on local steps ``max_steps`` (None: none)."""
+        state ``shared``, its cap on local steps ``max_steps`` (None: none) and, poisoned,
+        its index among the Byzantine clients ``attacker``."""
         lo, hi = int(self.offsets[client]), int(self.offsets[client + 1])
         x = model_input(self.x[lo:hi])
         y = torch.from_numpy(np.array(self.y[lo:hi]))
         if poison is not None:  # a stream of its own: the training stream is unchanged
-            x, y = poison.poison(x, y, int(client), round_, self.num_classes,
+            x, y = poison.poison(x, y, attacker, round_, self.num_classes,
                                  torch_generator(self.seed, "poison", round_, client))
         # samples and state stay in host memory: the trainer moves each batch to the device
         return ClientData(int(client), x, y, torch_generator(self.seed, "local", round_, client),
@@ -260,9 +261,9 @@ class ClientWorker:
         start = torch.from_numpy(np.array(global_params, dtype=np.float32))
         common = torch.from_numpy(np.array(shared, dtype=np.float32)) \
             if shared is not None and len(shared) else None
-        caps = dict(request.partial)
-        data = [self.client_data(round_, int(c), attack, common, caps.get(int(c)))
-                for c in clients]
+        caps, ranks = dict(request.partial), dict(request.attackers)
+        data = [self.client_data(round_, int(c), attack, common, caps.get(int(c)),
+                                 ranks.get(int(c), 0)) for c in clients]
         ids = np.asarray(clients, dtype=np.int64)
         if self.buffer_dim:
             assert buffers is not None, "a model with buffers needs the server's buffers"

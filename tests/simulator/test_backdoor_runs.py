@@ -52,3 +52,26 @@ def test_a_backdoor_refuses_class_keys_the_data_does_not_have(tmp_path):
     with pytest.raises(ScenarioError) as e:
         point(tmp_path, BACKDOOR, ["attack={name: backdoor_pixel, target: 10}"])
     assert e.value.lines[0].endswith("attack.target: must be < num_classes = 10, got 10")
+
+
+def test_dba_gives_its_parts_to_the_byzantine_clients_in_order(tmp_path, monkeypatch):
+    """DBA's i-th attacker (by id) trains with part i: with 4 Byzantine clients and 4 parts
+    every part is trained, whatever their ids (seed 0's Byzantine ids are 1, 2, 8, 18: by id
+    mod 4 parts 0 and 2 only)."""
+    from simulator.sampling import attacker_ranks, byzantine_clients
+
+    byz = byzantine_clients(0, 20, 4)
+    assert sorted(attacker_ranks(set(byz.tolist())).values()) == [0, 1, 2, 3]
+    from strategies.backdoor import DistributedBackdoor
+
+    seen: list[int] = []
+    real = DistributedBackdoor.poison
+
+    def spy(self, x, y, attacker, *rest):
+        seen.append(attacker)
+        return real(self, x, y, attacker, *rest)
+
+    monkeypatch.setattr(DistributedBackdoor, "poison", spy)
+    sc = point(tmp_path, BACKDOOR, ["attack={name: backdoor_dba, parts: 4, size: 2}"])
+    Engine(sc, InlineBackend()).run()
+    assert set(seen) == {0, 1, 2, 3}

@@ -101,7 +101,7 @@ def test_pixel_poison_stamps_and_relabels_exactly_the_fraction():
     x, y = images(10), labels(10)
     xb, yb = x.clone(), y.clone()
     a = B.PixelBackdoor(target=3, poison_fraction=0.5)
-    px, py = a.poison(x, y, client=0, round_=0, num_classes=10, generator=gen(7))
+    px, py = a.poison(x, y, attacker=0, round_=0, num_classes=10, generator=gen(7))
     assert torch.equal(x, xb) and torch.equal(y, yb)  # not in place
     assert px.shape == x.shape and px.dtype == x.dtype and py.dtype == y.dtype
     chosen = B.poison_indices(10, 0.5, gen(7))
@@ -272,7 +272,7 @@ def test_the_attack_contract_and_the_shipped_checks(attack):
     cls = type(attack)
     assert issubclass(cls, B.BackdoorAttack) and cls.traits.data_poisoning
     assert cls.traits.targeted and not cls.traits.omniscient
-    with pytest.raises(NotImplementedError, match="poison\\(x, y, client"):
+    with pytest.raises(NotImplementedError, match="poison\\(x, y, attacker"):
         attack.poison_labels(labels(3), 10)
     check_plugin("attacks", cls)
     copy = pickle.loads(pickle.dumps(attack))
