@@ -74,8 +74,10 @@ bench-pfl: $(STAMP)
 # every table of numbers in docs/ regenerated from its scenario file (a sweep into a fresh
 # sqlite:/// store, then `fedray table`) or from its benchmark script, rewritten between its
 # <!-- table|output ID: ... --> markers with the commands beside it (benchmarks/docs_tables.py;
-# tests/test_docs_tables.py recomputes a cell of each). Timing tables (docs/performance.md,
-# docs/models.md) are measurements: `make bench*` prints them.
+# tests/test_docs_tables.py recomputes a cell of each). Timing tables are measurements of
+# this machine: docs/performance.md's are printed by `make bench*`; docs/async.md's
+# (async_throughput*) and docs/models.md's (models_zoo, as `make bench-models`) are rewritten
+# here too, and no test recomputes them.
 .PHONY: docs-tables
 docs-tables: $(STAMP)
 	$(PY) benchmarks/docs_tables.py docs/datasets.md mnist_byzantine
@@ -94,3 +96,11 @@ docs-tables: $(STAMP)
 	$(PY) benchmarks/docs_tables.py docs/robust-aggregation.md subset_limits
 	$(PY) benchmarks/docs_tables.py docs/client-drift.md fedprox_stragglers
 	$(PY) benchmarks/docs_tables.py docs/client-drift.md scaffold_rounds
+	$(PY) benchmarks/docs_tables.py docs/async.md async_asyncfilter
+	$(PY) benchmarks/docs_tables.py docs/async.md async_asyncfilter_clean
+	$(PY) benchmarks/docs_tables.py docs/async.md async_weighted
+	$(PY) benchmarks/docs_tables.py docs/async.md async_vs_sync
+	$(PY) benchmarks/docs_tables.py docs/async.md async_throughput
+	$(PY) benchmarks/docs_tables.py docs/async.md async_throughput_ray
+	$(PY) benchmarks/docs_tables.py docs/models.md bn_buffers_attack
+	$(PY) benchmarks/docs_tables.py docs/models.md models_zoo

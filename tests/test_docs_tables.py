@@ -55,7 +55,10 @@ def the_row(rows: list[dict[str, str]], where: dict[str, str]) -> dict[str, str]
     return hits[0]
 
 
-# (page, block, the --set that leaves the cell's point alone, its row, its columns)
+# (page, block, the --set that leaves the cell's point alone, its row, its columns).
+# Timing outputs have no cell: docs/async.md's async_throughput and async_throughput_ray and
+# docs/models.md's models_zoo are wall-clock seconds of the machine that ran them (a rerun
+# gives other seconds); `make docs-tables` rewrites them, no test compares them.
 CELLS = [
     ("docs/datasets.md", "mnist_byzantine",
      "sweep={aggregator.name: [krum], attack: [{name: sign_flip}]}",
@@ -91,6 +94,10 @@ CELLS = [
      {"aggregator": "median", "meta": "none"},
      ["seeds", "test_accuracy (final)", "sim_time (final)", "byzantine_sampled (mean)",
       "staleness_mean (mean)"]),
+    # the whole block: the mean's two seeds without Byzantine clients (about 12 s)
+    ("docs/async.md", "async_asyncfilter_clean",
+     "sweep={aggregator.name: [mean]}",
+     {"aggregator": "mean"}, ["seeds", "test_accuracy (final)"]),
     ("docs/async.md", "async_weighted",
      ("sweep={attack: [{name: sign_flip}], asynchrony.weights: [updates], asynchrony.draw: "
       "[id], 'aggregator.name, meta': [[geomed, null]]}"),
@@ -100,6 +107,10 @@ CELLS = [
      ("sweep={'server.mode, rounds, asynchrony': [[fedbuff, 80, {concurrency: 20, "
       "buffer_size: 10, staleness: {function: polynomial, a: 0.5}}]]}"),
      {"server.mode": "fedbuff"}, ["seeds", "test_accuracy (final)", "sim_time (final)"]),
+    # the gaussian row (the one tests/simulator/test_buffers.py asserts on), both buffer rules
+    ("docs/models.md", "bn_buffers_attack",
+     "sweep={attack: [{name: gaussian, sigma: 200.0}], server.buffers: [mean, median]}",
+     {"attack": "gaussian"}, ["server.buffers=mean", "server.buffers=median"]),
     ("docs/dsgd.md", "dsgd_byzantine",
      "sweep={attack.epsilon: [1.0], dsgd.defense: [clipped_gossip]}",
      {"attack.epsilon": "1.0", "dsgd.defense": "clipped_gossip"},
