@@ -69,8 +69,12 @@ def matrix(seed: int = 0, n: int = N, d: int = D, offset: float = 10.0) -> torch
 
 def _call(rule: Any, x: torch.Tensor, seed: int = 0) -> torch.Tensor:
     """A pre-aggregator or aggregator on ``x``, given a seeded generator as every caller may
-    (a deterministic rule ignores it)."""
-    return rule(x, generator=torch.Generator().manual_seed(seed))
+    (a deterministic rule ignores it); an aggregator with ``traits.reference`` (FLTrust) gets
+    the coordinate-wise median of the finite rows as the server's own update."""
+    g = torch.Generator().manual_seed(seed)
+    if rule.traits.reference:
+        return rule(x, generator=g, reference=x[torch.isfinite(x).all(dim=1)].median(0).values)
+    return rule(x, generator=g)
 
 
 def _takes_a_generator(cls: Any) -> Check:

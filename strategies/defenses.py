@@ -8,7 +8,9 @@ whose constructor arguments are its scenario keys) and the pure function it call
 * :class:`FoolsGold` / :func:`foolsgold`: down-weight clients whose updates point the same way
   (Fung et al., RAID 2020);
 * :class:`Flame` / :func:`flame`: keep the majority cluster of HDBSCAN on cosine distances,
-  clip to the median norm, average, add noise (Nguyen et al., USENIX Security 2022).
+  clip to the median norm, average, add noise (Nguyen et al., USENIX Security 2022);
+* :class:`FLTrust` / :func:`fltrust`: weigh each update by its cosine similarity to the
+  server's own update on a clean root set (Cao et al., NDSS 2021).
 
 They measure directions and norms from the origin (an update is a model delta), so unlike the
 rules of ``strategies.aggregators`` they are not translation equivariant. None has a weighted
@@ -31,12 +33,14 @@ from strategies.geometry import finite_rows
 from strategies.protocols import Aggregator, Traits, require_generator
 
 __all__ = [
+    "FLTrust",
     "Flame",
     "FoolsGold",
     "NormBound",
     "cosine_similarities",
     "flame",
     "flame_admitted",
+    "fltrust",
     "foolsgold",
     "foolsgold_weights",
     "norm_bound",
@@ -303,3 +307,55 @@ class Flame(Aggregator):
 
     def check(self, n: int) -> None:
         return None
+
+
+# ---------------------------------------------------------------------------- FLTrust
+
+
+def fltrust(x: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """FLTrust (Cao, Fang, Liu, Gong, NDSS 2021, Algorithm 2) of the rows ``x`` against the
+    server's own update ``reference`` (trained on its clean root data): each row's trust score
+    is ``ReLU(cos(x_i, reference))``, each row is rescaled to ``reference``'s norm, and the
+    aggregate is their trust-weighted mean. A non-finite or zero row scores 0; when every row
+    scores 0 (or the reference is zero) the aggregate is zero: the model does not move."""
+    out = torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)
+    ref = reference.to(x.dtype)
+    r = torch.linalg.vector_norm(ref)
+    ok = finite_rows(x)
+    if not bool(ok.any()) or not bool(torch.isfinite(r)) or float(r) == 0.0:
+        return out
+    rows = x[ok]
+    norms = torch.linalg.vector_norm(rows, dim=1)
+    live = norms > 0
+    cos = torch.where(live, (rows @ ref) / (norms.clamp_min(1e-30) * r), torch.zeros_like(norms))
+    trust = torch.relu(cos)
+    total = trust.sum()
+    if float(total) <= 0.0:
+        return out
+    scale = trust * r / norms.clamp_min(1e-30)  # trust times the rescaling to ||reference||
+    return (scale[:, None] * rows).sum(0) / total
+
+
+class FLTrust(Aggregator):
+    """FLTrust (Cao, Fang, Liu, Gong, "FLTrust: Byzantine-robust Federated Learning via Trust
+    Bootstrapping", NDSS 2021): the server trains the global model on a small clean root set
+    each round (``server.root_samples`` training samples, drawn once from the training data
+    with the run's seed; the scenario's local training: ``local.steps`` or ``local.epochs``,
+    batch, lr), and weighs each client's update by its cosine similarity to that update
+    (negative: 0), rescaled to its norm (:func:`fltrust`). It takes the server's update as
+    ``reference`` (``traits.reference``).
+
+    Departures: the paper's root set is collected by the service provider (100 samples in its
+    experiments); here it is a seeded sample of the training data (clean: poisoning happens
+    on the Byzantine clients' copies), so it follows the training distribution as the paper's
+    main experiments assume. The paper aggregates gradients and steps with the server's
+    learning rate; here rows are model deltas after local training (the server's update is
+    trained the same way) and the server optimizer steps on the aggregate."""
+
+    traits = Traits(reference=True)
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None,
+                 reference: torch.Tensor | None = None) -> torch.Tensor:
+        if reference is None:
+            raise ValueError("fltrust needs the server's root update (reference=)")
+        return fltrust(x, reference)

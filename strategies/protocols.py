@@ -137,6 +137,8 @@ class Traits:
     side (SCAFFOLD: the model delta, then the control-variate delta), so a row is
     ``message_blocks * d`` long; the robust pipeline aggregates the whole row and the server
     optimizer (the rule's server half) splits the aggregate.
+    ``reference``: an aggregator that takes the server's own update of the round, trained on
+    its clean root set (FLTrust): called ``rule(x, generator=None, reference=...)``.
     ``targeted``: an attack with a goal of its own, a backdoor: it builds the test set of
     its success (``Attack.triggered``), measured at every evaluation.
     ``personal``: a client rule that keeps a personal model per client (Ditto): a flat
@@ -176,6 +178,7 @@ class Traits:
     shared_state: bool = False
     personal: bool = False
     targeted: bool = False
+    reference: bool = False
 
 
 class TraitAlias:

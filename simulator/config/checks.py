@@ -94,6 +94,26 @@ def _check_clients_rule(sc: Scenario, plan: Plan, problems: list[Problem]) -> No
                                         f"minibatch gradient per round; remove local.{key}, "
                                         f"got {value}"))
     _check_trainer(sc, plan, problems)
+    _check_reference(sc, plan, problems)
+
+
+def _check_reference(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
+    """An aggregator that takes the server's own update (FLTrust) compares it with rows of
+    one model's size, and only the server can train it: refused with a two-block message
+    (SCAFFOLD) and with an attack that simulates the pipeline without the server."""
+    name = sc.aggregator["name"]
+    if not registry.get("aggregators", name).traits.reference:
+        return
+    if plan.message_blocks > 1:
+        problems.append(Problem(("aggregator", "name"), f"{name!r} compares each row with the "
+                                f"server's model update, and {plan.client_rule['name']!r} "
+                                f"sends {plan.message_blocks} blocks a row; use another "
+                                "aggregator or client rule"))
+    if sc.attack is not None and "aggregate" in registry.get(
+            "attacks", sc.attack["name"]).traits.context:
+        problems.append(Problem(("attack", "name"), f"{sc.attack['name']!r} simulates the "
+                                f"aggregation, and {name!r} needs the server's own update, "
+                                "which the adversary does not have; use another attack"))
 
 
 def _check_trainer(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:

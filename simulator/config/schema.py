@@ -154,6 +154,9 @@ class ServerSettings(Strict):
 
     optimizer: PluginSpec = {"name": "sgd"}
     buffers: Literal["auto", "mean", "median", "local", "fedbn"] = "auto"
+    # the server's clean root set, in training samples, for an aggregator that takes the
+    # server's own update (FLTrust: traits.reference); drawn once from the training data
+    root_samples: Annotated[int, Ge(1), Le(10_000)] = 100
     # how the server steps: ``sync`` (lock-step rounds), or asynchronously on a simulated
     # clock (the ``asynchrony`` block; docs/async.md): ``fedasync`` (Xie et al. 2019),
     # ``fedbuff`` (Nguyen et al. 2022), ``basgd`` (Yang & Li 2023), ``latest`` (Dahan & Levy

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from simulator import registry
 from simulator.errors import TooFewRows, guarded
 from simulator.messages import (
     ByzantineRows,
@@ -50,6 +51,7 @@ from simulator.seeding import torch_generator
 from strategies.geometry import group_means
 from strategies.gossip import consensus_distance, sparse_rows
 from strategies.protocols import GossipStep
+from strategies.trainers import local_sgd, minibatches
 
 LOG = logging.getLogger("fedray.server")
 
@@ -144,6 +146,15 @@ class Server:
         self.x_test, self.y_test = eval_data.x_test, eval_data.y_test
         self.x_tr, self.y_tr, self.c_test = eval_data.x_train, eval_data.y_train, \
             eval_data.test_clients
+        # FLTrust's root set: server.root_samples training samples, drawn once (seeded)
+        self.root: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.local = scenario.local
+        if registry.get("aggregators", plan.pipeline.aggregator["name"]).traits.reference:
+            pick = np.random.default_rng([seed, 0xF7]).choice(
+                len(self.y_tr), size=min(scenario.server.root_samples, len(self.y_tr)),
+                replace=False)
+            self.root = (model_input(self.x_tr[np.sort(pick)]),
+                         torch.from_numpy(np.array(self.y_tr[np.sort(pick)])))
         # a targeted attack's success set (a backdoor's triggered test samples), built once
         self.x_asr: np.ndarray | None = None
         self.y_asr: np.ndarray | None = None
@@ -290,9 +301,9 @@ class Server:
                                   "stragglers)")
         else:
             try:
-                agg = self.pipeline.aggregate(rows.to(self.agg_device), round_,
-                                              **({"weights": weights} if weights is not None
-                                                 else {})).cpu()
+                reference = self._root_update(round_) if self.root is not None else None
+                agg = self.pipeline.aggregate(rows.to(self.agg_device), round_, weights,
+                                              reference).cpu()
             except TooFewRows as e:  # too few rows left this round (dropouts, stragglers)
                 self._skipped(round_, str(e))
         if agg is None:  # nothing to aggregate: the model stays, the round is counted
@@ -334,6 +345,19 @@ class Server:
         """The global parameters and buffers into the server's model (on its device)."""
         vector_to_parameters(self.x.to(self.agg_device, copy=True), self.model.parameters())
         vector_to_buffers(self.b.to(self.agg_device), self.model)
+
+    def _root_update(self, round_: int) -> torch.Tensor:
+        """The server's own update of the round (FLTrust): the scenario's local training from
+        the global model on the root set, with the round's seeded minibatches."""
+        assert self.root is not None
+        x, y = self.root
+        self._load_model()  # the global model's parameters and buffers
+        batches = minibatches(len(y), self.local, torch_generator(self.seed, "root", round_))
+        with torch_threads(self.eval_threads):
+            update, _ = local_sgd(self.model, self.x.to(self.agg_device), x, y, batches,
+                                  self.local.lr, self.local.momentum, self.local.weight_decay,
+                                  self.task)
+        return update.to(self.agg_device)
 
     def evaluate(self) -> dict[str, float]:
         self._load_model()

@@ -74,11 +74,12 @@ class Pipeline:
                 raise ValueError(f"{where} {self.names[where]!r} has no weighted definition "
                                  "(traits.weighted): it cannot aggregate rows with weights")
 
-    def aggregate(self, x: torch.Tensor, round_: int, weights: torch.Tensor | None = None
-                  ) -> torch.Tensor:
+    def aggregate(self, x: torch.Tensor, round_: int, weights: torch.Tensor | None = None,
+                  reference: torch.Tensor | None = None) -> torch.Tensor:
         """``(n, d)`` updates -> ``(d,)`` aggregate; advances stateful rules. ``weights``:
         None, or one positive weight per row (``strategies.protocols.check_weights``) for
-        the aggregator and the meta-aggregator. Raises TooFewRows when ``n`` is below what a
+        the aggregator and the meta-aggregator. ``reference``: the server's own update, for
+        an aggregator with ``traits.reference`` (FLTrust). Raises TooFewRows when ``n`` is below what a
         rule accepts, ValueError when given weights that a rule cannot take or that are not
         one positive number per row, PluginError when a rule fails."""
         self.check(x.shape[0])
@@ -91,10 +92,12 @@ class Pipeline:
                 x, generator=torch_generator(self.seed, "preaggregator", round_, i))
         aggregator, g = self.aggregator, torch_generator(self.seed, "aggregator", round_)
 
+        extra = {"reference": reference} if aggregator.traits.reference else {}
+
         def call(rows: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
             if weights is None:
-                return aggregator(rows, generator=g)
-            return aggregator(rows, generator=g, weights=weights)  # type: ignore[call-arg]
+                return aggregator(rows, generator=g, **extra)
+            return aggregator(rows, generator=g, weights=weights, **extra)  # type: ignore[call-arg]
 
         agg = guarded("aggregator", self.names["aggregator"], call)
         if self.meta is None:

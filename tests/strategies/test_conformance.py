@@ -38,6 +38,8 @@ SKIP: dict[tuple[str, str], dict[str, str]] = {
                                    "origin"},
     ("aggregators", "flame"): {"translation_equivariance": "cosine distances and norms from "
                                "the origin"},
+    ("aggregators", "fltrust"): {"translation_equivariance": "cosine similarities to the "
+                                 "server's update, from the origin"},
 }
 
 CASES = [(kind, name) for kind in registry.KINDS for name in registry.available(kind)

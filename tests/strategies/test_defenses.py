@@ -237,3 +237,26 @@ def test_pickled_rules_give_the_same_numbers():
     for rule in (NormBound(bound=5.0, sigma=0.2), FoolsGold(kappa=2.0), Flame(lam=0.01)):
         copy = pickle.loads(pickle.dumps(rule))
         assert torch.equal(copy(x, generator=gen(9)), rule(x, generator=gen(9)))
+
+
+# ---------------------------------------------------------------------------- FLTrust
+
+
+def test_fltrust_weighs_rows_by_their_cosine_to_the_server_update_at_its_norm():
+    """Reference g0 = (3, 4) (norm 5). Rows: (6, 8) (cos 1, rescaled to (3, 4)), (4, -3)
+    (cos 0: weight 0), (-3, -4) (cos -1: ReLU 0), (0, 2) (cos 0.8, rescaled to (0, 5)).
+    Aggregate: (1 * (3, 4) + 0.8 * (0, 5)) / (1 + 0.8) = (3, 8) / 1.8."""
+    from strategies.defenses import FLTrust, fltrust
+
+    x = torch.tensor([[6.0, 8.0], [4.0, -3.0], [-3.0, -4.0], [0.0, 2.0]])
+    ref = torch.tensor([3.0, 4.0])
+    want = torch.tensor([3.0, 8.0]) / 1.8
+    torch.testing.assert_close(fltrust(x, ref), want)
+    torch.testing.assert_close(FLTrust()(x, reference=ref), want)
+    # a non-finite row scores 0; every row against the reference: the model stays
+    torch.testing.assert_close(fltrust(torch.cat([x, torch.full((1, 2), float("nan"))]), ref),
+                               want)
+    assert torch.equal(fltrust(-x[:1], ref), torch.zeros(2))
+    assert torch.equal(fltrust(x, torch.zeros(2)), torch.zeros(2))
+    with pytest.raises(ValueError, match="reference"):
+        FLTrust()(x)
