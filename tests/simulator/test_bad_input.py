@@ -124,6 +124,7 @@ def test_set_on_a_key_the_sweep_sets_is_refused(tmp_path, key):
     ("clients.byzantine_period", "<= 1000000"), ("asynchrony.concurrency", "<= 10000000"),
     ("asynchrony.buffer_size", "<= 10000000"), ("asynchrony.buffers", "<= 10000000"),
     ("asynchrony.max_staleness", "<= 1000000"), ("asynchrony.staleness.b", "<= 1000000"),
+    ("server.root_samples", "<= 10000"),
 ])
 def test_every_integer_of_the_schema_has_an_upper_bound(tmp_path, key, allowed):
     p = _file(tmp_path, BASE)
