@@ -92,7 +92,7 @@ def test_byzantine_statistics_break_the_mean_and_not_the_median(tmp_path):
     """Byzantine clients send poisoned statistics too (the scenario's attack on the buffer
     rows): the mean of them gives negative variances and chance accuracy; ``auto`` picks
     the coordinate-wise median with Byzantine clients and the model learns (measured: 0.095
-    against 0.96)."""
+    against 0.947; docs/models.md's bn_buffers_attack table)."""
     mean = run(tmp_path, *ATTACK, "server.buffers=mean")
     auto = run(tmp_path, *ATTACK)
     assert mean.final("test_accuracy") < 0.2
