@@ -191,3 +191,22 @@ def test_the_dsgd_topologies_tables_one_topology_and_its_difference_from_complet
         recomputed = the_row(markdown_rows(docs_tables.block_table(
             block, uri, runner="inline", extra_sets=[cell], run=run)), where)
         assert recomputed == documented, f"docs/dsgd.md {block_id}"
+
+
+def test_the_backdoor_tables_fltrust_against_the_distributed_backdoor(tmp_path, monkeypatch):
+    """docs/backdoor.md's two tables of one sweep: FLTrust against DBA with four Byzantine
+    clients, its attack success rate and its clean accuracy, from the same 3 runs (60
+    rounds each)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cell = ("sweep={clients.byzantine: [4], attack: [{name: backdoor_dba, target: 0, "
+            "poison_fraction: 0.5}], aggregator: [{name: fltrust}]}")
+    where = {"clients.byzantine": "4", "aggregator": "fltrust"}
+    for block_id, run in (("backdoor_asr", True), ("backdoor_accuracy", False)):
+        block, body = block_of("docs/backdoor.md", block_id)
+        documented = the_row(markdown_rows(body), where)
+        recomputed = the_row(markdown_rows(docs_tables.block_table(
+            block, uri, runner="inline", extra_sets=[cell], run=run)), where)
+        col = "attack=backdoor_dba"
+        assert recomputed[col] == documented[col], f"docs/backdoor.md {block_id}"
