@@ -119,7 +119,7 @@ class FedProx(DriftRule):
         if not self.mu:
             return None
         mu = self.mu
-        return lambda w: mu * (w - start)
+        return lambda w: torch.sub(w, start).mul_(mu)
 
 
 # ---------------------------------------------------------------------------- FedNova

@@ -127,10 +127,12 @@ def _sgd_with_state(params: list[nn.Parameter], bufs: list[torch.Tensor | None],
         bufs[i] = b
 
 
-def _add_correction(params: list[nn.Parameter], correction: Correction) -> None:
-    """Add ``correction(w)`` (a flat vector, at the flat parameters ``w``) to the gradients."""
+def _add_correction(params: list[nn.Parameter], correction: Correction, w: torch.Tensor
+                    ) -> None:
+    """Add ``correction(w)`` (a flat vector, at the flat parameters ``w``, whose views the
+    parameters are: no copy) to the gradients, slice by slice."""
     with torch.no_grad():
-        extra = correction(parameters_to_vector(params))
+        extra = correction(w)
         for p, g in zip(params, torch.split(extra, [p.numel() for p in params]), strict=True):
             if p.grad is None:
                 p.grad = g.view_as(p).clone()
@@ -150,7 +152,8 @@ def local_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.T
     (update = local - start, mean loss over the batches). ``model``'s parameters are
     overwritten."""
     params = list(model.parameters())
-    vector_to_parameters(start.clone(), params)  # params become views of the copy
+    flat = start.clone()
+    vector_to_parameters(flat, params)  # params become views of the copy
     # torch.optim.SGD's own step function, without the optimizer object: building one imports
     # torch._dynamo on its first use (1-3 s of a run's start-up) and costs ~40 us a client
     bufs: list[torch.Tensor | None] = [None] * len(params)
@@ -163,7 +166,7 @@ def local_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.T
         loss = task.losses(model(xb), task.target(xb, yb)).mean()
         loss.backward()
         if correction is not None:
-            _add_correction(params, correction)
+            _add_correction(params, correction, flat)
         if momentum or weight_decay:
             _sgd_with_state(params, bufs, lr, momentum, weight_decay)
         else:  # what SGD's step does then, without its per-call overhead
