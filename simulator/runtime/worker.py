@@ -254,8 +254,9 @@ class ClientWorker:
         if lost:
             raise ClientStateLost(
                 f"ClientWorker lost the state of clients {lost[:5]} (the worker was restarted "
-                "after a fault); worker momentum, mu2-SGD and local buffers keep per-client "
-                "state: resume the run from its last checkpoint (fedray resume RUN_ID)")
+                "after a fault); this run's clients keep state (their client rule's: momentum, "
+                "control variates, personal models; or their own buffers): resume the run "
+                "from its last checkpoint (fedray resume RUN_ID)")
         t0 = time.perf_counter()
         attack = instantiate("attacks", poison) if poison else None
         start = torch.from_numpy(np.array(global_params, dtype=np.float32))
