@@ -59,8 +59,8 @@ def test_list_kinds(capsys):
     assert "mnist  (root, download=False, mirror=None)" in capsys.readouterr().out.splitlines()
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert ("aggregators: bulyan, caf, cc, cwtm, dnc, flame, foolsgold, geomed, krum, mda, "
-            "meamed, mean, median, monna, multikrum, norm_bound, smea") in out
+    assert ("aggregators: bulyan, caf, cc, cwtm, dnc, flame, fltrust, foolsgold, geomed, krum, "
+            "mda, meamed, mean, median, monna, multikrum, norm_bound, smea") in out
     assert ("topologies: complete, edge_list, erdos_renyi, exponential, hypercube, "
             "one_peer_exponential, random_regular, ring, small_world, star, torus") in out
     assert "client_optimizers: ditto, fednova, fedprox, momentum, sgd" in out

@@ -165,7 +165,7 @@ def test_a_tracking_server_down_at_start_is_one_line(tmp_path, capsys, monkeypat
                          ids=["sigint-inline", "sigterm-ray"])
 def test_a_signal_marks_the_runs_killed_and_prints_how_to_resume(tmp_path, mlflow_uri, sig,
                                                                   backend):
-    proc = subprocess.Popen([*FEDRAY, "run", QUICK, "--backend", backend, "--set", "rounds=400",
+    proc = subprocess.Popen([*FEDRAY, "run", QUICK, "--backend", backend, "--set", "rounds=4000",
                              "--quiet"], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     client = MlflowClient(mlflow_uri)
