@@ -165,9 +165,14 @@ def test_a_tracking_server_down_at_start_is_one_line(tmp_path, capsys, monkeypat
                          ids=["sigint-inline", "sigterm-ray"])
 def test_a_signal_marks_the_runs_killed_and_prints_how_to_resume(tmp_path, mlflow_uri, sig,
                                                                   backend):
-    proc = subprocess.Popen([*FEDRAY, "run", QUICK, "--backend", backend, "--set", "rounds=4000",
+    # the default SIGINT disposition in the child: a shell's background job (a CI script run
+    # with &) ignores SIGINT, which its children inherit, and Python then installs no
+    # KeyboardInterrupt handler (the run went on to its end)
+    proc = subprocess.Popen([*FEDRAY, "run", QUICK, "--backend", backend, "--set", "rounds=400",
                              "--quiet"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            # one signal() call before exec: safe beside threads
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
     client = MlflowClient(mlflow_uri)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
