@@ -15,8 +15,9 @@ keeping per-client state (``client_message``). A server optimizer that spans bot
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 from annotated_types import Ge, Gt, Lt
@@ -79,11 +80,43 @@ def adam_step(
     return x + lr * m / (v.sqrt() + tau), m, v
 
 
-class FedAdam(ServerOptimizer):
+class _Adaptive(ServerOptimizer):
+    """The state FedAdam, FedYogi and FedAdagrad share (Reddi et al., ICLR 2021, Algorithm
+    2): the moments ``m`` (0 at first) and ``v`` (``tau^2`` at first, 0 for FedAdam), None
+    before the first step; each subclass's ``_step`` is its functional twin."""
+
+    tau: float
+    v_starts_at_tau2: ClassVar[bool] = True
+    m: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+
+    @abstractmethod
+    def _step(self, x: torch.Tensor, delta: torch.Tensor, m: torch.Tensor, v: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The new (x, m, v)."""
+
+    def step(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        if self.m is None or self.v is None:
+            self.m = torch.zeros_like(delta)
+            self.v = torch.full_like(delta, self.tau**2) if self.v_starts_at_tau2 \
+                else torch.zeros_like(delta)
+        x, self.m, self.v = self._step(x, delta, self.m, self.v)
+        return x
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"m": self.m, "v": self.v}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.m, self.v = state["m"], state["v"]
+
+
+class FedAdam(_Adaptive):
     """FedAdam (Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2):
     Adam on the server with the aggregated delta as the negative gradient, no bias
     correction, adaptivity ``tau``. Departs from Algorithm 2 in one place: v starts at 0
     (the paper asks v_{-1} >= tau^2); FedYogi and FedAdagrad start at tau^2."""
+
+    v_starts_at_tau2 = False
 
     def __init__(
         self,
@@ -93,23 +126,10 @@ class FedAdam(ServerOptimizer):
         tau: Annotated[float, Gt(0)] = 1e-3,
     ) -> None:
         self.lr, self.beta1, self.beta2, self.tau = lr, beta1, beta2, tau
-        self.m: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
 
-    def step(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        if self.m is None or self.v is None:
-            self.m = torch.zeros_like(delta)
-            self.v = torch.zeros_like(delta)
-        x, self.m, self.v = adam_step(
-            x, delta, self.m, self.v, self.lr, self.beta1, self.beta2, self.tau
-        )
-        return x
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"m": self.m, "v": self.v}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.m, self.v = state["m"], state["v"]
+    def _step(self, x: torch.Tensor, delta: torch.Tensor, m: torch.Tensor, v: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return adam_step(x, delta, m, v, self.lr, self.beta1, self.beta2, self.tau)
 
 
 def yogi_step(
@@ -132,7 +152,7 @@ def yogi_step(
     return x + lr * m / (v.sqrt() + tau), m, v
 
 
-class FedYogi(ServerOptimizer):
+class FedYogi(_Adaptive):
     """FedYogi (Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2):
     Yogi (Zaheer et al., NeurIPS 2018) on the server with the aggregated delta as the
     negative gradient. v moves towards delta^2 by (1 - beta2) delta^2 whatever its distance
@@ -150,23 +170,10 @@ class FedYogi(ServerOptimizer):
         tau: Annotated[float, Gt(0)] = 1e-3,
     ) -> None:
         self.lr, self.beta1, self.beta2, self.tau = lr, beta1, beta2, tau
-        self.m: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
 
-    def step(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        if self.m is None or self.v is None:
-            self.m = torch.zeros_like(delta)
-            self.v = torch.full_like(delta, self.tau**2)
-        x, self.m, self.v = yogi_step(
-            x, delta, self.m, self.v, self.lr, self.beta1, self.beta2, self.tau
-        )
-        return x
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"m": self.m, "v": self.v}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.m, self.v = state["m"], state["v"]
+    def _step(self, x: torch.Tensor, delta: torch.Tensor, m: torch.Tensor, v: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return yogi_step(x, delta, m, v, self.lr, self.beta1, self.beta2, self.tau)
 
 
 def adagrad_step(
@@ -186,7 +193,7 @@ def adagrad_step(
     return x + lr * m / (v.sqrt() + tau), m, v
 
 
-class FedAdagrad(ServerOptimizer):
+class FedAdagrad(_Adaptive):
     """FedAdagrad (Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2):
     Adagrad on the server with the aggregated delta as the negative gradient, v the sum of
     every round's delta^2, and momentum ``beta1`` on the step as Algorithm 2 writes it
@@ -203,21 +210,10 @@ class FedAdagrad(ServerOptimizer):
         tau: Annotated[float, Gt(0)] = 1e-3,
     ) -> None:
         self.lr, self.beta1, self.tau = lr, beta1, tau
-        self.m: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
 
-    def step(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        if self.m is None or self.v is None:
-            self.m = torch.zeros_like(delta)
-            self.v = torch.full_like(delta, self.tau**2)
-        x, self.m, self.v = adagrad_step(x, delta, self.m, self.v, self.lr, self.beta1, self.tau)
-        return x
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"m": self.m, "v": self.v}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.m, self.v = state["m"], state["v"]
+    def _step(self, x: torch.Tensor, delta: torch.Tensor, m: torch.Tensor, v: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return adagrad_step(x, delta, m, v, self.lr, self.beta1, self.tau)
 
 
 # ---------------------------------------------------------------------------- client halves
