@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from simulator.config import ScenarioError, load
+from simulator.config import ScenarioError
 from simulator.engine import make_engine
 from simulator.runtime.backend import InlineBackend
 from strategies.optimizers import FedAdagrad, FedAdam, FedYogi, adagrad_step, adam_step, yogi_step
+from tests.simulator.test_engine import point
 
 LR, BETA1, BETA2, TAU = 0.1, 0.5, 0.75, 0.01
 X0 = [0.0, 1.0, -1.0]
@@ -130,16 +131,10 @@ local: {steps: 2, batch_size: 16, lr: 0.2}
 """
 
 
-def _scenario(tmp_path, *overrides):
-    p = tmp_path / "s.yaml"
-    p.write_text(BASE)
-    return load(p, list(overrides)).points[0].scenario
-
-
 def test_engine_runs_fedyogi_and_fedadagrad_apart_from_fedadam(tmp_path):
     runs = {}
     for name in ("fedadam", "fedyogi", "fedadagrad"):
-        sc = _scenario(tmp_path, f"server.optimizer={{name: {name}, lr: 0.05}}")
+        sc = point(tmp_path, BASE, [f"server.optimizer={{name: {name}, lr: 0.05}}"])
         assert sc.server.optimizer["name"] == name
         runs[name] = make_engine(sc, InlineBackend(), workers=2).run()
     for name, res in runs.items():
@@ -152,7 +147,7 @@ def test_engine_runs_fedyogi_and_fedadagrad_apart_from_fedadam(tmp_path):
         assert not np.array_equal(runs[name].final_params, runs["fedadam"].final_params), name
     assert not np.array_equal(runs["fedyogi"].final_params, runs["fedadagrad"].final_params)
     # and the run is seeded: the same scenario gives the same numbers
-    again = make_engine(_scenario(tmp_path, "server.optimizer={name: fedyogi, lr: 0.05}"),
+    again = make_engine(point(tmp_path, BASE, ["server.optimizer={name: fedyogi, lr: 0.05}"]),
                         InlineBackend(), workers=1).run()
     assert again.metrics == runs["fedyogi"].metrics
 
@@ -164,5 +159,5 @@ def test_engine_runs_fedyogi_and_fedadagrad_apart_from_fedadam(tmp_path):
 ])
 def test_scenario_bounds_name_the_key(tmp_path, override, message):
     with pytest.raises(ScenarioError) as e:
-        _scenario(tmp_path, override)
+        point(tmp_path, BASE, [override])
     assert message in "\n".join(e.value.lines)
