@@ -124,9 +124,6 @@ class NormBound(Aggregator):
             require_generator(generator, self)
         return norm_bound(x, self.bound, self.sigma, generator)
 
-    def check(self, n: int) -> None:
-        return None
-
 
 # ---------------------------------------------------------------------------- FoolsGold
 
@@ -209,9 +206,6 @@ class FoolsGold(Aggregator):
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
                  ) -> torch.Tensor:
         return foolsgold(x, self.kappa)
-
-    def check(self, n: int) -> None:
-        return None
 
 
 # ---------------------------------------------------------------------------- FLAME
@@ -304,9 +298,6 @@ class Flame(Aggregator):
         if self.lam > 0:
             require_generator(generator, self)
         return flame(x, self.lam, generator)
-
-    def check(self, n: int) -> None:
-        return None
 
 
 # ---------------------------------------------------------------------------- FLTrust
