@@ -134,7 +134,8 @@ class AsyncRounds(ServerRounds):
                 seen_refs = [*refs, self.server.latest_rows(kept)]
             else:
                 seen_groups, seen_refs = (groups, refs) if self.omniscient else \
-                    self._train(byz, self.poison, attacker_ranks(byzantine))
+                    self._train(byz, self.poison,
+                                attacker_ranks(byzantine) if self.poison else None)
             byz_ref = self.adversary.attack_rows(
                 round_, len(byz), [(list(c), n) for _, c, n in seen_groups], self.dim,
                 self.d_buffers, seen_refs)

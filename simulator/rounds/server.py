@@ -120,7 +120,8 @@ class ServerRounds(RoundProtocol):
         if byz:
             seen = (honest, honest_refs) if self.omniscient else \
                 (byz, pool.train(round_, byz, params_ref, buffers_ref, self.poison,
-                                 shared_ref, attackers=attacker_ranks(byzantine)))
+                                 shared_ref,
+                                 attackers=attacker_ranks(byzantine) if self.poison else None))
         return _Training(round_, t0, sampled, byz, dropped, set(late), partial, honest,
                          honest_refs, seen)
 

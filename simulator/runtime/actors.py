@@ -19,7 +19,6 @@ import numpy as np
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from simulator import registry
 from simulator.errors import TooFewRows, guarded
 from simulator.messages import (
     ByzantineRows,
@@ -149,12 +148,12 @@ class Server:
         # FLTrust's root set: server.root_samples training samples, drawn once (seeded)
         self.root: tuple[torch.Tensor, torch.Tensor] | None = None
         self.local = scenario.local
-        if registry.get("aggregators", plan.pipeline.aggregator["name"]).traits.reference:
-            pick = np.random.default_rng([seed, 0xF7]).choice(
+        if self.pipeline.aggregator.traits.reference:
+            pick = np.sort(np.random.default_rng([seed, 0xF7]).choice(
                 len(self.y_tr), size=min(scenario.server.root_samples, len(self.y_tr)),
-                replace=False)
-            self.root = (model_input(self.x_tr[np.sort(pick)]),
-                         torch.from_numpy(np.array(self.y_tr[np.sort(pick)])))
+                replace=False))
+            self.root = (model_input(self.x_tr[pick]),
+                         torch.from_numpy(np.array(self.y_tr[pick])))
         # a targeted attack's success set (a backdoor's triggered test samples), built once
         self.x_asr: np.ndarray | None = None
         self.y_asr: np.ndarray | None = None
