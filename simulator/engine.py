@@ -70,8 +70,8 @@ def load_data(sc: Scenario) -> fdata.FederatedData:
     if key not in _data_cache:
         _data_cache.clear()
         _data_cache[key] = fdata.build(
-            sc.data.dataset, sc.data.partitioner, sc.clients.total, seed, sc.data.test_fraction
-        )
+            sc.data.dataset, sc.data.partitioner, sc.clients.total, seed, sc.data.test_fraction,
+            sc.data.load)
     return _data_cache[key]
 
 

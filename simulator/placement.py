@@ -83,15 +83,16 @@ class WorkerPool:
                     f"{fewer}a smaller runtime.{key}, or --address a cluster")
 
     def spawn(self) -> None:
-        """The ClientWorker pool; the partition table goes into the object store once. The
+        """The ClientWorker pool; the data's client source (the partition table, or the
+        population a worker reads a cohort at a time from) goes into the object store once. The
         workers start (each imports torch and builds its model) while the caller spawns the
         other actors; ``await_workers`` waits for them."""
         b, data = self.backend, self.data
         self.worker_options, self.server_options = self.actor_options()
         self.check_fits()
-        table_ref = b.put(data.table)
+        source_ref = b.put(data.source)
         self.workers = [
-            WorkerHandle(b, b.spawn(ClientWorker, table_ref, data.offsets, data.input_shape,
+            WorkerHandle(b, b.spawn(ClientWorker, source_ref, data.input_shape,
                                     data.num_classes, self.plan, data.vocabulary, role="worker",
                                     options=self.worker_options))
             for _ in range(self.n)

@@ -85,6 +85,8 @@ __all__ = [
     "Model",
     "Partitioner",
     "Plugin",
+    "Population",
+    "PopulationDataset",
     "PreAggregator",
     "Privacy",
     "ServerOptimizer",
@@ -94,6 +96,7 @@ __all__ = [
     "Trainer",
     "Traits",
     "check_weights",
+    "gather",
     "require_generator",
 ]
 
@@ -117,6 +120,8 @@ class Traits:
     ``context``: constructor arguments the engine supplies (not scenario keys).
     ``path_params``: keys holding file paths, resolved relative to the scenario file.
     ``by_label``: a partitioner that splits by class label (refused for value targets).
+    ``natural``: a partitioner that keeps the data set's own clients, client ``k`` the
+    ``k``-th (what ``data.load: cohort`` reads a :class:`Population` by).
     ``buffers``: a trainer that runs a model with buffers (BatchNorm) in train mode, one
     client at a time, so its statistics update as torch defines (the worker loads each
     client's starting buffers and reads them back); others are refused such models.
@@ -166,6 +171,7 @@ class Traits:
     path_params: tuple[str, ...] = ()
     buffers: bool = False
     by_label: bool = False
+    natural: bool = False
     trainer: str | None = None
     batched: str | None = None
     loop: str | None = None
@@ -628,6 +634,66 @@ class Dataset(Plugin, ABC):
         """What ``load`` would give, cheaply (None: unknown until loaded; validation then
         skips the data and model checks)."""
         return None
+
+
+class Population(ABC):
+    """A data set's natural clients, read or generated a cohort at a time: what
+    ``data.load: cohort`` trains from, so that memory grows with the round's clients and not
+    with the population. Picklable (it crosses Ray to every ClientWorker): it holds the
+    data set's parameters and where its files are, never the samples.
+
+    ``sizes[k]`` is client ``k``'s number of training samples (``k`` is the position of the
+    client among the data set's own, as the ``natural`` partitioner numbers them). ``train``
+    and ``test`` give each asked client's ``(x, y)``, in the order asked: its training
+    samples and its held-out ones, each call the same arrays for the same client (a pure
+    function of the data set, the seed and the client)."""
+
+    sizes: np.ndarray  # int64, (clients,)
+    input_shape: tuple[int, ...]
+    num_classes: int
+    vocabulary: int | None = None
+
+    @abstractmethod
+    def train(self, clients: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each client's training samples ``(x, y)``: x of shape ``(m, *input_shape)`` in
+        the stored dtype (float32 features, uint8 pixels or int32 tokens), y int64 class
+        ids (float32 values for regression)."""
+
+    @abstractmethod
+    def test(self, clients: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each client's held-out samples, as ``train`` gives its training ones."""
+
+
+class PopulationDataset(Dataset):
+    """A data set that can give its clients a cohort at a time (``population``): generated
+    from (seed, client), or read per client from files partitioned by client. Its
+    ``load`` is the same samples, every client at once (:func:`gather`), so
+    ``data.load: all`` and ``data.load: cohort`` train on the same data."""
+
+    @abstractmethod
+    def population(self, num_clients: int, seed: int, test_fraction: float) -> Population:
+        """The data set's ``num_clients`` natural clients; raises ``ValueError("key: ...")``
+        where the data cannot be read per client (say, no client column)."""
+
+    def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
+        return gather(self.population(num_clients, seed, test_fraction))
+
+
+def gather(pop: Population, clients: Sequence[int] | None = None) -> DatasetSplit:
+    """The ``clients`` (default all) of ``pop`` as one :class:`DatasetSplit`, the natural
+    client of each sample (train and test) recorded."""
+    ids = range(len(pop.sizes)) if clients is None else clients
+    parts, held = pop.train(ids), pop.test(ids)
+
+    def stack(rows: list[tuple[np.ndarray, np.ndarray]], j: int) -> np.ndarray:
+        return np.concatenate([r[j] for r in rows]) if rows else np.zeros(0)
+
+    def owner(rows: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+        return np.repeat(np.asarray(list(ids), dtype=np.int64), [len(r[1]) for r in rows])
+
+    return DatasetSplit(stack(parts, 0), stack(parts, 1), stack(held, 0), stack(held, 1),
+                        tuple(pop.input_shape), pop.num_classes, owner(parts), owner(held),
+                        pop.vocabulary)
 
 
 class Partitioner(Plugin, ABC):

@@ -61,6 +61,7 @@ def cross_field(sc: Scenario, problems: list[Problem]) -> None:
         _check_clients_rule(sc, plan, problems)
         if not _check_plugins(sc, problems):
             return
+        _check_cohort(sc, problems)
         _check_data_and_model(sc, plan, problems)
     except registry.UnknownPlugin:  # already reported by the plugin pass
         pass
@@ -179,6 +180,35 @@ def _check_plugins(sc: Scenario, problems: list[Problem]) -> bool:
            problems)
     return _check(instantiate("datasets", sc.data.dataset), c.total, ("data", "dataset"),
                   problems)
+
+
+def _check_cohort(sc: Scenario, problems: list[Problem]) -> None:
+    """``data.load: cohort`` reads the data set's own clients a cohort at a time: a data
+    set that gives one client at a time (a ``PopulationDataset``) under a partitioner that
+    keeps its clients (``traits.natural``)."""
+    from strategies.protocols import PopulationDataset
+
+    if sc.data.load != "cohort":
+        return
+    name = sc.data.dataset["name"]
+    if not issubclass(registry.get("datasets", name), PopulationDataset):
+        able = [d for d in registry.available("datasets")
+                if issubclass(registry.get("datasets", d), PopulationDataset)]
+        problems.append(Problem(("data", "load"), f"cohort reads one client at a time; "
+                                f"{name} cannot (data sets that can: {', '.join(able)}); "
+                                "use load: all"))
+    elif not registry.get("partitioners", sc.data.partitioner["name"]).traits.natural:
+        natural = [p for p in registry.available("partitioners")
+                   if registry.get("partitioners", p).traits.natural]
+        problems.append(Problem(("data", "partitioner"), f"data.load: cohort reads the data "
+                                f"set's own clients; use partitioner {' or '.join(natural)}, "
+                                f"got {sc.data.partitioner['name']}"))
+    else:  # the population itself: a file without a client column, a count that differs
+        try:
+            instantiate("datasets", sc.data.dataset).population(
+                sc.clients.total, sc.seeds[0] if sc.seeds else 0, sc.data.test_fraction)
+        except ValueError as e:  # DataError is a ValueError
+            problems.append(problem(("data", "dataset"), e))
 
 
 @functools.lru_cache(maxsize=16)

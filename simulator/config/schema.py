@@ -64,9 +64,17 @@ class Strict(BaseModel):
 
 
 class Data(Strict):
+    """``load``: ``all`` loads the data set once, every client's samples in memory (shared
+    through Ray's object store); ``cohort`` keeps only its population (a data set that gives
+    one client at a time: generated, or Parquet files with a client column) and each worker
+    generates or reads the clients of its call, so memory grows with the round's cohort,
+    not with the population; the model is then evaluated on the samples of 1,000 clients
+    drawn once (simulator.data.EVAL_CLIENTS)."""
+
     dataset: PluginSpec
     partitioner: PluginSpec = {"name": "iid"}
     test_fraction: Annotated[float, Gt(0), Lt(1)] = 0.2
+    load: Literal["all", "cohort"] = "all"
 
 
 class BHat(Strict):

@@ -1,12 +1,20 @@
-"""Federated data: a dataset split over clients, as one Arrow table sorted by client.
+"""Federated data: a dataset split over clients, and where workers read each client's rows.
 
-The table goes into Ray's object store once; workers slice their clients' rows zero-copy with
-the ``offsets`` array (client ``k`` owns rows ``offsets[k]:offsets[k+1]``).
+``data.load: all`` (the default) loads the data set once into one Arrow table sorted by
+client (:class:`TableSource`); the table goes into Ray's object store once and workers slice
+their clients' rows zero-copy with the ``offsets`` array (client ``k`` owns rows
+``offsets[k]:offsets[k+1]``). ``data.load: cohort`` keeps only the data set's
+:class:`~strategies.protocols.Population` (its parameters, or where its files are, and each
+client's sample count): a worker generates or reads the clients of its call, and memory
+grows with the cohort, not with the population. The test and train-loss samples are then
+those of a seeded subset of clients (:data:`EVAL_CLIENTS`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -14,18 +22,51 @@ import pyarrow as pa
 from simulator import registry
 from simulator.data.datasets import DataError, DatasetSplit
 from simulator.data.prepare import FetchedFile, fetch
+from simulator.errors import UsageError
 from simulator.messages import EvalData
+from strategies.protocols import Population, PopulationDataset, gather
 
-__all__ = ["DataError", "DatasetSplit", "FederatedData", "FetchedFile", "build", "client_arrays",
-           "fetch"]
+__all__ = ["DataError", "DatasetSplit", "FederatedData", "FetchedFile", "TableSource", "build",
+           "client_arrays", "fetch"]
 
 TRAIN_EVAL_MAX = 10_000
+TEST_MAX = 10_000  # data.load cohort: held-out samples of the evaluation clients, at most
+EVAL_CLIENTS = 1_000  # data.load cohort: the clients whose samples evaluate the model
+
+
+class TableSource:
+    """Every client's training rows in one Arrow table sorted by client (``data.load:
+    all``): client ``k`` owns rows ``offsets[k]:offsets[k+1]``; a worker reads them as
+    zero-copy NumPy views of the table (shared through Ray's object store)."""
+
+    def __init__(self, table: pa.Table, offsets: np.ndarray, input_shape: tuple[int, ...]) -> None:
+        self.table = table  # client int32, x fixed_size_list<float32 or uint8>, y; by client
+        self.offsets = np.asarray(offsets, dtype=np.int64)  # (num_clients + 1,)
+        self.input_shape = tuple(input_shape)
+        self._views: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_views": None}  # views of this process's buffers
+
+    def train(self, clients: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each client's rows ``(x, y)``, read-only views of the table."""
+        if self._views is None:
+            self._views = client_arrays(self.table, self.input_shape)
+        x, y = self._views
+        return [(x[self.offsets[k]:self.offsets[k + 1]], y[self.offsets[k]:self.offsets[k + 1]])
+                for k in map(int, clients)]
+
+
+ClientSource = TableSource | Population  # what a ClientWorker reads its clients' rows from
 
 
 @dataclass(frozen=True)
 class FederatedData:
-    table: pa.Table  # client int32, x fixed_size_list<float32 or uint8>, y int64; by client
-    offsets: np.ndarray  # int64, (num_clients + 1,)
+    source: ClientSource
     input_shape: tuple[int, ...]
     num_classes: int
     x_test: np.ndarray
@@ -42,10 +83,10 @@ class FederatedData:
 
     @property
     def num_clients(self) -> int:
-        return len(self.offsets) - 1
+        return len(self.source.sizes)
 
     def client_sizes(self) -> np.ndarray:
-        return np.diff(self.offsets)
+        return np.asarray(self.source.sizes, dtype=np.int64)
 
 
 def partition_table(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray]) -> tuple[pa.Table, np.ndarray]:
@@ -97,33 +138,30 @@ def numpy_view(a: pa.Array) -> np.ndarray:
     return view
 
 
-def build(dataset: dict, partitioner: dict, num_clients: int, seed: int, test_fraction: float) -> FederatedData:
-    """Load the named dataset and split it over ``num_clients`` with the named partitioner.
+def build(dataset: dict, partitioner: dict, num_clients: int, seed: int, test_fraction: float,
+          load: str = "all") -> FederatedData:
+    """Load the named dataset and split it over ``num_clients`` with the named partitioner
+    (``load: all``), or keep its population to read a cohort at a time (``load: cohort``).
 
     ``dataset`` and ``partitioner`` are validated plugin specs ``{"name": ..., **params}``.
     """
     ds_params = {k: v for k, v in dataset.items() if k != "name"}
-    split: DatasetSplit = registry.get("datasets", dataset["name"])(**ds_params).load(
-        num_clients, seed, test_fraction
-    )
+    ds = registry.get("datasets", dataset["name"])(**ds_params)
+    if load == "cohort":
+        return _cohort(ds, num_clients, seed, test_fraction)
+    split: DatasetSplit = ds.load(num_clients, seed, test_fraction)
     part_params = {k: v for k, v in partitioner.items() if k != "name"}
     rng = np.random.default_rng([seed, 0xA7])
     part = registry.get("partitioners", partitioner["name"])(**part_params)
     parts = part(split.y_train, num_clients, rng, split.clients_train)
     c_test = (part.test_clients(split.clients_train, split.clients_test)
               if split.clients_train is not None and split.clients_test is not None else None)
-    empty = [k for k, p in enumerate(parts) if len(p) == 0]
-    if empty:
-        raise DataError(
-            f"data.partitioner: {len(empty)} of {num_clients} clients got no sample "
-            f"(first: client {empty[0]}); use fewer clients or another partitioner"
-        )
+    _no_empty_client(np.array([len(p) for p in parts]))
     table, offsets = partition_table(split.x_train, split.y_train, parts)
     n = len(split.y_train)
     pick = np.sort(np.random.default_rng([seed, 0xE7]).permutation(n)[:TRAIN_EVAL_MAX])
     return FederatedData(
-        table=table,
-        offsets=offsets,
+        source=TableSource(table, offsets, tuple(split.input_shape)),
         input_shape=tuple(split.input_shape),
         num_classes=split.num_classes,
         x_test=split.x_test,
@@ -132,4 +170,41 @@ def build(dataset: dict, partitioner: dict, num_clients: int, seed: int, test_fr
         y_train_eval=split.y_train[pick],
         c_test=c_test,
         vocabulary=split.vocabulary,
+    )
+
+
+def _no_empty_client(sizes: np.ndarray) -> None:
+    empty = np.flatnonzero(sizes == 0)
+    if len(empty):
+        raise DataError(
+            f"data.partitioner: {len(empty)} of {len(sizes)} clients got no sample "
+            f"(first: client {int(empty[0])}); use fewer clients or another partitioner"
+        )
+
+
+def _cohort(ds: Any, num_clients: int, seed: int, test_fraction: float) -> FederatedData:
+    """``data.load: cohort``: the data set's population, read a cohort at a time; the model
+    is evaluated on the held-out samples (at most :data:`TEST_MAX`) and the training
+    samples (at most :data:`TRAIN_EVAL_MAX`) of :data:`EVAL_CLIENTS` clients drawn once."""
+    if not isinstance(ds, PopulationDataset):  # config checks refuse it before this
+        raise UsageError("data.load: cohort needs a data set that gives one client at a time")
+    pop = ds.population(num_clients, seed, test_fraction)
+    _no_empty_client(np.asarray(pop.sizes))
+    rng = np.random.default_rng([seed, 0xE7])
+    n = len(pop.sizes)
+    chosen = np.sort(rng.choice(n, size=min(n, EVAL_CLIENTS), replace=False))
+    ev = gather(pop, chosen.tolist())
+    test = np.sort(rng.permutation(len(ev.y_test))[:TEST_MAX])
+    train = np.sort(rng.permutation(len(ev.y_train))[:TRAIN_EVAL_MAX])
+    assert ev.clients_test is not None
+    return FederatedData(
+        source=pop,
+        input_shape=tuple(pop.input_shape),
+        num_classes=pop.num_classes,
+        x_test=ev.x_test[test],
+        y_test=ev.y_test[test],
+        x_train_eval=ev.x_train[train],
+        y_train_eval=ev.y_train[train],
+        c_test=ev.clients_test[test],
+        vocabulary=pop.vocabulary,
     )

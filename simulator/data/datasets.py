@@ -7,14 +7,24 @@ Every random draw comes from ``seed``.
 
 from __future__ import annotations
 
+from abc import abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
 from annotated_types import Ge, Gt
 
+from simulator.data.partitioners import as_many_clients
 from simulator.errors import DataError
-from strategies.protocols import Dataset, DatasetInfo, DatasetSplit, Traits
+from strategies.protocols import (
+    Dataset,
+    DatasetInfo,
+    DatasetSplit,
+    Population,
+    PopulationDataset,
+    Traits,
+)
 
 
 def _is_list(arr: Any) -> bool:
@@ -103,7 +113,37 @@ def holdout(n: int, test_fraction: float, rng: np.random.Generator) -> tuple[np.
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
-class Synthetic(Dataset):
+class Generated(Population):
+    """Clients generated one at a time: client ``k``'s samples (all of them, with the
+    indices of those it keeps for training and those held out) come from its own random
+    stream ``(seed, tag, k)``, so a cohort costs what its clients hold, whatever the
+    population."""
+
+    def __init__(self, counts: np.ndarray, seed: int, test_fraction: float,
+                 input_shape: tuple[int, ...], num_classes: int) -> None:
+        self.counts = np.asarray(counts, dtype=np.int64)  # all samples, held-out ones too
+        self.sizes = self.counts - np.round(self.counts * test_fraction).astype(np.int64)
+        self.seed, self.test_fraction = seed, test_fraction
+        self.input_shape, self.num_classes = input_shape, num_classes
+
+    @abstractmethod
+    def client(self, k: int) -> tuple[np.ndarray, np.ndarray, np.random.Generator]:
+        """Client ``k``'s samples ``(x float32, y)`` and its stream, drawn on from there
+        for the hold-out."""
+
+    def _split(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        x, y, rng = self.client(int(k))
+        tr, te = holdout(len(y), self.test_fraction, rng)
+        return x, y, tr, te
+
+    def train(self, clients: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(x[tr], y[tr]) for x, y, tr, _ in map(self._split, clients)]
+
+    def test(self, clients: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(x[te], y[te]) for x, y, _, te in map(self._split, clients)]
+
+
+class Synthetic(PopulationDataset):
     """Synthetic(alpha, beta) of Li et al., "Federated Optimization in Heterogeneous Networks"
     (FedProx, MLSys 2020), following the authors' generator: client k has its own softmax
     regression model W_k ~ N(u_k, 1), b_k ~ N(u_k, 1), u_k ~ N(0, alpha), and its own input
@@ -111,6 +151,11 @@ class Synthetic(Dataset):
     y = argmax softmax(W_k x + b_k). Sample counts are lognormal(4, 2) + 50 as in the
     authors' code, capped at ``max_samples``. Each client is a natural client; ``test_fraction``
     of each client's samples are held out and pooled into the test set.
+
+    Departure from the authors' code: client k draws from its own stream (seed, k), not
+    from one stream in client order, so that a million-client population generates only
+    the clients a round samples (``data.load: cohort``); the counts come first, from one
+    stream, as theirs do.
     """
 
     def __init__(
@@ -124,54 +169,47 @@ class Synthetic(Dataset):
         self.alpha, self.beta = alpha, beta
         self.dimension, self.classes, self.max_samples = dimension, classes, max_samples
 
-    def _counts(self, rng: np.random.Generator, num_clients: int) -> np.ndarray:
+    def _counts(self, seed: int, num_clients: int) -> np.ndarray:
+        rng = np.random.default_rng([seed, 0x5F])
         return np.minimum(rng.lognormal(4, 2, num_clients).astype(np.int64) + 50, self.max_samples)
 
     def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
-        counts = self._counts(np.random.default_rng([seed, 0x5F]), num_clients)
-        return DatasetInfo(sum(_n_train(int(k), test_fraction) for k in counts),
-                           (self.dimension,), self.classes, natural_clients=num_clients)
+        counts = self._counts(seed, num_clients)
+        train = int((counts - np.round(counts * test_fraction).astype(np.int64)).sum())
+        return DatasetInfo(train, (self.dimension,), self.classes, natural_clients=num_clients)
 
-    def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
-        rng = np.random.default_rng([seed, 0x5F])
-        d, c = self.dimension, self.classes
-        counts = self._counts(rng, num_clients)
-        u = rng.normal(0, self.alpha, num_clients)
-        big_b = rng.normal(0, self.beta, num_clients)
-        sd = np.power(np.arange(1, d + 1, dtype=np.float64), -1.2) ** 0.5
-        xs_tr, ys_tr, cs_tr, xs_te, ys_te, cs_te = [], [], [], [], [], []
-        for k in range(num_clients):
-            v = rng.normal(big_b[k], 1, d)
-            w = rng.normal(u[k], 1, (d, c))
-            b = rng.normal(u[k], 1, c)
-            x = v + rng.standard_normal((counts[k], d)) * sd
-            y = np.argmax(x @ w + b, axis=1)
-            tr, te = holdout(int(counts[k]), test_fraction, rng)
-            xs_tr.append(x[tr])
-            ys_tr.append(y[tr])
-            cs_tr.append(np.full(len(tr), k))
-            xs_te.append(x[te])
-            ys_te.append(y[te])
-            cs_te.append(np.full(len(te), k))
-        return DatasetSplit(
-            x_train=np.concatenate(xs_tr).astype(np.float32),
-            y_train=np.concatenate(ys_tr).astype(np.int64),
-            x_test=np.concatenate(xs_te).astype(np.float32),
-            y_test=np.concatenate(ys_te).astype(np.int64),
-            input_shape=(d,),
-            num_classes=c,
-            clients_train=np.concatenate(cs_tr).astype(np.int64),
-            clients_test=np.concatenate(cs_te).astype(np.int64),
-        )
+    def population(self, num_clients: int, seed: int, test_fraction: float) -> Population:
+        return SyntheticClients(self, self._counts(seed, num_clients), seed, test_fraction)
 
 
-class LinearRegression(Dataset):
+class SyntheticClients(Generated):
+    """The clients of :class:`Synthetic`, generated from (seed, client)."""
+
+    def __init__(self, ds: Synthetic, counts: np.ndarray, seed: int,
+                 test_fraction: float) -> None:
+        super().__init__(counts, seed, test_fraction, (ds.dimension,), ds.classes)
+        self.alpha, self.beta = ds.alpha, ds.beta
+        d = ds.dimension
+        self.sd = np.power(np.arange(1, d + 1, dtype=np.float64), -1.2) ** 0.5
+
+    def client(self, k: int) -> tuple[np.ndarray, np.ndarray, np.random.Generator]:
+        rng = np.random.default_rng([self.seed, 0x5F, k])
+        d, c = self.input_shape[0], self.num_classes
+        u, big_b = rng.normal(0, self.alpha), rng.normal(0, self.beta)
+        v = rng.normal(big_b, 1, d)
+        w = rng.normal(u, 1, (d, c))
+        b = rng.normal(u, 1, c)
+        x = v + rng.standard_normal((int(self.counts[k]), d)) * self.sd
+        return x.astype(np.float32), np.argmax(x @ w + b, axis=1).astype(np.int64), rng
+
+
+class LinearRegression(PopulationDataset):
     """Heterogeneous linear regression, in the manner of FedProx's Synthetic(alpha, beta)
     (Li et al., MLSys 2020) with real-valued targets: a shared w ~ N(0, I/d); client k has
     w_k = w + N(0, heterogeneity^2 I/d) and inputs x ~ N(m_k, I), m_k ~ N(0, shift^2);
-    y = x . w_k + N(0, noise^2), float32. ``samples`` per client; each client is a natural
-    client and ``test_fraction`` of its samples are pooled into the test set. The task is
-    ``regression`` (one output)."""
+    y = x . w_k + N(0, noise^2), float32. ``samples`` per client, client k's from its own
+    stream (seed, k); each client is a natural client and ``test_fraction`` of its samples
+    are pooled into the test set. The task is ``regression`` (one output)."""
 
     def __init__(self, dimension: Annotated[int, Ge(1)] = 20,
                  samples: Annotated[int, Ge(2)] = 100,
@@ -185,23 +223,28 @@ class LinearRegression(Dataset):
         return DatasetInfo(num_clients * _n_train(self.samples, test_fraction),
                            (self.dimension,), 1, targets="values", natural_clients=num_clients)
 
-    def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
-        rng = np.random.default_rng([seed, 0x2E])
-        d, n = self.dimension, self.samples
-        w = rng.normal(0, 1 / np.sqrt(d), d)
-        xs, ys, cs, test = [], [], [], []
-        for k in range(num_clients):
-            wk = w + rng.normal(0, self.heterogeneity / np.sqrt(d), d)
-            x = rng.normal(rng.normal(0, self.shift, d), 1, (n, d))
-            xs.append(x)
-            ys.append(x @ wk + rng.normal(0, self.noise, n))
-            cs.append(np.full(n, k))
-            test.append(np.isin(np.arange(n), holdout(n, test_fraction, rng)[1]))
-        x, y, c, te = (np.concatenate(a) for a in (xs, ys, cs, test))
-        return DatasetSplit(x[~te].astype(np.float32), y[~te].astype(np.float32),
-                            x[te].astype(np.float32), y[te].astype(np.float32), (d,), 1,
-                            clients_train=c[~te].astype(np.int64),
-                            clients_test=c[te].astype(np.int64))
+    def population(self, num_clients: int, seed: int, test_fraction: float) -> Population:
+        return RegressionClients(self, num_clients, seed, test_fraction)
+
+
+class RegressionClients(Generated):
+    """The clients of :class:`LinearRegression`, generated from (seed, client)."""
+
+    def __init__(self, ds: LinearRegression, num_clients: int, seed: int,
+                 test_fraction: float) -> None:
+        super().__init__(np.full(num_clients, ds.samples, np.int64), seed, test_fraction,
+                         (ds.dimension,), 1)
+        self.heterogeneity, self.shift, self.noise = ds.heterogeneity, ds.shift, ds.noise
+        d = ds.dimension
+        self.w = np.random.default_rng([seed, 0x2E]).normal(0, 1 / np.sqrt(d), d)
+
+    def client(self, k: int) -> tuple[np.ndarray, np.ndarray, np.random.Generator]:
+        rng = np.random.default_rng([self.seed, 0x2E, k])
+        d, n = self.input_shape[0], int(self.counts[k])
+        wk = self.w + rng.normal(0, self.heterogeneity / np.sqrt(d), d)
+        x = rng.normal(rng.normal(0, self.shift, d), 1, (n, d))
+        y = x @ wk + rng.normal(0, self.noise, n)
+        return x.astype(np.float32), y.astype(np.float32), rng
 
 
 class GaussianMixture(Dataset):
@@ -268,13 +311,30 @@ class Digits(Dataset):
         return DatasetSplit(x[tr], y[tr], x[te], y[te], (1, 8, 8), 10)
 
 
-class ParquetDataset(Dataset):
-    """A user's Parquet file: numeric feature columns (or list columns: list, large_list or
+def parquet_data(path: str) -> Any:
+    """A Parquet file, or a directory of Parquet files (read as one table, the files in
+    name order), as a ``pyarrow.dataset.Dataset``."""
+    import pyarrow.dataset as pads
+
+    return pads.dataset(path, format="parquet")
+
+
+class ParquetDataset(PopulationDataset):
+    """A user's Parquet file, or a directory of Parquet files with one schema (read in file
+    name order): numeric feature columns (or list columns: list, large_list or
     fixed_size_list, every row the same length), an integer label column and, optionally, a
     client column for the ``natural`` partitioner. ``shape`` gives one sample's shape (say
     ``[1, 28, 28]`` for images stored as 784 values), default the flat feature vector.
     ``test_path`` gives a separate test file; otherwise ``test_fraction`` is held out.
-    Relative paths are relative to the scenario file's directory."""
+    Relative paths are relative to the scenario file's directory.
+
+    With a client column and a ``test_path`` whose rows have the client column too, its
+    clients can be read a cohort at a time (``data.load: cohort``: :class:`ParquetClients`,
+    through pyarrow's dataset API with a filter on the client column, never the whole
+    file): client ``k`` is the ``k``-th client id in order, its rows in file order, the
+    same samples the ``natural`` partitioner gives it from ``load``. Files sorted by client
+    (``fedray data convert`` writes them so) let the filter skip every row group but the
+    cohort's."""
 
     traits = Traits(path_params=("path", "test_path"))
 
@@ -301,26 +361,29 @@ class ParquetDataset(Dataset):
         return tuple(self.shape)
 
     def check(self, n: int) -> None:
-        """Both files exist, are regular files and are Parquet, with the named columns."""
+        """Both paths exist and are Parquet files (or directories of them), with the named
+        columns."""
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         for key in ("path", "test_path"):
             p = getattr(self, key)
             if p is None:
                 continue
-            if not Path(p).is_file():
+            if not (Path(p).is_file() or Path(p).is_dir()):
                 raise DataError(f"{key}: {'not a regular file' if Path(p).exists() else 'file not found'}: {p}")
             try:
-                names = pq.read_schema(p).names
+                schema = parquet_data(p).schema
             except (pa.ArrowInvalid, OSError):
                 raise DataError(f"{key}: not a Parquet file: {p}") from None
+            names = schema.names
+            if not names:
+                raise DataError(f"{key}: no Parquet file in {p}")
             for what, col in [("label", self.label), ("client", self.client)] + \
                     [("features", c) for c in self.features or []]:
                 if col is not None and col not in names:
                     raise DataError(f"{what}: column {col!r} not in {p}; columns: "
                                      f"{', '.join(names[:20])}")
-            self._check_types(pq.read_schema(p), p)
+            self._check_types(schema, p)
 
     def _check_types(self, schema: Any, path: str) -> None:
         """The columns' types, from the file's schema: integer labels and client ids,
@@ -363,11 +426,9 @@ class ParquetDataset(Dataset):
     def _natural_clients(self, seed: int, test_fraction: float) -> int:
         """Distinct ids of the client column among the training rows (as ``load`` splits
         them), reading that column alone; 0 without a client column."""
-        import pyarrow.parquet as pq
-
         if self.client is None:
             return 0
-        column = pq.read_table(self.path, columns=[self.client]).column(self.client)
+        column = parquet_data(self.path).to_table(columns=[self.client]).column(self.client)
         if column.null_count:
             raise DataError(f"client: column {self.client!r} of {self.path} has "
                             f"{column.null_count} missing client ids")
@@ -386,13 +447,12 @@ class ParquetDataset(Dataset):
         """(features per sample, rows, largest label) of one file, checked batch by batch."""
         import pyarrow as pa
         import pyarrow.compute as pc
-        import pyarrow.parquet as pq
 
-        f = pq.ParquetFile(path)
-        names = f.schema_arrow.names
+        f = parquet_data(path)
+        names = f.schema.names
         feats = self.features or [c for c in names if c not in (self.label, self.client)]
         width, rows, top = 0, 0, -1
-        for batch in f.iter_batches(columns=[self.label, *feats], batch_size=65536):
+        for batch in f.to_batches(columns=[self.label, *feats], batch_size=65536):
             y = batch.column(0)
             if not pa.types.is_integer(y.type):
                 raise DataError(f"label: column {self.label!r} must hold integers, got {y.type}")
@@ -415,9 +475,11 @@ class ParquetDataset(Dataset):
         return width, rows, top
 
     def _read(self, path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        import pyarrow.parquet as pq
+        return self.arrays(parquet_data(path).to_table(), path)
 
-        table = pq.read_table(path)
+    def arrays(self, table: Any, path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``(x, y, clients)`` of a table read from ``path``: the feature block, int64
+        labels and (with a client column) each row's client id."""
         names = table.column_names
         for col in [self.label] + ([self.client] if self.client else []) + (self.features or []):
             if col not in names:
@@ -446,3 +508,92 @@ class ParquetDataset(Dataset):
             x[tr].reshape(-1, *shape), y[tr], x_te.reshape(-1, *shape), y_te, shape,
             num_classes, None if clients is None else clients[tr],
         )
+
+    def population(self, num_clients: int, seed: int, test_fraction: float) -> Population:
+        """Its clients, a cohort at a time: needs the client column, and a ``test_path``
+        with the client column (each client's held-out rows: a held-out fraction of rows
+        drawn over the whole file cannot be read per client)."""
+        self.check(num_clients)
+        if self.client is None:
+            raise DataError("client: data.load cohort reads the file's clients; name its "
+                            "client column")
+        if self.test_path is None or \
+                self.client not in parquet_data(self.test_path).schema.names:
+            raise DataError(f"test_path: data.load cohort needs a test file with the client "
+                            f"column {self.client!r} (each client's held-out rows)")
+        ids, sizes = _client_counts(parquet_data(self.path), self.client)
+        as_many_clients(len(ids), num_clients)
+        first = parquet_data(self.path).head(1, columns=[*self._features(), self.label,
+                                                           self.client])
+        width = self.arrays(first, self.path)[0].shape[1] if first.num_rows else 1
+        top = max(_label_max(self.path, self.label), _label_max(self.test_path, self.label))
+        return ParquetClients(self, ids, sizes, self._shape(width), top + 1)
+
+    def _features(self) -> list[str]:
+        names = parquet_data(self.path).schema.names
+        return self.features or [c for c in names if c not in (self.label, self.client)]
+
+
+def _label_max(path: str, label: str) -> int:
+    import pyarrow.compute as pc
+
+    top = pc.max(parquet_data(path).to_table(columns=[label]).column(label)).as_py()
+    return -1 if top is None else int(top)
+
+
+def _client_counts(data: Any, client: str) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted distinct ids of the client column and each one's rows, reading that
+    column a batch at a time (memory: the distinct ids, never the column whole)."""
+    ids: list[np.ndarray] = []
+    counts: list[np.ndarray] = []
+    for batch in data.to_batches(columns=[client], batch_size=1 << 20):
+        col = batch.column(0)
+        if col.null_count:
+            raise DataError(f"client: column {client!r} has {col.null_count} missing client ids")
+        u, c = np.unique(col.to_numpy(zero_copy_only=False), return_counts=True)
+        ids.append(u)
+        counts.append(c)
+    if not ids:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    u, where = np.unique(np.concatenate(ids), return_inverse=True)
+    return u.astype(np.int64), np.bincount(where, weights=np.concatenate(counts),
+                                           minlength=len(u)).astype(np.int64)
+
+
+class ParquetClients(Population):
+    """The clients of a :class:`ParquetDataset` (its ``k``-th client id is client ``k``),
+    each cohort read through pyarrow's dataset API with a filter on the client column."""
+
+    def __init__(self, ds: ParquetDataset, ids: np.ndarray, sizes: np.ndarray,
+                 input_shape: tuple[int, ...], num_classes: int) -> None:
+        self.ds, self.ids, self.sizes = ds, ids, sizes
+        self.input_shape, self.num_classes = input_shape, num_classes
+        self.columns = [*ds._features(), ds.label, ds.client]
+        self._open: dict[str, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_open": {}}  # datasets are opened in each process
+
+    def _rows(self, path: str, clients: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        keys = self.ids[np.asarray(clients, dtype=np.int64)]
+        if path not in self._open:
+            self._open[path] = parquet_data(path)
+        table = self._open[path].to_table(
+            columns=self.columns, filter=pc.field(self.ds.client).isin(pa.array(keys)))
+        x, y, owner = self.ds.arrays(table, path)
+        assert owner is not None
+        order = np.argsort(owner, kind="stable")  # by client, file order within each
+        owned = owner[order]
+        lo, hi = np.searchsorted(owned, keys, "left"), np.searchsorted(owned, keys, "right")
+        return [(x[order[a:b]].reshape(-1, *self.input_shape), y[order[a:b]])
+                for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
+
+    def train(self, clients: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        return self._rows(self.ds.path, clients)
+
+    def test(self, clients: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        assert self.ds.test_path is not None
+        return self._rows(self.ds.test_path, clients)

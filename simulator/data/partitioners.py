@@ -26,7 +26,7 @@ def _enough_samples(key: str, num_clients: int, per_client: int, samples: int,
                         f"{samples}")
 
 
-def _as_many_clients(natural: int, num_clients: int) -> None:
+def as_many_clients(natural: int, num_clients: int) -> None:
     """``natural`` (0: the data has no client column) must be ``num_clients``."""
     if not natural:
         raise DataError("data.partitioner: 'natural' needs a dataset with a client column "
@@ -108,6 +108,8 @@ class Natural(Partitioner):
     """The dataset's own clients (Synthetic's clients, a Parquet file's client column, LEAF's
     users); their own test samples too, where the data set keeps them per client."""
 
+    traits = Traits(natural=True)
+
     def test_clients(self, clients_train: np.ndarray, clients_test: np.ndarray
                      ) -> np.ndarray | None:
         ids = np.unique(clients_train)  # client k is the k-th natural id, as __call__ makes it
@@ -116,14 +118,14 @@ class Natural(Partitioner):
 
     def check_data(self, num_clients: int, info: DatasetInfo) -> None:
         if info.natural_clients is not None:
-            _as_many_clients(info.natural_clients, num_clients)
+            as_many_clients(info.natural_clients, num_clients)
 
     def __call__(self, y: np.ndarray, num_clients: int, rng: np.random.Generator,
                  clients: np.ndarray | None = None) -> list[np.ndarray]:
         if clients is None:
             clients = np.zeros(0, np.int64)  # no client column
         ids = np.unique(clients)
-        _as_many_clients(len(ids), num_clients)
+        as_many_clients(len(ids), num_clients)
         order = np.argsort(clients, kind="stable")
         counts = np.bincount(np.searchsorted(ids, clients), minlength=len(ids))
         return np.split(order, np.cumsum(counts)[:-1])

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 
-from simulator.data import client_arrays
+from simulator.data import ClientSource
 from simulator.errors import ClientStateLost, guarded
 from simulator.messages import ClientRows, EvalData, PersonalScores, TrainRequest
 from simulator.models import build_model
@@ -85,12 +84,13 @@ class ClientStateStore:
 class ClientWorker:
     """Trains many virtual clients, one call per round, on one model instance.
 
-    A client is a slice of the partition table (``offsets[k]:offsets[k+1]``) plus its random
-    stream ``(seed, round, client)`` and its state; its computation in a round is a pure
-    function of those and the global model, which makes a retry after a fault exact.
+    A client is its samples (a slice of the partition table, or generated or read from its
+    population when a call needs it) plus its random stream ``(seed, round, client)`` and
+    its state; its computation in a round is a pure function of those and the global model,
+    which makes a retry after a fault exact.
     """
 
-    def __init__(self, table: pa.Table, offsets: np.ndarray, input_shape: tuple[int, ...],
+    def __init__(self, source: ClientSource, input_shape: tuple[int, ...],
                  num_classes: int, plan: Plan, vocabulary: int | None = None) -> None:
         scenario = plan.scenario
         rt = scenario.runtime
@@ -100,9 +100,9 @@ class ClientWorker:
         # memory is one model and one batch (or one vectorised chunk), whatever the clients
         self.device = resolve_device(rt.device)
         self.bf16 = rt.precision == "bf16"
-        self.x, self.y = client_arrays(table, tuple(input_shape))
-        self._table = table  # keeps the zero-copy buffers alive
-        self.offsets = np.asarray(offsets)
+        self.source = source
+        self.sizes = np.asarray(source.sizes)
+        self.cohort: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # this call's samples
         self.seed = plan.seed
         self.num_classes = num_classes
         self.model = build_model(scenario.model, input_shape, num_classes, self.seed,
@@ -129,7 +129,7 @@ class ClientWorker:
         privacy = build_privacy(plan)
         return instantiate("trainers", spec, model=self.model, local=local or sc.local,
                            task=instantiate("tasks", sc.task), rule=build_client_rule(plan),
-                           privacy=privacy, client_sizes=np.diff(self.offsets))
+                           privacy=privacy, client_sizes=self.sizes)
 
     def use_trainer(self, spec: PluginSpec) -> None:
         """Train with the trainer plugin ``spec`` from now on."""
@@ -160,6 +160,7 @@ class ClientWorker:
         trains = [self._trainer(spec, local).train for spec in specs]
 
         def fastest(ids: list[int], times: int) -> list[float]:
+            self.read(ids)
             data = [self.client_data(0, c) for c in ids]
             best = [math.inf] * len(trains)
             with self._autocast():
@@ -184,9 +185,10 @@ class ClientWorker:
         attack), random stream and state in round ``round_``, with the server's broadcast
         state ``shared``, its cap on local steps ``max_steps`` (None: none) and, poisoned,
         its index among the Byzantine clients ``attacker``."""
-        lo, hi = int(self.offsets[client]), int(self.offsets[client + 1])
-        x = model_input(self.x[lo:hi])
-        y = torch.from_numpy(np.array(self.y[lo:hi]))
+        xs, ys = self.cohort.pop(client) if client in self.cohort else \
+            self.source.train([client])[0]
+        x = model_input(xs)
+        y = torch.from_numpy(np.array(ys))
         if poison is not None:  # a stream of its own: the training stream is unchanged
             x, y = poison.poison(x, y, attacker, round_, self.num_classes,
                                  torch_generator(self.seed, "poison", round_, client))
@@ -242,6 +244,12 @@ class ClientWorker:
         return ((not self.stateful or client in self.client_state)
                 and (not self.local_buffers or client in self.client_buffers))
 
+    def read(self, clients: Sequence[int]) -> None:
+        """The samples of the clients of a call, read at once (a population on files reads
+        a cohort in one scan); ``client_data`` takes each client's from there."""
+        ids = [int(c) for c in clients]
+        self.cohort = dict(zip(ids, self.source.train(ids), strict=True))
+
     def train(self, request: TrainRequest, global_params: np.ndarray,
               buffers: np.ndarray | None = None, shared: np.ndarray | None = None
               ) -> ClientRows:
@@ -263,6 +271,7 @@ class ClientWorker:
         common = torch.from_numpy(np.array(shared, dtype=np.float32)) \
             if shared is not None and len(shared) else None
         caps, ranks = dict(request.partial), dict(request.attackers)
+        self.read(clients)
         data = [self.client_data(round_, int(c), attack, common, caps.get(int(c)),
                                  ranks.get(int(c), 0)) for c in clients]
         ids = np.asarray(clients, dtype=np.int64)
@@ -391,6 +400,8 @@ class ClientWorker:
                 self.peer_x[int(p)] = torch.from_numpy(np.array(mixed.updates[pos[int(p)]]))
         rows = np.empty((len(peers), x0.numel()), dtype=np.float32)
         losses = np.full(len(peers), np.nan)
+        if train:
+            self.read(peers)
         for i, p in enumerate(peers):
             if train:
                 update, loss = self._run(round_, [self.client_data(round_, int(p))],

@@ -69,8 +69,8 @@ def test_the_final_model_holds_the_participants_mean_statistics(tmp_path):
     stats = []
     for c in range(6):
         model = build_model(sc.model, data.input_shape, data.num_classes, sc.seeds[0])
-        lo, hi = int(data.offsets[c]), int(data.offsets[c + 1])
-        x, y = client_arrays(data.table, data.input_shape)
+        lo, hi = int(data.source.offsets[c]), int(data.source.offsets[c + 1])
+        x, y = client_arrays(data.source.table, data.input_shape)
         xc, yc = model_input(x[lo:hi]), torch.from_numpy(np.array(y[lo:hi]))
         start = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
         batches = minibatches(len(yc), sc.local, torch_generator(sc.seeds[0], "local", 0, c))
@@ -80,7 +80,7 @@ def test_the_final_model_holds_the_participants_mean_statistics(tmp_path):
         mean = torch.stack([s[key] for s in stats]).mean(0)
         torch.testing.assert_close(res.model_state[key], mean, rtol=1e-5, atol=1e-6)
     assert int(res.model_state["net.1.num_batches_tracked"]) == round(np.mean(
-        [len(minibatches(int(data.offsets[c + 1] - data.offsets[c]), sc.local,
+        [len(minibatches(int(data.source.offsets[c + 1] - data.source.offsets[c]), sc.local,
                          torch_generator(sc.seeds[0], "local", 0, c))) for c in range(6)]))
 
 

@@ -100,7 +100,7 @@ def test_parquet_dataset_with_client_column(tmp_path):
                      {"name": "natural"}, 6, seed=0, test_fraction=0.2)
     assert fd.input_shape == (3,) and fd.num_classes == 3
     assert fd.num_clients == 6 and fd.client_sizes().sum() + len(fd.y_test) == n
-    x, _ = fdata.client_arrays(fd.table, fd.input_shape)
+    x, _ = fdata.client_arrays(fd.source.table, fd.input_shape)
     assert x.shape == (240, 3)
     with pytest.raises(DataError, match="column 'nope' not in"):
         ParquetDataset(str(path), label="nope").load(6, 0, 0.2)

@@ -55,9 +55,8 @@ def test_dp_sgd_per_sample_clipping_equals_the_textbook_loop(tmp_path, clip):
     worker = eng.pool.workers[0].actor
     x0 = torch.from_numpy(eng.protocol.server.actor.params())
     update = worker.trainer.train(0, [worker.client_data(0, 3)], x0)[0][0]
-    lo, hi = int(worker.offsets[3]), int(worker.offsets[4])
-    x = torch.from_numpy(np.array(worker.x[lo:hi]))
-    y = torch.from_numpy(np.array(worker.y[lo:hi]))
+    xs, ys = worker.source.train([3])[0]
+    x, y = torch.from_numpy(np.array(xs)), torch.from_numpy(np.array(ys))
     expect = _manual_dp_step(worker.model, x0, x, y, clip, 0.2)
     torch.testing.assert_close(x0 + update, expect, atol=1e-5, rtol=1e-4)
 

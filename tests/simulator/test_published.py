@@ -186,8 +186,8 @@ def test_a_missing_file_is_named_with_the_layout_before_anything_runs(tmp_path):
 def test_uint8_images_stay_uint8_in_the_partition_table(tmp_path):
     formats.write_mnist(tmp_path, n_train=40)
     data = build({"name": "mnist", "root": str(tmp_path)}, {"name": "iid"}, 4, 0, 0.2)
-    assert data.table.schema.field("x").type == pa.list_(pa.uint8(), 784)
-    assert data.table.nbytes < 40 * 784 * 2  # a quarter of float32's bytes, plus labels
+    assert data.source.table.schema.field("x").type == pa.list_(pa.uint8(), 784)
+    assert data.source.table.nbytes < 40 * 784 * 2  # a quarter of float32's bytes, plus labels
 
 
 @pytest.mark.parametrize("kind", ["list", "fixed_size_list"])
@@ -220,7 +220,7 @@ def test_uint8_pixels_in_parquet_are_images_as_the_built_in_readers_give_them(tm
            "test_path": str(tmp_path / "test.parquet"), "shape": [1, 28, 28]}
     from_idx = build({"name": "mnist", "root": str(tmp_path / "idx")}, {"name": "iid"}, 4, 0, 0.2)
     from_pq = build(pqt, {"name": "iid"}, 4, 0, 0.2)
-    assert from_pq.table.schema.field("x").type == pa.list_(pa.uint8(), 784)
+    assert from_pq.source.table.schema.field("x").type == pa.list_(pa.uint8(), 784)
     np.testing.assert_array_equal(from_pq.x_test, from_idx.x_test)
     runs = []
     parquet = "{name: parquet, path: train.parquet, test_path: test.parquet, shape: [1, 28, 28]}"
@@ -423,7 +423,7 @@ def test_shakespeare_tokens_roles_and_a_char_lstm(tmp_path):
     info = ds.describe(4, 0, 0.2)
     assert (info.train_samples, info.tokens) == (36, True)
     data = build({"name": "shakespeare", "root": str(tmp_path)}, {"name": "natural"}, 4, 0, 0.2)
-    assert data.table.schema.field("x").type == pa.list_(pa.int32(), 80)
+    assert data.source.table.schema.field("x").type == pa.list_(pa.int32(), 80)
     p = tmp_path / "s.yaml"
     p.write_text(textwrap.dedent(f"""\
         rounds: 2

@@ -75,8 +75,8 @@ def test_next_character_model_learns_below_the_unigram_baseline_on_both_backends
     ray_run = make_engine(sc, RayBackend(), workers=2).run()
     assert inline.metrics == ray_run.metrics  # identical metrics on both backends
     eng = make_engine(sc, InlineBackend())
-    tokens = np.concatenate([eng.data.table.column("y").to_numpy(),
-                             np.asarray(eng.data.table.column("x").combine_chunks().values)])
+    tokens = np.concatenate([eng.data.source.table.column("y").to_numpy(),
+                             np.asarray(eng.data.source.table.column("x").combine_chunks().values)])
     freq = np.array(list(collections.Counter(tokens.tolist()).values()), dtype=float)
     unigram = float(-(freq / freq.sum() * np.log(freq / freq.sum())).sum())
     first, last = inline.metrics[0], inline.metrics[-1]
