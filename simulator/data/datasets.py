@@ -326,7 +326,9 @@ class ParquetDataset(PopulationDataset):
     client column for the ``natural`` partitioner. ``shape`` gives one sample's shape (say
     ``[1, 28, 28]`` for images stored as 784 values), default the flat feature vector.
     ``test_path`` gives a separate test file; otherwise ``test_fraction`` is held out.
-    Relative paths are relative to the scenario file's directory.
+    ``classes`` gives the number of classes (a subset of a data set may lack its last
+    ones), default the largest label + 1. Relative paths are relative to the scenario
+    file's directory.
 
     With a client column and a ``test_path`` whose rows have the client column too, its
     clients can be read a cohort at a time (``data.load: cohort``: :class:`ParquetClients`,
@@ -346,10 +348,21 @@ class ParquetDataset(PopulationDataset):
         client: str | None = None,
         test_path: str | None = None,
         shape: list[Annotated[int, Ge(1)]] | None = None,
+        classes: Annotated[int, Ge(2)] | None = None,
     ) -> None:
         self.path, self.label, self.features = path, label, features
         self.client, self.test_path = client, test_path
-        self.shape = shape
+        self.shape, self.classes = shape, classes
+
+    def _classes(self, top: int) -> int:
+        """The number of classes: ``classes`` when given (above every label), else the
+        largest label + 1."""
+        if self.classes is None:
+            return top + 1
+        if top >= self.classes:
+            raise DataError(f"classes: the labels of {self.path} go up to {top}; classes "
+                            f"must be above it, got {self.classes}")
+        return self.classes
 
     def _shape(self, width: int) -> tuple[int, ...]:
         """One sample's shape: ``shape`` when given (its product must be the width)."""
@@ -420,7 +433,7 @@ class ParquetDataset(PopulationDataset):
             x_width, top = width, max(top, hi)
             n = n or rows
         train = n if self.test_path else _n_train(n, test_fraction)
-        return DatasetInfo(train, self._shape(x_width), top + 1,
+        return DatasetInfo(train, self._shape(x_width), self._classes(top),
                            natural_clients=self._natural_clients(seed, test_fraction))
 
     def _natural_clients(self, seed: int, test_fraction: float) -> int:
@@ -497,16 +510,17 @@ class ParquetDataset(PopulationDataset):
         self.check(num_clients)
         x, y, clients = self._read(self.path)
         if self.test_path:
-            x_te, y_te, _ = self._read(self.test_path)
+            x_te, y_te, c_te = self._read(self.test_path)
             tr = np.arange(len(y))
         else:
             tr, te = self._holdout(len(y), seed, test_fraction)
             x_te, y_te = x[te], y[te]
-        num_classes = int(max(y.max(), y_te.max() if len(y_te) else 0)) + 1
+            c_te = None if clients is None else clients[te]
+        num_classes = self._classes(int(max(y.max(), y_te.max() if len(y_te) else 0)))
         shape = self._shape(x.shape[1])
         return DatasetSplit(
             x[tr].reshape(-1, *shape), y[tr], x_te.reshape(-1, *shape), y_te, shape,
-            num_classes, None if clients is None else clients[tr],
+            num_classes, None if clients is None else clients[tr], c_te,
         )
 
     def population(self, num_clients: int, seed: int, test_fraction: float) -> Population:
@@ -527,7 +541,7 @@ class ParquetDataset(PopulationDataset):
                                                            self.client])
         width = self.arrays(first, self.path)[0].shape[1] if first.num_rows else 1
         top = max(_label_max(self.path, self.label), _label_max(self.test_path, self.label))
-        return ParquetClients(self, ids, sizes, self._shape(width), top + 1)
+        return ParquetClients(self, ids, sizes, self._shape(width), self._classes(top))
 
     def _features(self) -> list[str]:
         names = parquet_data(self.path).schema.names

@@ -167,3 +167,41 @@ def test_a_million_client_population_holds_the_cohort_not_the_population(tmp_pat
     assert len(res.metrics) == 2 and np.isfinite(res.final("train_loss"))
     worker = eng.pool.workers[0].actor
     assert worker.cohort == {}  # each client's samples dropped once trained
+
+
+def test_leaf_json_converted_once_trains_on_the_same_numbers(tmp_path):
+    from simulator.data.convert import convert
+    from tests.formats import write_leaf
+
+    write_leaf(tmp_path / "leaf", writers=6, per_writer=16, files=2)
+    femnist = {"name": "femnist", "root": str(tmp_path / "leaf"), "min_samples": 1}
+    out = convert(femnist, {"name": "natural"}, 6, seed=0, test_fraction=0.2,
+                  out=tmp_path / "parquet")
+    assert (out.clients, out.train_samples, out.test_samples) == (6, 72, 24)
+    assert pq.ParquetFile(out.train).schema_arrow.field("x").type == pa.list_(pa.uint8(), 784)
+    text = f"""\
+name: femnist
+rounds: 2
+data:
+  dataset: {{name: femnist, root: {tmp_path / "leaf"}}}
+  partitioner: {{name: natural}}
+model: {{name: logreg}}
+clients: {{total: 6, per_round: 3}}
+local: {{steps: 2, batch_size: 4, lr: 0.1}}
+"""
+    leaf = Engine(point(tmp_path, text), InlineBackend()).run()
+    parquet = text.replace(f"{{name: femnist, root: {tmp_path / 'leaf'}}}",
+                           f"{{name: parquet, path: {out.train}, test_path: {out.test}, "
+                           "client: client, features: [x], shape: [1, 28, 28], classes: 62}")
+    assert out.block().splitlines()[1].startswith(f"  dataset: {{name: parquet, path: {out.train}")
+    # the same training, bit for bit; the evaluation sums the same samples in client order
+    # (LEAF's pooled order is file by file), equal to float rounding
+    for run in (Engine(point(tmp_path, parquet), InlineBackend()).run(),
+                Engine(point(tmp_path, parquet, ["data.load=cohort"]), InlineBackend()).run()):
+        np.testing.assert_array_equal(run.final_params, leaf.final_params)
+        for mine, theirs in zip(run.metrics, leaf.metrics, strict=True):
+            assert mine == pytest.approx(theirs, rel=1e-9, abs=1e-12)
+    with pytest.raises(DataError, match="^data.partitioner: convert writes the data set's own"):
+        convert(femnist, {"name": "iid"}, 6, 0, 0.2, tmp_path / "x")
+    with pytest.raises(DataError, match="^data.dataset: linear_regression has real-valued"):
+        convert({"name": "linear_regression"}, {"name": "natural"}, 6, 0, 0.2, tmp_path / "x")

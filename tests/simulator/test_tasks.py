@@ -108,7 +108,7 @@ def test_regression_beats_the_mean_predictor(tmp_path):
     y_test = np.asarray(eng.data.y_test)
     assert y_test.dtype == np.float32
     baseline = float(((y_test - y_test.mean()) ** 2).mean())  # the best constant's MSE
-    assert res.final("test_loss") < 0.5 * baseline  # measured: 0.42 against 1.0
+    assert res.final("test_loss") < 0.5 * baseline  # measured: 0.39 against 2.01
     assert "test_accuracy" not in res.metrics[-1]
     # class-label partitioners and classification refuse real-valued targets up front
     with pytest.raises(ScenarioError, match="data.partitioner: dirichlet splits by class label"):
