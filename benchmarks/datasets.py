@@ -23,7 +23,7 @@ def measure(name: str, root: Path, clients: int, partitioner: str) -> tuple[floa
     """(seconds to load and partition, table bytes, training samples)."""
     t0 = time.perf_counter()
     data = build({"name": name, "root": str(root)}, {"name": partitioner}, clients, 0, 0.2)
-    return time.perf_counter() - t0, data.table.nbytes, len(data.table)
+    return time.perf_counter() - t0, data.source.table.nbytes, len(data.source.table)
 
 
 def main() -> None:

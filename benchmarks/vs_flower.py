@@ -116,11 +116,11 @@ def export(scenario: str, path: Path) -> None:
 
     sc = load(scenario).points[0].scenario
     data = Engine(sc, InlineBackend()).data
-    x, y = client_arrays(data.table, tuple(data.input_shape))
+    x, y = client_arrays(data.source.table, tuple(data.input_shape))
     model = build_model(sc.model, data.input_shape, data.num_classes, sc.seeds[0])
     weights = {f"w{i}": p.detach().numpy() for i, p in enumerate(model.parameters())}
     np.savez(path, x=np.asarray(x, np.float32).reshape(len(x), -1), y=np.asarray(y),
-             offsets=data.offsets, x_test=data.x_test.reshape(len(data.x_test), -1),
+             offsets=data.source.offsets, x_test=data.x_test.reshape(len(data.x_test), -1),
              y_test=data.y_test, hidden=sc.model["hidden"][0], classes=data.num_classes,
              lr=sc.local.lr,
              batch=sc.local.batch_size, **weights)

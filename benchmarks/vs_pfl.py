@@ -84,10 +84,10 @@ def export(scenario: str, path: Path, threads: int) -> None:
 
     sc = load(scenario).points[0].scenario
     data = Engine(sc, InlineBackend()).data
-    x, y = client_arrays(data.table, tuple(data.input_shape))
+    x, y = client_arrays(data.source.table, tuple(data.input_shape))
     model = build_model(sc.model, data.input_shape, data.num_classes, sc.seeds[0])
     weights = {f"w{i}": p.detach().numpy() for i, p in enumerate(model.parameters())}
-    np.savez(path, x=np.asarray(x), y=np.asarray(y), offsets=data.offsets,
+    np.savez(path, x=np.asarray(x), y=np.asarray(y), offsets=data.source.offsets,
              x_test=np.asarray(data.x_test), y_test=data.y_test, classes=data.num_classes,
              lr=sc.local.lr, server_lr=1.0, batch=sc.local.batch_size, threads=threads,
              **weights)

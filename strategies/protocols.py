@@ -668,7 +668,13 @@ class PopulationDataset(Dataset):
     """A data set that can give its clients a cohort at a time (``population``): generated
     from (seed, client), or read per client from files partitioned by client. Its
     ``load`` is the same samples, every client at once (:func:`gather`), so
-    ``data.load: all`` and ``data.load: cohort`` train on the same data."""
+    ``data.load: all`` and ``data.load: cohort`` train on the same data.
+
+    ``whole_is_gathered``: its ``load`` is that :func:`gather`, so the engine may load it
+    whole a chunk of clients at a time (peak memory: the data once); a data set that loads
+    itself otherwise (a Parquet file with its own hold-out) sets it False."""
+
+    whole_is_gathered: ClassVar[bool] = True
 
     @abstractmethod
     def population(self, num_clients: int, seed: int, test_fraction: float) -> Population:

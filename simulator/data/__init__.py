@@ -93,19 +93,71 @@ def partition_table(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray]) -> tu
     """One Arrow table with every client's rows, in client order, and the row offsets."""
     order = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     sizes = np.array([len(p) for p in parts], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     width = int(np.prod(x.shape[1:]))
-    # uint8 images stay uint8 (a quarter of the memory and of the object store's bytes);
-    # the worker scales them to [0, 1] (runtime.common.model_input)
-    dtype = x.dtype if x.dtype in (np.uint8, np.int32) else np.float32  # images, tokens
-    flat = np.ascontiguousarray(x[order].reshape(len(order), width), dtype=dtype)
-    xs = pa.FixedSizeListArray.from_arrays(_arrow(flat.reshape(-1)), width)
-    client = np.repeat(np.arange(len(parts), dtype=np.int32), sizes)
-    # class ids as int64, real-valued targets (regression) as float32
-    ydtype = np.float32 if np.issubdtype(y.dtype, np.floating) else np.int64
-    table = pa.table({"client": _arrow(client), "x": xs,
-                      "y": _arrow(np.ascontiguousarray(y[order], dtype=ydtype))})
-    return table, offsets
+    xdtype, ydtype = stored_dtypes(x.dtype, y.dtype)
+    flat: np.ndarray = np.ascontiguousarray(x[order].reshape(len(order), width), dtype=xdtype)
+    return client_table(flat, np.ascontiguousarray(y[order], dtype=ydtype), sizes)
+
+
+def stored_dtypes(x: np.dtype, y: np.dtype) -> tuple[type, type]:
+    """How the table stores samples and targets: uint8 images stay uint8 (a quarter of the
+    memory and of the object store's bytes; the worker scales them to [0, 1],
+    runtime.common.model_input), int32 token ids stay int32, other features float32; class
+    ids int64, real-valued targets (regression) float32."""
+    xdtype = x.type if x in (np.uint8, np.int32) else np.float32
+    return xdtype, (np.float32 if np.issubdtype(y, np.floating) else np.int64)
+
+
+def client_table(flat: np.ndarray, y: np.ndarray, sizes: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+    """The table over ``flat`` (``(rows, width)``, in client order, stored dtypes) and
+    ``y`` without a copy, ``sizes[k]`` rows of client ``k``; and the row offsets."""
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    xs = pa.FixedSizeListArray.from_arrays(_arrow(flat.reshape(-1)), flat.shape[1])
+    client = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
+    return pa.table({"client": _arrow(client), "x": xs, "y": _arrow(y)}), offsets
+
+
+CHUNK = 4096  # clients generated or read at a time when a population is loaded whole
+
+
+def _whole(pop: Population, seed: int) -> FederatedData:
+    """``data.load: all`` of a population under a partitioner that keeps its clients: the
+    clients' rows written a chunk at a time straight into the table's buffers, so the peak
+    is the data (the training rows once, the test rows twice while they are joined), not
+    the several copies loading, splitting and partitioning would make. The same table,
+    test and train-loss samples as ``partition_table`` of ``gather(pop)``."""
+    sizes = np.asarray(pop.sizes, dtype=np.int64)
+    _no_empty_client(sizes)
+    x0, y0 = pop.train([0])[0]
+    xdtype, ydtype = stored_dtypes(x0.dtype, y0.dtype)
+    width = int(np.prod(pop.input_shape))
+    flat: np.ndarray = np.empty((int(sizes.sum()), width), dtype=xdtype)
+    y: np.ndarray = np.empty(len(flat), dtype=ydtype)
+    tests: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    at = 0
+    for lo in range(0, len(sizes), CHUNK):
+        ids = list(range(lo, min(lo + CHUNK, len(sizes))))
+        for xs, ys in pop.train(ids):
+            flat[at:at + len(ys)] = xs.reshape(len(ys), width)
+            y[at:at + len(ys)] = ys
+            at += len(ys)
+        held = pop.test(ids)
+        owners = np.repeat(np.asarray(ids, np.int64), [len(t[1]) for t in held])
+        tests.append((np.concatenate([t[0] for t in held]), np.concatenate([t[1] for t in held]),
+                      owners))
+    table, offsets = client_table(flat, y, sizes)
+    pick = np.sort(np.random.default_rng([seed, 0xE7]).permutation(len(y))[:TRAIN_EVAL_MAX])
+    shape = tuple(pop.input_shape)
+    return FederatedData(
+        source=TableSource(table, offsets, shape), input_shape=shape,
+        num_classes=pop.num_classes,
+        x_test=np.concatenate([t[0] for t in tests]),
+        y_test=np.concatenate([t[1] for t in tests]),
+        x_train_eval=flat[pick].reshape(-1, *shape).astype(x0.dtype, copy=False),
+        y_train_eval=y[pick].astype(y0.dtype, copy=False),
+        c_test=np.concatenate([t[2] for t in tests]),
+        vocabulary=pop.vocabulary,
+    )
 
 
 def _arrow(a: np.ndarray) -> pa.Array:
@@ -117,10 +169,16 @@ def _arrow(a: np.ndarray) -> pa.Array:
 
 def client_arrays(table: pa.Table, input_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """Zero-copy NumPy views ``(x, y)`` of all rows of a partition table."""
-    xcol = table.column("x").combine_chunks()
-    x = numpy_view(xcol.values).reshape(len(xcol), *input_shape)
-    y = numpy_view(table.column("y").combine_chunks())
+    xcol = _one_chunk(table.column("x"))
+    x = numpy_view(xcol.flatten()).reshape(len(xcol), *input_shape)  # offset kept
+    y = numpy_view(_one_chunk(table.column("y")))
     return x, y
+
+
+def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array: its one chunk as it is (``combine_chunks`` copies even a
+    single chunk, which was a second copy of the data in every worker), else joined."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 _NUMPY_NAMES = {"float": "float32", "double": "float64", "halffloat": "float16"}
@@ -149,6 +207,9 @@ def build(dataset: dict, partitioner: dict, num_clients: int, seed: int, test_fr
     ds = registry.get("datasets", dataset["name"])(**ds_params)
     if load == "cohort":
         return _cohort(ds, num_clients, seed, test_fraction)
+    if isinstance(ds, PopulationDataset) and ds.whole_is_gathered and \
+            registry.get("partitioners", partitioner["name"]).traits.natural:
+        return _whole(ds.population(num_clients, seed, test_fraction), seed)
     split: DatasetSplit = ds.load(num_clients, seed, test_fraction)
     part_params = {k: v for k, v in partitioner.items() if k != "name"}
     rng = np.random.default_rng([seed, 0xA7])

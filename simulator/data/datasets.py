@@ -125,6 +125,8 @@ class Generated(Population):
         self.sizes = self.counts - np.round(self.counts * test_fraction).astype(np.int64)
         self.seed, self.test_fraction = seed, test_fraction
         self.input_shape, self.num_classes = input_shape, num_classes
+        # the clients of the last ``train`` call, kept for a ``test`` of the same ones
+        self._last: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
 
     @abstractmethod
     def client(self, k: int) -> tuple[np.ndarray, np.ndarray, np.random.Generator]:
@@ -132,15 +134,24 @@ class Generated(Population):
         for the hold-out."""
 
     def _split(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        if k in self._last:  # train then test of the same clients: generated once
+            return self._last.pop(k)
         x, y, rng = self.client(int(k))
         tr, te = holdout(len(y), self.test_fraction, rng)
         return x, y, tr, te
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_last": {}}
+
     def train(self, clients: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
-        return [(x[tr], y[tr]) for x, y, tr, _ in map(self._split, clients)]
+        splits = [self._split(int(k)) for k in clients]
+        self._last = dict(zip(map(int, clients), splits, strict=True))  # for test(clients)
+        return [(x[tr], y[tr]) for x, y, tr, _ in splits]
 
     def test(self, clients: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
-        return [(x[te], y[te]) for x, y, _, te in map(self._split, clients)]
+        out = [(x[te], y[te]) for x, y, _, te in map(self._split, map(int, clients))]
+        self._last = {}
+        return out
 
 
 class Synthetic(PopulationDataset):
@@ -339,6 +350,7 @@ class ParquetDataset(PopulationDataset):
     cohort's."""
 
     traits = Traits(path_params=("path", "test_path"))
+    whole_is_gathered = False  # its own load: a hold-out drawn over the whole file
 
     def __init__(
         self,

@@ -173,10 +173,9 @@ def test_worker_momentum_state_stays_with_its_client(tmp_path):
 def _first_batch(eng, round_, client):
     from simulator.seeding import torch_generator
 
-    w = eng.pool.workers[0].actor
-    lo, hi = int(w.offsets[client]), int(w.offsets[client + 1])
-    idx = torch.randperm(hi - lo, generator=torch_generator(eng.seed, "local", round_, client))[:16]
-    return (torch.from_numpy(np.array(w.x[lo:hi]))[idx], torch.from_numpy(np.array(w.y[lo:hi]))[idx])
+    (x, y), = eng.pool.workers[0].actor.source.train([client])
+    idx = torch.randperm(len(y), generator=torch_generator(eng.seed, "local", round_, client))[:16]
+    return (torch.from_numpy(np.array(x))[idx], torch.from_numpy(np.array(y))[idx])
 
 
 def test_mu2sgd_runs_the_same_on_any_number_of_workers_and_learns(tmp_path):

@@ -205,3 +205,26 @@ local: {{steps: 2, batch_size: 4, lr: 0.1}}
         convert(femnist, {"name": "iid"}, 6, 0, 0.2, tmp_path / "x")
     with pytest.raises(DataError, match="^data.dataset: linear_regression has real-valued"):
         convert({"name": "linear_regression"}, {"name": "natural"}, 6, 0, 0.2, tmp_path / "x")
+
+
+@pytest.mark.parametrize("name", ["synthetic", "linear_regression"])
+def test_a_whole_population_loads_chunk_by_chunk_into_the_table_the_split_gives(name, monkeypatch):
+    """``data.load: all`` writes a population's clients straight into the table's buffers,
+    CHUNK clients at a time; the result is the partition table of the gathered split."""
+    from simulator.data.partitioners import Natural
+    from simulator.registry import instantiate
+
+    monkeypatch.setattr(fdata, "CHUNK", 7)  # several chunks, the last one short
+    spec = {"name": name}
+    data = fdata.build(spec, {"name": "natural"}, 30, seed=5, test_fraction=0.3)
+    split = instantiate("datasets", spec).load(30, 5, 0.3)
+    parts = Natural()(split.y_train, 30, np.random.default_rng(0), split.clients_train)
+    table, offsets = fdata.partition_table(split.x_train, split.y_train, parts)
+    assert data.source.table.equals(table)
+    np.testing.assert_array_equal(data.source.offsets, offsets)
+    np.testing.assert_array_equal(data.x_test, split.x_test)
+    np.testing.assert_array_equal(data.y_test, split.y_test)
+    np.testing.assert_array_equal(data.c_test, split.clients_test)
+    pick = np.sort(np.random.default_rng([5, 0xE7]).permutation(len(split.y_train))[:10_000])
+    np.testing.assert_array_equal(data.x_train_eval, split.x_train[pick])
+    assert data.x_train_eval.dtype == split.x_train.dtype
