@@ -4,6 +4,26 @@ artifacts at the end. ``simulator.experiment`` owns the runs' lifecycle and its 
 the same callbacks, whether a point runs on the actor pool or in a Ray task; a caller adds its
 own callbacks (``dashboards.figures.RunFigure`` draws each run's curves). The MLflow layout
 (parent and child runs, their tags and params) is ``simulator.layout``.
+
+The ends run in the driver after a point's last round, and the last point's are on the user's
+path to the command's end: ``fedray run`` returns once MLflow holds them (never a background
+process that a `fedray report` started at once would miss). What each costs and where it
+goes (a one-round quickstart on the inline backend, docs/performance.md, "Start-up"):
+
+* ``metrics.parquet``, the privacy tables and ``model/model.pt`` (the final state_dict,
+  ``torch.save``): always, 0.01-0.02 s in all; what ``fedray report`` and ``fedray resume``
+  read, and the model itself.
+* The final model as an MLflow pytorch model (``log_model``, torch.export's graph): only when
+  the scenario asks (``tracking.log_model: true``). It cost 1.9-2.3 s a run (torch.export
+  imports dynamo and sympy, then traces the model) and made the process's exit 0.5 s longer;
+  most runs are compared, not deployed, and the state_dict it is made from is logged
+  anyway. Not moved to a thread or the background sender instead: the export is Python
+  work under the GIL, so on a thread it slows whatever runs beside it by about what it
+  costs, and it must be done before the command returns.
+* The run's figure (``dashboards.figures``): an SVG drawn without matplotlib, milliseconds
+  (matplotlib's PNG cost 0.5-0.6 s, most of it the import).
+* Per-round metrics go through the tracker's background sender while the rounds run; the
+  end only flushes what is left.
 """
 
 from __future__ import annotations
@@ -98,7 +118,8 @@ class MLflowMetrics(Callback):
 
 class MLflowArtifacts(Callback):
     """At the end: ``metrics.parquet`` (what was computed, whatever the status), and for a
-    finished run the privacy tables, the final model (``model/model.pt``) and the params the
+    finished run the privacy tables, the final model (``model/model.pt``; with
+    ``tracking.log_model: true`` also as an MLflow model in ``model/``) and the params the
     engine derived."""
 
     def on_end(self, run: PointRun, result: Any, status: str) -> None:
@@ -122,7 +143,7 @@ class MLflowArtifacts(Callback):
             tracker.log_artifact(run_id, tmp / f"{name}.parquet", "privacy")
         torch.save(result.model_state, tmp / "model.pt")
         tracker.log_artifact(run_id, tmp / "model.pt", "model")
-        if result.model_info:
+        if result.model_info and run.point.scenario.tracking.log_model:
             log_model(tracker, run_id, run.point.scenario, result, tmp / "mlflow-model")
         if result.params:
             tracker.log_params(run_id, result.params)

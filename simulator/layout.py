@@ -15,6 +15,7 @@ import yaml
 
 import simulator
 from simulator.config import LoadedScenario, RunPoint
+from simulator.config.schema import Tracking
 from simulator.tracking import Tracker, check_uri, flatten, git_commit
 
 
@@ -22,14 +23,25 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _identity(sc: Any) -> dict[str, Any]:
+    """The resolved scenario a digest is taken of. A ``tracking`` block at its defaults is
+    left out: the keys of the runs made before the block existed stay the same (a sweep
+    continued across it finds its parent); one that asks for more (``log_model: true``) is
+    another point, so a sweep run again with it logs the models it asks for."""
+    dump = sc.model_dump(mode="json")
+    if dump.get("tracking") == Tracking().model_dump(mode="json"):
+        del dump["tracking"]
+    return dump
+
+
 def point_key(point: RunPoint) -> str:
     """Identity of a run point: a digest of its resolved single-seed scenario."""
-    return _digest(point.scenario.model_dump(mode="json"))
+    return _digest(_identity(point.scenario))
 
 
 def sweep_key(loaded: LoadedScenario) -> str:
     """Identity of a sweep: a digest of the resolved scenario with its sweep and seeds."""
-    return _digest(loaded.scenario.model_dump(mode="json"))
+    return _digest(_identity(loaded.scenario))
 
 
 _COMMIT: list[str] = []

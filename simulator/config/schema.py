@@ -293,6 +293,16 @@ class Runtime(Strict):
     deterministic: bool = False
 
 
+class Tracking(Strict):
+    """What each run logs to MLflow beyond its metrics, params, ``metrics.parquet``, the
+    resolved scenario and the final state_dict (``model/model.pt``), which it always logs.
+    ``log_model: true`` adds the final model as an MLflow pytorch model in ``model/``
+    (torch.export's graph: ``mlflow.pytorch.load_model`` without fedray), which costs about
+    2 s a run (``simulator.callbacks``)."""
+
+    log_model: bool = False
+
+
 class Scenario(Strict):
     """A whole experiment. ``sweep`` maps dotted paths to value lists (grid product; a key
     ``"a.b, c.d"`` zips paths: its values are lists with one value per path); every point runs
@@ -325,6 +335,7 @@ class Scenario(Strict):
     privacy: PluginSpec | None = None
     evaluation: Evaluation = Evaluation()
     runtime: Runtime = Runtime()
+    tracking: Tracking = Tracking()
     sweep: dict[str, list[Any]] = {}
 
     @field_validator("name")

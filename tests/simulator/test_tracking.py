@@ -111,7 +111,7 @@ def test_zipped_sweep_is_tracked(tmp_path, mlflow_uri):
 def test_artifacts_metrics_parquet_and_model(tmp_path, mlflow_uri):
     p = tmp_path / "one.yaml"
     p.write_text(SWEEP.replace("seeds: [0, 1]", "seeds: [3]").replace(
-        "sweep:\n  aggregator.name: [mean, median]\n", ""))
+        "sweep:\n  aggregator.name: [mean, median]\n", "tracking: {log_model: true}\n"))
     out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True)
     client = MlflowClient(mlflow_uri)
     child = out["runs"][0]["run_id"]
@@ -149,6 +149,57 @@ def test_artifacts_metrics_parquet_and_model(tmp_path, mlflow_uri):
     assert spec["dtype"] == "float32" and tuple(spec["shape"]) == (-1, 1, 8, 8)
     # artifacts of the embedded store live beside the DB
     assert (tmp_path / "mlartifacts").is_dir()
+    assert client.get_run(child).data.params["tracking.log_model"] == "true"
+
+
+def test_by_default_the_model_is_its_state_dict_and_no_mlflow_model(tmp_path, mlflow_uri):
+    """Nobody asked for the MLflow model (``tracking.log_model`` left out): ``model/`` holds
+    the final state_dict alone, which is the run's final model; metrics.parquet is there."""
+    p = tmp_path / "one.yaml"
+    p.write_text(SWEEP.replace("seeds: [0, 1]", "seeds: [0]").replace(
+        "sweep:\n  aggregator.name: [mean, median]\n", "").replace("rounds: 3", "rounds: 2"))
+    out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True)
+    client = MlflowClient(mlflow_uri)
+    child = out["runs"][0]["run_id"]
+    run = client.get_run(child)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["tracking.log_model"] == "false"
+    assert {a.path for a in client.list_artifacts(child, "model")} == {"model/model.pt"}
+    assert {"metrics.parquet", "scenario.yaml"} <= {a.path for a in client.list_artifacts(child)}
+    state = torch.load(client.download_artifacts(child, "model/model.pt", str(tmp_path)),
+                       weights_only=True)
+    assert state["net.1.weight"].shape == (10, 64)
+    table = pq.read_table(client.download_artifacts(child, "metrics.parquet", str(tmp_path)))
+    assert table.column("round").to_pylist() == [0, 1]
+
+
+def test_a_tracking_block_at_its_defaults_keeps_the_points_identity(tmp_path):
+    """Runs made before ``tracking:`` existed keep their point and sweep keys (a sweep goes
+    on in its parent); asking for the MLflow model makes another point."""
+    from simulator.layout import _digest, point_key, sweep_key
+
+    p = tmp_path / "s.yaml"
+    p.write_text(SWEEP)
+    plain, explicit = load(p), load(p, ["tracking={log_model: false}"])
+    asked = load(p, ["tracking.log_model=true"])
+    before = {k: v for k, v in plain.scenario.model_dump(mode="json").items() if k != "tracking"}
+    assert sweep_key(plain) == sweep_key(explicit) == _digest(before)
+    assert sweep_key(asked) != sweep_key(plain)
+    assert [point_key(q) for q in explicit.points] == [point_key(q) for q in plain.points]
+    assert point_key(asked.points[0]) != point_key(plain.points[0])
+
+
+def test_tracking_log_model_is_validated_in_one_line(tmp_path):
+    from simulator.config import ScenarioError
+
+    p = tmp_path / "s.yaml"
+    p.write_text(SWEEP)
+    with pytest.raises(ScenarioError) as e:
+        load(p, ["tracking.log_model=maybe"])
+    assert e.value.lines == [f"{p}:1: tracking.log_model: must be true or false, got 'maybe'"]
+    with pytest.raises(ScenarioError) as e:
+        load(p, ["tracking.model=true"])
+    assert e.value.lines == [f"{p}:1: tracking.model: unknown key; did you mean 'log_model'?"]
 
 
 def test_failed_log_batch_is_kept_and_resent(mlflow_uri):
@@ -195,7 +246,8 @@ def test_a_model_torch_export_cannot_capture_keeps_its_state_dict(tmp_path, mlfl
     monkeypatch.setattr(models.LogisticRegression, "forward", forward)
     p = tmp_path / "one.yaml"
     p.write_text(SWEEP.replace("seeds: [0, 1]", "seeds: [0]").replace(
-        "sweep:\n  aggregator.name: [mean, median]\n", "").replace("rounds: 3", "rounds: 1"))
+        "sweep:\n  aggregator.name: [mean, median]\n", "tracking: {log_model: true}\n")
+        .replace("rounds: 3", "rounds: 1"))
     with to_stderr():  # what the command line shows of fedray's messages
         out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True)
     child = out["runs"][0]["run_id"]
