@@ -173,9 +173,12 @@ def line_chart(title: str, series: Sequence[dict], x_label: str = "round", y_lab
         return f'<figure class="chart"><figcaption>{_esc(title)}: no data</figcaption></figure>'
     log = wants_log(series) if log is None else log
     zeros = log and any(p[1] <= 0 for p in pts)
+    xs = [p[0] for p in pts]  # zeros on a log axis still span the x axis (the bottom edge)
     if log:
-        pts = [p for p in pts if p[1] > 0]
-    x0, x1, y0, y1 = _ranges(pts, log)
+        pts = [p for p in pts if p[1] > 0] or [(xs[0], 1.0)]
+    _, _, y0, y1 = _ranges(pts, log)
+    x0, x1 = min(xs), max(xs)
+    x1 = x0 + 1 if x1 == x0 else x1
     yticks = [(t, f"1e{round(math.log10(t))}" if log and not 1e-3 <= t < 1e4 else _fmt(t))
               for t in (_log_ticks(y0, y1) if log else _ticks(y0, y1))]
     legend_w = max((text_width(str(s["label"])) for s in series), default=0) + 40

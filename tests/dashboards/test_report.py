@@ -8,12 +8,14 @@ import math
 import re
 import shutil
 import subprocess
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from mlflow.tracking import MlflowClient
 
-from dashboards.figures import RunFigure
+from dashboards.figures import PANELS, RunFigure
 from dashboards.report import build_report
 from simulator.config import load
 from simulator.runner import run_loaded
@@ -62,7 +64,23 @@ def test_report_content_and_mlflow_artifacts(report):
     client = MlflowClient(report["uri"])
     assert [a.path for a in client.list_artifacts(report["parent"], "report")] == ["report/report.html"]
     child = report["runs"][0]["run_id"]
-    assert [a.path for a in client.list_artifacts(child, "figures")] == ["figures/curves.png"]
+    assert [a.path for a in client.list_artifacts(child, "figures")] == ["figures/curves.svg"]
+    # the run's figure: a standalone SVG (MLflow previews it), a panel per kind of metric,
+    # each curve titled with its final value
+    svg = Path(client.download_artifacts(child, "figures/curves.svg", str(report["tmp"])))
+    root = ET.parse(svg).getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    assert root.tag == f"{ns}svg" and len(root.findall(f"{ns}svg")) == 3
+    titles = [t.text for t in root.iter(f"{ns}title")]
+    acc = report["runs"][0]["final_test_accuracy"]
+    assert f"test_accuracy: final {acc:.3g}" in titles
+    # a curve for each metric of a panel the run logged (metrics.parquet's columns)
+    columns = pq.read_table(client.download_artifacts(child, "metrics.parquet",
+                                                      str(report["tmp"]))).column_names
+    drawn = sorted(t.split(": final")[0] for t in titles if ": final" in t)
+    assert drawn == sorted(k for _, keys in PANELS for k in keys if k in columns)
+    assert {"test_accuracy", "test_loss", "aggregation_error"} <= set(drawn)
+    assert len(list(root.iter(f"{ns}polyline"))) == len(drawn)
     # every cell holds the mean over seeds of the runs' final accuracy
     cells = {(row, col): float(v) for row, col, v in re.findall(
         r'<rect class="cell"[^>]*data-row="([^"]+)" data-col="([^"]+)" data-value="([^"]+)"', text)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
+from dashboards.figures import RunFigure
 from simulator.config import load
 from simulator.engine import Engine
 from simulator.metric_names import mlflow_name
@@ -30,7 +31,7 @@ def test_parallel_sweep_then_resume_runs_only_unfinished_points(tmp_path, mlflow
     p = tmp_path / "sweep.yaml"
     p.write_text(SWEEP)
     loaded = load(p)
-    first = run_sweep(loaded, tracking_uri=mlflow_uri, parallel=2)
+    first = run_sweep(loaded, tracking_uri=mlflow_uri, parallel=2, callbacks=[RunFigure()])
     assert first["skipped"] == [] and first["failed"] == [] and len(first["runs"]) == 4
     client = MlflowClient(mlflow_uri)
     parent = first["parent_run_id"]
@@ -40,6 +41,13 @@ def test_parallel_sweep_then_resume_runs_only_unfinished_points(tmp_path, mlflow
         "mean seed=0", "mean seed=1", "median seed=0", "median seed=1"]
     assert all(r.info.status == "FINISHED" for r in children)
     assert client.get_run(parent).info.status == "FINISHED"
+    # each point's artifacts, logged by the driver as it collected the point: its metrics,
+    # its final state_dict (no MLflow model: nobody asked) and its figure
+    for r in children:
+        run_id = r.info.run_id
+        assert {"metrics.parquet", "scenario.yaml"} <= {a.path for a in client.list_artifacts(run_id)}
+        assert [a.path for a in client.list_artifacts(run_id, "model")] == ["model/model.pt"]
+        assert [a.path for a in client.list_artifacts(run_id, "figures")] == ["figures/curves.svg"]
 
     # each child's numbers are those of the same point run alone, in this process
     by_label = {pt.label: pt for pt in loaded.points}
