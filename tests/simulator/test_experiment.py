@@ -6,6 +6,8 @@ result (or on the exception)."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -162,3 +164,28 @@ def test_verbose_shows_the_debug_messages_and_the_default_does_not(tmp_path, mlf
     assert any(line.startswith("seed=0: run ") and
                line.endswith(" marked FINISHED") for line in err), err
     assert any(line.startswith("seed=0: round 2/2 acc ") for line in err)  # progress as before
+
+
+def test_a_process_that_ran_an_experiment_exits_without_its_last_collection(tmp_path):
+    """``Experiment.running`` registers the exit handler once; at exit the collector is off
+    and every object alive is frozen out of its reach."""
+    code = """
+import atexit, gc
+from simulator.experiment import Experiment, _AT_EXIT, exit_without_collection
+
+class Fake:
+    parent = None
+    def close(self): pass
+
+before = atexit._ncallbacks()
+exp = Experiment(Fake(), [], "sqlite:///x.db", "parent")
+for _ in range(2):
+    with exp.running():
+        pass
+print(atexit._ncallbacks() - before, len(_AT_EXIT), gc.isenabled(), gc.get_freeze_count() == 0)
+exit_without_collection()
+print(gc.isenabled(), gc.get_freeze_count() > 1000)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=tmp_path, check=True).stdout.split("\n")
+    assert out[:2] == ["1 1 True True", "False True"]
