@@ -7,6 +7,10 @@ the one a user has after a first run: it exists), the median of ``--repeat`` run
 * ``fedray run scenarios/quickstart.yaml`` on the inline backend and on a fresh local Ray
   instance: the time from the process start to the end of round 1 (its progress line), and
   to the end of the process (``--rounds`` rounds);
+* the finish time: a one-round run of each backend, from the process start to its end (the
+  run, its artifacts and its status in MLflow), against ``import torch``; and for the inline
+  backend where those seconds go after the round (one run, instrumented: the wait for the
+  MLflow run to be open, each callback's end, the statuses, the process's exit);
 * ``fedray validate``, ``show`` and ``list``, and whether each imports torch, Ray or MLflow;
 
 then the import-time breakdown of the inline run (``-X importtime``): the cumulative time of
@@ -53,6 +57,96 @@ def median_of(n: int, cmd: list[str], cwd: Path, marker: str | None = None
               ) -> tuple[float, float]:
     runs = [timed(cmd, cwd, marker) for _ in range(n)]
     return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+
+
+def _child_timeline(argv: list[str]) -> None:
+    """``fedray ARGV`` in this process, saying on stderr (``@@ ...`` lines, flushed) when the
+    MLflow run it waited for was open, how long each callback's end took, and when the
+    command returned; the parent stamps the lines as they come."""
+    import functools
+
+    from simulator import callbacks, experiment
+
+    def say(text: str) -> None:
+        print(f"@@ {text}", file=sys.stderr, flush=True)
+
+    prop = vars(callbacks.PointRun)["run_id"]
+    opened = prop.fget
+
+    def run_id(self: callbacks.PointRun) -> str:
+        if not self.opening.done():
+            out = opened(self)
+            say("mlflow-open")
+            return out
+        return opened(self)
+
+    callbacks.PointRun.run_id = property(run_id)  # type: ignore[assignment]
+    end = experiment.Experiment.end
+
+    @functools.wraps(end)
+    def timed_end(self: experiment.Experiment, run: callbacks.PointRun, result: object,
+                  status: str) -> None:
+        for cb in self.callbacks:
+            if not hasattr(cb, "_timed"):
+                inner = cb.on_end
+
+                def on_end(*a: object, _inner: object = inner, _cb: object = cb) -> None:
+                    t = time.perf_counter()
+                    _inner(*a)  # type: ignore[operator]
+                    say(f"end {type(_cb).__name__} {time.perf_counter() - t:.3f}")
+
+                cb.on_end = on_end  # type: ignore[method-assign,assignment]
+                cb._timed = True  # type: ignore[attr-defined]
+        say("engine-done")
+        end(self, run, result, status)
+        say("status-set")
+
+    experiment.Experiment.end = timed_end  # type: ignore[method-assign]
+    from fedray.cli import main as cli_main
+
+    rc = cli_main(argv)
+    say("returned")
+    sys.exit(rc)
+
+
+def timeline(cmd: list[str], cwd: Path) -> dict[str, float]:
+    """The ``@@`` events of ``cmd`` (run through ``_child_timeline``): seconds from the
+    process start to each, ``end NAME`` as the callback's own seconds; ``round`` for the end
+    of round 1 and ``exit`` for the process end."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([PY, __file__, "--child-timeline", *cmd[3:]], cwd=cwd,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+    out: dict[str, float] = {}
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        now = time.perf_counter() - t0
+        if line.startswith("@@ end "):
+            _, _, name, seconds = line.split()
+            out[f"end {name}"] = float(seconds)
+        elif line.startswith("@@ "):
+            out.setdefault(line.split()[1], now)
+        elif "round 1/" in line:
+            out.setdefault("round", now)
+    if proc.wait() != 0:
+        raise RuntimeError("the instrumented run failed")
+    out["exit"] = time.perf_counter() - t0
+    return out
+
+
+def print_parts(parts: dict[str, float]) -> None:
+    """Where a one-round run's seconds go after its round."""
+    start = parts.get("round", float("nan"))
+    print(f"  round 1 ends                      {start:6.2f} s")
+    if "mlflow-open" in parts:
+        print(f"  waiting for the MLflow run        {parts['mlflow-open'] - start:6.2f} s "
+              "(MLflow's import and store, on the opening thread)")
+    for key, seconds in parts.items():
+        if key.startswith("end "):
+            print(f"  end: {key[4:]:28} {seconds:6.2f} s")
+    print(f"  the ends and statuses, in all     {parts['returned'] - parts['engine-done']:6.2f} s")
+    print(f"  the process's exit                {parts['exit'] - parts['returned']:6.2f} s")
+    print(f"  process end                       {parts['exit']:6.2f} s")
 
 
 def importtime(cmd: list[str], cwd: Path) -> list[tuple[int, int, str]]:
@@ -107,6 +201,13 @@ def main() -> None:
             first, end = median_of(args.repeat, [*run, "--backend", backend], cwd, marker)
             print(f"fedray run ({backend:6}) first round {first:6.2f} s = {first / torch_s:4.2f}x "
                   f"import torch; whole run ({args.rounds} rounds) {end:6.2f} s")
+        one = [*FEDRAY, "run", QUICK, "--set", "rounds=1", "--quiet"]
+        for backend in ("inline", "ray"):
+            end = median_of(args.repeat, [*one, "--backend", backend], cwd)[1]
+            print(f"fedray run ({backend:6}) one round: finished at {end:6.2f} s = "
+                  f"{end / torch_s:4.2f}x import torch")
+        print("after the round of a one-round inline run (one instrumented run):")
+        print_parts(timeline([*one, "--backend", "inline"], cwd))
         for sub in (["validate", QUICK], ["show", QUICK], ["list"]):
             s = median_of(args.repeat, [*FEDRAY, *sub], cwd)[1]
             mods = {name.split(".")[0] for _, _, name in importtime([*FEDRAY, *sub], cwd)}
@@ -120,4 +221,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--child-timeline"]:
+        _child_timeline(sys.argv[2:])
+    else:
+        main()
