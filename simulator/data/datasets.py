@@ -272,6 +272,8 @@ class GaussianMixture(Dataset):
         self.samples, self.dimension = samples, dimension
         self.classes, self.separation = classes, separation
 
+    CHUNK = 65536  # rows drawn at a time
+
     def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
         return DatasetInfo(_n_train(self.samples, test_fraction), (self.dimension,), self.classes,
                            natural_clients=0)
@@ -280,9 +282,13 @@ class GaussianMixture(Dataset):
         rng = np.random.default_rng([seed, 0x6A])
         means = rng.normal(0, self.separation, (self.classes, self.dimension))
         y = rng.integers(0, self.classes, self.samples)
-        x = means[y] + rng.standard_normal((self.samples, self.dimension))
+        # float32 rows written a chunk at a time: the draws (float64) are the same stream as
+        # one call's, without a float64 copy of the whole data
+        x = np.empty((self.samples, self.dimension), dtype=np.float32)
+        for lo in range(0, self.samples, self.CHUNK):
+            hi = min(lo + self.CHUNK, self.samples)
+            x[lo:hi] = means[y[lo:hi]] + rng.standard_normal((hi - lo, self.dimension))
         tr, te = holdout(self.samples, test_fraction, rng)
-        x = x.astype(np.float32)
         return DatasetSplit(x[tr], y[tr], x[te], y[te], (self.dimension,), self.classes)
 
 
