@@ -1,6 +1,8 @@
 """Load time and partition-table size of the file-backed data sets, on files in their real
 formats written at a given size (generated pixels: the formats' parsing costs are what is
-measured, not the pictures). The figures of docs/datasets.md.
+measured, not the pictures); then FEMNIST converted once to Parquet sorted by writer
+(``fedray data convert``): the conversion, a whole load of the Parquet files, and a
+``data.load: cohort`` read of 100 writers. The figures of docs/datasets.md.
 
     python benchmarks/datasets.py [--samples 100000] [--leaf-samples 10000]
 """
@@ -47,6 +49,39 @@ def main() -> None:
             secs, nbytes, rows = measure(name, root / sub, clients, part)
             print(f"{name:10s} {rows:13,d} {secs:8.2f} {secs * 100_000 / rows:9.2f} "
                   f"{nbytes / 2**20:9.1f} {nbytes / rows:15.0f}")
+        converted(root / "leaf", writers)
+
+
+def converted(leaf: Path, writers: int) -> None:
+    """FEMNIST's JSON converted once, then read back whole and a cohort at a time."""
+    import numpy as np
+
+    from simulator.data.convert import convert
+
+    t0 = time.perf_counter()
+    out = convert({"name": "femnist", "root": str(leaf)}, {"name": "natural"}, writers, 0, 0.2,
+                  leaf.parent / "femnist-parquet")
+    secs = time.perf_counter() - t0
+    spec = {"name": "parquet", "path": str(out.train), "test_path": str(out.test),
+            "client": "client", "features": ["x"], "shape": [1, 28, 28], "classes": 62}
+    t0 = time.perf_counter()
+    whole = build(spec, {"name": "natural"}, writers, 0, 0.2)
+    load_s = time.perf_counter() - t0
+    cohort = build(spec, {"name": "natural"}, writers, 0, 0.2, load="cohort")
+    rng = np.random.default_rng(0)
+    reads = []
+    for _ in range(5):
+        ids = np.sort(rng.choice(writers, min(100, writers), replace=False)).tolist()
+        t0 = time.perf_counter()
+        rows = sum(len(y) for _, y in cohort.source.train(ids))
+        reads.append(time.perf_counter() - t0)
+    n = out.train_samples
+    print(f"\nFEMNIST converted to Parquet ({writers} writers, {n:,d} train samples)")
+    print(f"  convert: {secs:.2f} s ({secs * 100_000 / n:.1f} s / 100k, once)")
+    print(f"  load all from Parquet: {load_s:.2f} s ({load_s * 100_000 / n:.2f} s / 100k); "
+          f"table {whole.source.table.nbytes / 2**20:.1f} MB")
+    print(f"  load cohort, 100 writers ({rows:,d} samples): {sorted(reads)[2] * 1000:.0f} ms "
+          "a read (median of 5)")
 
 
 if __name__ == "__main__":
