@@ -1,11 +1,12 @@
 """``fedray data convert``: a scenario's data set, its own clients, written once as Parquet
 sorted by client, which ``data.load: cohort`` then reads a cohort at a time.
 
-Reading LEAF's JSON costs about 47 s per 100,000 FEMNIST samples and holds the whole data
-set in memory; the converted files are read per cohort through pyarrow's dataset API
+Reading LEAF's JSON costs about 74 s per 100,000 FEMNIST samples here and holds the whole
+data set in memory; the converted files are read per cohort through pyarrow's dataset API
 (:class:`simulator.data.datasets.ParquetClients`): the rows are sorted by client and cut
-into row groups of :data:`ROW_GROUP` rows, so a cohort's filter on the client column skips
-every row group whose client range misses it (each group's min/max statistics).
+into row groups of :data:`ROW_GROUP` rows, so a cohort reads only the groups whose client
+range (each group's min/max statistics) holds one of its clients. Pixels are written as
+fixed-size bytes, which Parquet decodes 4-8x faster than a list of uint8.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from simulator import registry
 from simulator.data import _arrow
 from simulator.errors import DataError
 
-ROW_GROUP = 1024  # rows (about 5 FEMNIST writers): a cohort of k clients reads k groups at most
+ROW_GROUP = 256  # rows (about 1.3 FEMNIST writers): a cohort of k clients reads ~1.3k groups
 
 
 @dataclass(frozen=True)
@@ -47,13 +48,18 @@ class Converted:
 
 
 def _table(x: np.ndarray, y: np.ndarray, clients: np.ndarray) -> pa.Table:
-    """Columns ``x`` (fixed_size_list: uint8 pixels stay uint8, else float32), ``label``
+    """Columns ``x`` (uint8 pixels as fixed_size_binary, other features as a
+    fixed_size_list of float32), ``label``
     and ``client``, sorted by client (stable: a client's samples keep their order)."""
     order = np.argsort(clients, kind="stable")
     width = int(np.prod(x.shape[1:]))
     dtype = np.uint8 if x.dtype == np.uint8 else np.float32
     flat = np.ascontiguousarray(x[order].reshape(len(order), width), dtype=dtype)
-    return pa.table({"x": pa.FixedSizeListArray.from_arrays(_arrow(flat.reshape(-1)), width),
+    # pixels as fixed-size bytes: Parquet decodes them 4-8x faster than a list of uint8
+    xs = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(flat),
+                                              [None, pa.py_buffer(flat)]) \
+        if dtype == np.uint8 else pa.FixedSizeListArray.from_arrays(_arrow(flat.reshape(-1)), width)
+    return pa.table({"x": xs,
                      "label": _arrow(np.ascontiguousarray(y[order], dtype=np.int64)),
                      "client": _arrow(np.ascontiguousarray(clients[order], dtype=np.int64))})
 
