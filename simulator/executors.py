@@ -54,10 +54,14 @@ class PoolExecutor:
             engine = make_engine(run.point.scenario, self.backend, self.workers)
             result = engine.run(partial(exp.on_round, run), partial(exp.on_checkpoint, run),
                                 state)
-            status = "FINISHED"
+            status, workers = "FINISHED", engine.n_workers
+            # the engine's actor handles go now, not while Ray shuts down on engine_done's
+            # thread: a handle released during the shutdown made Ray's core worker end the
+            # process (exit status 1, "The core worker has already been shutdown")
+            del engine
             if engine_done is not None:
                 engine_done()
-            return {**summary(run.run_id, run.point, result), "workers": engine.n_workers}
+            return {**summary(run.run_id, run.point, result), "workers": workers}
         except BaseException as e:
             error = e
             raise
