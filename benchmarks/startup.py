@@ -44,12 +44,14 @@ def timed(cmd: list[str], cwd: Path, marker: str | None = None) -> tuple[float, 
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
     first: float | None = None
+    said: list[str] = []
     assert proc.stderr is not None
     for line in proc.stderr:
+        said = [*said[-5:], line.rstrip()]
         if marker and first is None and marker in line:
             first = time.perf_counter() - t0
     if proc.wait() != 0:
-        raise RuntimeError(f"{' '.join(cmd[2:5])} failed")
+        raise RuntimeError(f"{' '.join(cmd[2:5])} failed: " + " | ".join(said))
     return (float("nan") if first is None else first), time.perf_counter() - t0
 
 
