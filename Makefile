@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,data]'
+	$(PY) -m pip install -q -e '.[dev,data,cluster]'
 	# ByzFL, the reference the aggregator tests agree with; --no-deps: it asks for torchvision,
 	# whose PyPI build does not load beside this machine's torch 2.13.0 CPU build.
 	$(PY) -m pip install -q --no-deps byzfl==0.0.11
