@@ -17,6 +17,7 @@ from pathlib import Path
 
 import simulator
 from simulator import registry
+from simulator.checkpoint import WorkingDirectoryGone
 from simulator.config import LoadedScenario, ScenarioError, load
 from simulator.errors import (
     ClientStateLost,
@@ -57,8 +58,10 @@ def _before_anything(loaded: LoadedScenario | None, args: argparse.Namespace) ->
     from simulator.config.schema import MAX_WORKERS
     from simulator.tracking import check_target, default_uri
 
+    uri = args.tracking_uri or default_uri()
+    _lasting_store(uri)
     if args.command != "resume":  # resume reads a store that exists (require_store)
-        check_target(args.tracking_uri or default_uri())
+        check_target(uri)
     workers = getattr(args, "workers", None)
     backend = getattr(args, "backend", None) or (loaded.scenario.runtime.backend if loaded
                                                   else None)
@@ -70,6 +73,25 @@ def _before_anything(loaded: LoadedScenario | None, args: argparse.Namespace) ->
     elif workers is not None and workers > MAX_WORKERS:  # runtime.workers' bound
         raise UsageError(f"--workers: must be <= {MAX_WORKERS} (as runtime.workers), got "
                          f"{workers}")
+
+
+def _lasting_store(uri: str) -> None:
+    """Refuse an embedded SQLite store in Ray's temporary files: a `ray job submit
+    --working-dir` job runs in a folder that Ray removes (the runs would vanish with it, and
+    `fedray report` could not find them). Refused rather than moved elsewhere: no folder of
+    the node that runs the driver is sure to last or to be found again (docs/cluster.md)."""
+    from simulator.runtime.backend import ray_temporary_folder
+
+    if not uri.startswith("sqlite:///"):
+        return
+    db = Path(uri[len("sqlite:///"):]).absolute()
+    folder = ray_temporary_folder(db)
+    if folder is not None:
+        raise UsageError(
+            f"--tracking-uri: the MLflow store {db} would be in Ray's temporary folder "
+            f"{folder} (a `ray job submit --working-dir` job runs there), removed with the job; "
+            "pass --tracking-uri http://HOST:5000 (a shared MLflow server, docs/cluster.md) "
+            "or --tracking-uri sqlite:////ABSOLUTE/PATH/mlflow.db in a folder that lasts")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -518,11 +540,18 @@ def _unfinished(command: str, resumable: bool, unfinished: list[Unfinished]) -> 
     return text
 
 
-def _pending_note() -> None:
-    """What a tracking outage left in the journal, and the command that sends it."""
+def _pending_note(command: str, start: Path) -> None:
+    """What a tracking outage left in the journal under ``start`` (the working directory the
+    command started in), and the command that sends it; or, where that directory was removed
+    while the command ran, that its journal and checkpoints went with it."""
     from simulator.tracking import pending
 
-    for run_id, what in pending().items():
+    if not start.is_dir():
+        print(printable(f"fedray {command}: the working directory {start} was removed while "
+                        "it ran; what it held (.fedray/pending/, .fedray/checkpoints/) went "
+                        "with it"), file=sys.stderr)
+        return
+    for run_id, what in pending(start).items():
         print(f"fedray: run {run_id}: {what} not yet in MLflow (kept in .fedray/pending/); "
               "`fedray sync` sends it", file=sys.stderr)
 
@@ -537,14 +566,21 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     tracked = args.command in ("run", "sweep", "resume")
     level = logging.DEBUG if tracked and args.verbose else logging.INFO
+    try:
+        start = Path.cwd()  # once: the folder may be removed under a running command
+    except FileNotFoundError:
+        print(f"fedray {args.command}: the working directory no longer exists; cd to an "
+              "existing folder and run it again", file=sys.stderr)
+        return EXIT_INVALID
     with to_stderr(level):
-        return _command(args, tracked)
+        return _command(args, tracked, start)
 
 
-def _command(args: argparse.Namespace, tracked: bool) -> int:
+def _command(args: argparse.Namespace, tracked: bool, start: Path) -> int:
     """``args.func``, its failures reported in one line with the runs they left unfinished."""
     if tracked:
         trap_sigterm()
+    note = tracked  # the journal's note at the end
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM through trap_sigterm
@@ -555,6 +591,7 @@ def _command(args: argparse.Namespace, tracked: bool) -> int:
         return 128 + signum
     except (FedrayError, DataError) as e:
         resumable = isinstance(e, (WorkerLost, ClientStateLost))
+        note = note and not isinstance(e, WorkingDirectoryGone)  # this line says it all
         # user text in the message (a run id, a path) never reaches the terminal raw
         print(printable(f"fedray {args.command}: {e}"
                         f"{_unfinished(args.command, resumable, unfinished_of(e))}"),
@@ -566,8 +603,8 @@ def _command(args: argparse.Namespace, tracked: bool) -> int:
                   f"{_unfinished(args.command, False, unfinished_of(e))}", file=sys.stderr)
         raise
     finally:
-        if tracked:
-            _pending_note()
+        if note:
+            _pending_note(args.command, start)
 
 
 if __name__ == "__main__":

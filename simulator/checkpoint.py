@@ -20,16 +20,31 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from simulator.errors import CheckpointUnreadable
+from simulator.errors import CheckpointUnreadable, FedrayError
 
 ROOT = Path(".fedray") / "checkpoints"
 _NAME = re.compile(r"round_(\d+)\.pt$")
 
 
+class WorkingDirectoryGone(FedrayError):
+    """The directory fedray runs from was removed under the running process."""
+
+
+def working_dir() -> Path:
+    """``Path.cwd()``; a working directory removed under the running process (a Ray job's
+    ``--working-dir`` is a temporary folder that Ray may remove or extract again) is
+    WorkingDirectoryGone, one line, where ``Path.cwd()`` raised FileNotFoundError."""
+    try:
+        return Path.cwd()
+    except FileNotFoundError:
+        raise WorkingDirectoryGone(
+            "the working directory was removed while the run went on (a `ray job submit "
+            "--working-dir` folder is temporary): its checkpoints (.fedray/checkpoints/) "
+            "cannot be written; run from a folder that lasts") from None
+
+
 def run_dir(run_id: str, base: Path | None = None) -> Path:
-    return (base or Path.cwd()) / ROOT / run_id
+    return (base or working_dir()) / ROOT / run_id
 
 
 def save(run_id: str, round_: int, state: dict[str, Any], base: Path | None = None,
@@ -39,6 +54,8 @@ def save(run_id: str, round_: int, state: dict[str, Any], base: Path | None = No
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"round_{round_:06d}.pt"
     tmp = path.with_suffix(".tmp")
+    import torch  # here: the command line imports this module for WorkingDirectoryGone
+
     torch.save({**state, "round": int(round_)}, tmp)
     os.replace(tmp, path)
     for old in sorted(d.glob("round_*.pt"))[:-keep]:
@@ -52,6 +69,8 @@ def latest(run_id: str, base: Path | None = None) -> dict[str, Any] | None:
     files = sorted(p for p in d.glob("round_*.pt") if _NAME.search(p.name)) if d.is_dir() else []
     if not files:
         return None
+    import torch
+
     try:
         return torch.load(files[-1], weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch/pickle/zip errors: one line, no unsafe advice
@@ -61,5 +80,10 @@ def latest(run_id: str, base: Path | None = None) -> dict[str, Any] | None:
 
 
 def remove(run_id: str, base: Path | None = None) -> None:
-    """Forget a finished run's checkpoints."""
-    shutil.rmtree(run_dir(run_id, base), ignore_errors=True)
+    """Forget a finished run's checkpoints (none to forget when the working directory they
+    were in was removed)."""
+    try:
+        d = run_dir(run_id, base)
+    except WorkingDirectoryGone:
+        return
+    shutil.rmtree(d, ignore_errors=True)

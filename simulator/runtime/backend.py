@@ -9,7 +9,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast, overload
 
 from simulator.errors import FedrayError, UsageError, WorkerLost
@@ -111,8 +114,7 @@ class RayBackend:
     pipelined = True
 
     def __init__(self, address: str | None = None, **init_kwargs: Any) -> None:
-        import ray
-
+        ray = import_ray()
         self.ray = ray
         self._owns = False
         self.fixed = False
@@ -239,8 +241,7 @@ def _check_listening(address: str) -> None:
                          "unless `ray start --port` said otherwise), auto, or ray://HOST:PORT")
     import socket
 
-    import ray
-
+    ray = import_ray()
     if host in ("localhost", "127.0.0.1", "::1"):
         ip = ray.util.get_node_ip_address()
     else:
@@ -253,6 +254,32 @@ def _check_listening(address: str) -> None:
     except OSError as e:
         raise ConnectionError(f"nothing answers at {ip}:{port}: "
                               f"{e.strerror or type(e).__name__}") from None
+
+
+# Ray's "Raylet is terminated ... Last 20 lines of the Raylet logs:" block: both agents of a
+# node whose raylet died (the dashboard agent and the runtime-env agent) publish it to every
+# driver, which prints it on stdout, about 20 lines each, quoting whatever raylet.out sits in
+# that node's log folder (on one machine, the head's). The driver's error listener prints it
+# through Ray's log deduplicator, whose skip pattern is this driver option. The run says what
+# the loss meant in its own line ("ClientWorker(s) [i] lost ... its node died"); Ray's
+# "node ... has been marked dead" message (3 lines, once) and every other error stay.
+RAYLET_DIED_BLOCK = r"^Raylet is terminated\."
+
+
+def import_ray() -> Any:
+    """``import ray``, with Ray's raylet-death block (RAYLET_DIED_BLOCK) left out of what the
+    driver prints. Ray reads RAY_DEDUP_LOGS_SKIP_REGEX when it is imported (a pattern the user
+    set is kept beside ours); fedray imports Ray only through here. Under RAY_DEDUP_LOGS=0
+    Ray applies no skip pattern at all, and prints the block."""
+    if "ray" not in sys.modules:
+        own = os.environ.get("RAY_DEDUP_LOGS_SKIP_REGEX")
+        if not own:
+            os.environ["RAY_DEDUP_LOGS_SKIP_REGEX"] = RAYLET_DIED_BLOCK
+        elif RAYLET_DIED_BLOCK not in own:
+            os.environ["RAY_DEDUP_LOGS_SKIP_REGEX"] = f"(?:{own})|{RAYLET_DIED_BLOCK}"
+    import ray
+
+    return ray
 
 
 class _DefaultAuthNotice(logging.Filter):
@@ -271,6 +298,26 @@ def _quiet_default_auth_notice() -> None:
         log.addFilter(_DefaultAuthNotice())
 
 
+# a Ray session's folder: session_<date>_<time>_<microseconds>_<pid>
+_RAY_SESSION = re.compile(r"session_\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}_\d+_\d+")
+
+
+def ray_temporary_folder(path: Path) -> Path | None:
+    """The folder of Ray's temporary files that ``path`` (absolute) lies in, or None: a Ray
+    session's folder anywhere (``ray start --temp-dir`` chooses where; a ``ray job submit
+    --working-dir`` job runs in its ``runtime_resources/working_dir_files/_ray_pkg_*``), or
+    Ray's default temporary folder (``$RAY_TMPDIR/ray``, else ``$TMPDIR/ray``, else
+    ``/tmp/ray``, as Ray chooses it). Ray removes what is there: with the job's package, on
+    ``ray stop``, at a reboot. Ray is not imported."""
+    for i, part in enumerate(path.parts):
+        if _RAY_SESSION.fullmatch(part) or part == "runtime_resources":
+            return Path(*path.parts[:i + 1])
+    system = os.environ.get("RAY_TMPDIR") or (os.environ.get("TMPDIR")
+                                              if sys.platform.startswith("linux") else None)
+    root = Path(system or "/tmp") / "ray"
+    return root if path.is_relative_to(root) else None
+
+
 def gpu_share(asked: float | None, on_gpu: bool, gpus: float, n: int) -> float:
     """The GPUs one of ``n`` actors or tasks takes: ``asked`` (``runtime.num_gpus``) when
     given, else none off the GPU, else ``gpus`` shared out among the ``n``, at most one."""
@@ -280,10 +327,13 @@ def gpu_share(asked: float | None, on_gpu: bool, gpus: float, n: int) -> float:
 
 
 def _ray_kind(e: BaseException) -> str:
-    """The Ray error's own type name (a RayTaskError subclass carries its cause's type)."""
+    """The Ray error's own type name (a RayTaskError subclass carries its cause's type), and
+    ", its node died" where Ray says the actor died with its node (a raylet killed, a machine
+    gone): the run's one line about a node loss, Ray's own 20-line block being left out."""
     kinds = [c.__name__ for c in type(e).__mro__ if c.__module__ == "ray.exceptions"
              and not c.__name__.startswith("RayTaskError")]
-    return kinds[0] if kinds else type(e).__name__
+    kind = kinds[0] if kinds else type(e).__name__
+    return kind + (", its node died" if "because its node has died" in str(e) else "")
 
 
 def make_backend(name: str, address: str | None = None, **init_kwargs: Any) -> Backend:
