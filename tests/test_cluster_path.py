@@ -1,0 +1,403 @@
+"""The cluster path (docs/cluster.md): `ray job submit` against a real `ray start --head`,
+a store in Ray's temporary folders refused, a working directory removed under a running
+driver, and Ray's raylet-death block left out of the driver's output."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedray.cli import _pending_note, main
+from simulator import checkpoint
+from simulator.runtime.backend import RAYLET_DIED_BLOCK, ray_temporary_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SESSION = "session_2026-12-04_10-35-12_345678_12345"  # the shape of a Ray session's folder
+
+SCENARIO = """\
+name: cluster-job
+rounds: 4
+data:
+  dataset: {name: digits}
+model: {name: mlp, hidden: [32]}
+clients: {total: 6, per_round: 3}
+aggregator: {name: mean}
+local: {steps: 10, batch_size: 32, lr: 0.3}
+runtime: {backend: ray, workers: 1}
+"""
+
+REFUSED = "--tracking-uri: the MLflow store "
+
+
+def _job_folder(base: Path) -> Path:
+    """Where `ray job submit --working-dir` unpacks a job (on a head started with
+    --temp-dir ``base``)."""
+    d = base / SESSION / "runtime_resources" / "working_dir_files" / "_ray_pkg_0123abcd"
+    d.mkdir(parents=True)
+    return d
+
+
+# --- Ray's temporary folders -------------------------------------------------------------
+
+def test_ray_temporary_folder_finds_sessions_job_folders_and_rays_default_root(tmp_path,
+                                                                              monkeypatch):
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    monkeypatch.delenv("TMPDIR", raising=False)
+    job = _job_folder(tmp_path / "raytmp")
+    assert ray_temporary_folder(job) == tmp_path / "raytmp" / SESSION
+    assert ray_temporary_folder(job / "mlflow.db") == tmp_path / "raytmp" / SESSION
+    # a runtime_resources folder whose session folder Ray named differently
+    assert ray_temporary_folder(Path("/x/runtime_resources/working_dir_files/p")) == \
+        Path("/x/runtime_resources")
+    assert ray_temporary_folder(Path("/tmp/ray/session_latest/x")) == Path("/tmp/ray")
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "rt"))
+    assert ray_temporary_folder(tmp_path / "rt" / "ray" / "a") == tmp_path / "rt" / "ray"
+    assert ray_temporary_folder(Path("/tmp/ray/a")) is None  # Ray's root is elsewhere now
+    # folders that only look alike
+    assert ray_temporary_folder(tmp_path / "session_notes" / "ray") is None
+    assert ray_temporary_folder(Path("/tmp/rays/a")) is None
+    assert ray_temporary_folder(tmp_path) is None
+
+
+@pytest.mark.parametrize("command", [["run", "{s}"], ["sweep", "{s}"], ["resume", "0123abcd"]])
+def test_a_run_in_a_ray_job_folder_without_tracking_uri_is_refused_in_one_line(
+        tmp_path, monkeypatch, capsys, command):
+    """Before anything runs: no store, no .fedray folder, one line naming --tracking-uri."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(SCENARIO.replace("backend: ray", "backend: inline"))
+    job = _job_folder(tmp_path / "raytmp")
+    monkeypatch.chdir(job)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    code = main([c.format(s=scenario) for c in command])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err == [(
+        f"fedray {command[0]}: {REFUSED}{job / 'mlflow.db'} would be in Ray's temporary folder "
+        f"{tmp_path / 'raytmp' / SESSION} (a `ray job submit --working-dir` job runs there), "
+        "removed with the job; pass --tracking-uri http://HOST:5000 (a shared MLflow server, "
+        "docs/cluster.md) or --tracking-uri sqlite:////ABSOLUTE/PATH/mlflow.db in a folder "
+        "that lasts")]
+    assert sorted(p.name for p in job.iterdir()) == []
+
+    # MLFLOW_TRACKING_URI's relative SQLite store is the same store; one elsewhere is not refused
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    assert main([c.format(s=scenario) for c in command]) == 2
+    assert REFUSED in capsys.readouterr().err
+
+
+def test_a_lasting_store_is_not_refused_in_a_ray_job_folder(tmp_path, monkeypatch, capsys):
+    """With --tracking-uri elsewhere the next check answers (too many workers for --workers)."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(SCENARIO)
+    monkeypatch.chdir(_job_folder(tmp_path / "raytmp"))
+    code = main(["run", str(scenario), "--workers", "64",
+                 "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and REFUSED not in err and err.startswith("fedray run: --workers: 64 ")
+
+
+# --- a working directory removed under the command ---------------------------------------
+
+def test_checkpoints_in_a_removed_working_directory_are_one_line(tmp_path, monkeypatch):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    with pytest.raises(checkpoint.WorkingDirectoryGone,
+                       match=r"^the working directory was removed while the run went on .*"
+                             r"\(.fedray/checkpoints/\) cannot be written; run from a folder"):
+        checkpoint.save("r1", 0, {"x": 1})
+    assert checkpoint.remove("r1") is None  # nothing to forget: it went with the folder
+    assert checkpoint.latest("r1", base=tmp_path) is None  # an explicit base still answers
+
+
+def test_the_pending_note_of_a_removed_working_directory_is_one_line(tmp_path, monkeypatch,
+                                                                     capsys):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    _pending_note("run", gone)
+    assert capsys.readouterr().err.splitlines() == [(
+        f"fedray run: the working directory {gone} was removed while it ran; what it held "
+        "(.fedray/pending/, .fedray/checkpoints/) went with it")]
+    code = main(["run", str(tmp_path / "s.yaml")])
+    assert code == 2
+    assert capsys.readouterr().err.splitlines() == [(
+        "fedray run: the working directory no longer exists; cd to an existing folder and run "
+        "it again")]
+
+
+# fedray run, whose working directory is removed after round `when` (0-based)
+_REMOVE_CWD = """\
+import shutil, sys
+from pathlib import Path
+from simulator import callbacks
+on_round = callbacks.Progress.on_round
+def remove_cwd(self, run, round_, metrics):
+    if round_ == int(sys.argv[1]):
+        shutil.rmtree(Path.cwd())
+    on_round(self, run, round_, metrics)
+callbacks.Progress.on_round = remove_cwd
+from fedray.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_working_directory_removed_under_a_running_driver_is_one_line(tmp_path,
+                                                                        _mlflow_template):
+    """A driver whose folder disappears (as a Ray job's may): checkpoints every round meet
+    the removed folder, the run stops and says so in one line, with no traceback."""
+    store = tmp_path / "store"
+    store.mkdir()
+    shutil.copy(_mlflow_template, store / "mlflow.db")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(SCENARIO.replace("backend: ray, workers: 1",
+                                         "backend: inline, checkpoint_every: 1"))
+    cwd = tmp_path / "job"
+    cwd.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["PYTHONPATH"] = str(ROOT)
+    r = subprocess.run([sys.executable, "-c", _REMOVE_CWD, "1", "run", str(scenario),
+                        "--tracking-uri", f"sqlite:///{store / 'mlflow.db'}"], cwd=cwd, env=env,
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert not cwd.exists(), r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.startswith("fedray run:")]
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("fedray run: the working directory was removed while the run "
+                               "went on")
+    assert "marked FAILED" in lines[0]
+
+
+# --- Ray's raylet-death block ------------------------------------------------------------
+
+_PRINT_ERRORS = """\
+from simulator.runtime.backend import import_ray
+ray = import_ray()
+from ray._private.worker import print_to_stdstream
+for message in ["Raylet is terminated. Termination is unexpected. Possible reasons include: "
+                "(1) SIGKILL.\\n    [state-dump] line 1\\n    [state-dump] line 2",
+                "The node with node id: abc has been marked dead because the detector has "
+                "missed too many heartbeats from it."]:
+    print_to_stdstream({"lines": [message], "pid": "raylet", "is_err": False},
+                       ignore_prefix=False)
+"""
+
+
+def test_the_driver_prints_rays_other_errors_but_not_the_raylet_death_block():
+    """Through the printer of the driver's error listener (what Ray's agents publish when a
+    raylet dies): the block is left out, the node's death is still said, once."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_DEDUP_LOGS_SKIP_REGEX"}
+    env["PYTHONPATH"] = str(ROOT)
+    r = subprocess.run([sys.executable, "-c", _PRINT_ERRORS], env=env, capture_output=True,
+                       text=True, timeout=120, check=True)
+    assert "Raylet is terminated" not in r.stdout and "state-dump" not in r.stdout
+    assert r.stdout.count("has been marked dead because the detector") == 1, r.stdout
+    # a pattern of the user's is kept beside fedray's
+    env["RAY_DEDUP_LOGS_SKIP_REGEX"] = "marked dead"
+    r = subprocess.run([sys.executable, "-c", _PRINT_ERRORS], env=env, capture_output=True,
+                       text=True, timeout=120, check=True)
+    assert "Raylet is terminated" not in r.stdout and "marked dead" not in r.stdout
+    assert RAYLET_DIED_BLOCK == r"^Raylet is terminated\."
+
+
+_KILL_RAYLET = """\
+import glob, os, signal, sys, time
+from simulator.runtime.backend import RayBackend, import_ray
+ray = import_ray()
+from ray.cluster_utils import Cluster
+from simulator.errors import WorkerLost
+cluster = Cluster(initialize_head=True, head_node_args={
+    "num_cpus": 0, "include_dashboard": False, "object_store_memory": 100 * 1024**2,
+    "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 2,
+                       "health_check_initial_delay_ms": 0}})
+node = cluster.add_node(num_cpus=1, object_store_memory=100 * 1024**2)
+cluster.wait_for_nodes()
+backend = RayBackend(cluster.address)
+class Sleeper:
+    def nap(self):
+        time.sleep(60)
+actor = backend.spawn(Sleeper, role="worker")
+ray.get(actor.__ray_ready__.remote())
+ref = backend.call(actor, Sleeper.nap)
+os.kill(node.all_processes["raylet"][0].process.pid, signal.SIGKILL)
+try:
+    backend.get(ref)
+except WorkerLost as e:
+    print("lost:", e, file=sys.stderr, flush=True)
+logs = os.path.join(ray._private.worker._global_node.get_session_dir_path(), "logs")
+deadline = time.monotonic() + 60  # until the killed node's agents have published the block
+while not any("Raylet is terminated" in open(f, errors="replace").read()
+              for f in glob.glob(os.path.join(logs, "*agent*.log"))):
+    assert time.monotonic() < deadline, "no agent reported the raylet's death"
+    time.sleep(0.5)
+time.sleep(3)  # the driver's error listener polls the published errors
+print("published", file=sys.stderr, flush=True)
+ray.shutdown()
+cluster.shutdown()
+"""
+
+
+@pytest.mark.cluster
+def test_a_killed_raylet_is_our_one_line_not_rays_block(tmp_path):
+    """A worker node's raylet killed (SIGKILL) under an actor call: Ray's agents publish the
+    "Raylet is terminated" block (20 lines of a raylet log; twice before); the driver prints
+    none of it, and the run's line says the node died."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", "RAY_DEDUP_LOGS_SKIP_REGEX")}
+    env.update(PYTHONPATH=str(ROOT), RAY_AUTH_MODE="disabled")
+    r = subprocess.run([sys.executable, "-c", _KILL_RAYLET], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "published" in r.stderr
+    assert "lost: ActorDiedError, its node died" in r.stderr
+    assert "Raylet is terminated" not in r.stdout + r.stderr
+    assert "state-dump" not in r.stdout + r.stderr
+
+
+# --- ray job submit against a local head -------------------------------------------------
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _processes_of(folder: Path) -> set[int]:
+    """The processes whose command line names ``folder`` (a head's --temp-dir), and all
+    their descendants (dashboard modules, agents, workers, a job's driver)."""
+    parents: dict[int, int] = {}
+    found: set[int] = set()
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            parents[int(p.name)] = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if str(folder) in cmd:
+            found.add(int(p.name))
+    grown = True
+    while grown:
+        more = {pid for pid, ppid in parents.items() if ppid in found} - found
+        found |= more
+        grown = bool(more)
+    return found
+
+
+def _stop(folder: Path) -> None:
+    """Stop the head started with --temp-dir ``folder``: `ray stop` would stop every Ray
+    instance of this user on the machine, others' tests included."""
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+        for pid in _processes_of(folder):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while _processes_of(folder) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory):
+    """`ray start --head` on loopback with the Jobs API, token authentication off, its own
+    --temp-dir (short: Ray's socket paths must fit in 107 characters) and its own ports;
+    yields the dashboard's address. Its environment is the one a job inherits: this venv's
+    bin first on PATH (the job's `fedray`), no MLFLOW_TRACKING_URI."""
+    pytest.importorskip(
+        "ray.dashboard.optional_deps",
+        reason="the cluster extra is not installed (pip install -e '.[cluster]'): "
+               "ray job submit needs the dashboard's packages")
+    temp = tmp_path_factory.mktemp("ray")
+    gcs, dash, client, agent, agent_grpc, env_agent, metrics, nm, om = _free_ports(9)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "RAY_DEDUP_LOGS_SKIP_REGEX")}
+    env.update(RAY_AUTH_MODE="disabled", PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
+    cmd = [str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1",
+           "--port", str(gcs), "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
+           "--dashboard-port", str(dash), "--ray-client-server-port", str(client),
+           "--dashboard-agent-listen-port", str(agent),
+           "--dashboard-agent-grpc-port", str(agent_grpc),
+           "--runtime-env-agent-port", str(env_agent), "--metrics-export-port", str(metrics),
+           "--node-manager-port", str(nm), "--object-manager-port", str(om),
+           "--temp-dir", str(temp), "--num-cpus", "2", "--object-store-memory",
+           str(200 * 1024**2), "--disable-usage-stats"]
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180,
+                           check=False)
+        assert r.returncode == 0, r.stderr[-3000:]
+        yield f"http://127.0.0.1:{dash}", env
+    finally:
+        _stop(temp)
+
+
+def _submit(address: str, env: dict, working_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "ray"), "job", "submit", "--address", address,
+                           "--working-dir", str(working_dir), "--", "fedray", "run", *args],
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.cluster
+def test_ray_job_submit_runs_on_the_cluster_and_lands_in_the_given_store(
+        ray_head, tmp_path, _mlflow_template):
+    from mlflow.tracking import MlflowClient
+
+    address, env = ray_head
+    work = tmp_path / "job"
+    work.mkdir()
+    (work / "tiny.yaml").write_text(SCENARIO)
+    store = tmp_path / "store" / "mlflow.db"
+    store.parent.mkdir()
+    shutil.copy(_mlflow_template, store)
+    uri = f"sqlite:///{store}"
+    r = _submit(address, env, work, "tiny.yaml", "--address", "auto", "--tracking-uri", uri)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert "Traceback" not in out
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("cluster-job")
+    runs = client.search_runs([exp.experiment_id],
+                              filter_string="tags.mlflow.parentRunId != ''")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    history = client.get_metric_history(runs[0].info.run_id, "eval/test_accuracy")
+    assert sorted(m.step for m in history) == [0, 1, 2, 3]  # every round, once
+    final = max(history, key=lambda m: m.step).value
+    assert final > 0.7
+    assert f"seed=0: final test accuracy {final:.4f}  (run {runs[0].info.run_id})" in out
+    assert f"tracking URI: {uri}" in out
+
+
+@pytest.mark.cluster
+def test_ray_job_submit_without_tracking_uri_fails_in_one_line(ray_head, tmp_path):
+    address, env = ray_head
+    work = tmp_path / "job"
+    work.mkdir()
+    (work / "tiny.yaml").write_text(SCENARIO)
+    r = _submit(address, env, work, "tiny.yaml", "--address", "auto")
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert "Job entrypoint command failed with exit code 2" in out, out[-3000:]
+    ours = {line for line in out.splitlines() if line.startswith("fedray run:")}
+    assert len(ours) == 1, out[-3000:]
+    line = ours.pop()
+    assert line.startswith(f"fedray run: {REFUSED}")
+    assert "runtime_resources/working_dir_files/_ray_pkg_" in line
+    assert "Traceback" not in out and "seed=0: round" not in out
