@@ -56,6 +56,7 @@ def _before_anything(loaded: LoadedScenario | None, args: argparse.Namespace) ->
     are this machine's) could ever place, or than runtime.workers allows anywhere."""
     from simulator.config.checks import check_local_workers
     from simulator.config.schema import MAX_WORKERS
+    from simulator.runtime.backend import refuse_local_instance_in_job
     from simulator.tracking import check_target, default_uri
 
     uri = args.tracking_uri or default_uri()
@@ -65,6 +66,8 @@ def _before_anything(loaded: LoadedScenario | None, args: argparse.Namespace) ->
     workers = getattr(args, "workers", None)
     backend = getattr(args, "backend", None) or (loaded.scenario.runtime.backend if loaded
                                                   else None)
+    if args.address is None and (backend == "ray" or args.command == "sweep"):
+        refuse_local_instance_in_job()  # a sweep's points are Ray tasks
     if loaded is not None and backend == "ray" and args.address is None:
         for point in loaded.points:  # a local instance: this machine's CPUs
             rt = point.scenario.runtime

@@ -105,6 +105,25 @@ def test_a_lasting_store_is_not_refused_in_a_ray_job_folder(tmp_path, monkeypatc
     assert code == 2 and REFUSED not in err and err.startswith("fedray run: --workers: 64 ")
 
 
+@pytest.mark.parametrize("command", [["run", "{s}"], ["sweep", "{s}"],
+                                     ["resume", "0123abcd", "--backend", "ray"]])
+def test_a_ray_job_without_address_is_refused_in_one_line(tmp_path, monkeypatch, capsys,
+                                                          command):
+    """Inside `ray job submit` (its job config in the environment) a new local Ray instance
+    inherits the job's runtime environment, and every actor failed with a traceback."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(SCENARIO)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", '{"runtime_env": {"working_dir": '
+                       '"gcs://_ray_pkg_0123abcd.zip"}}')
+    store = ["--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    assert main([c.format(s=scenario) for c in command] + store) == 2
+    assert capsys.readouterr().err.splitlines() == [(
+        f"fedray {command[0]}: --address: this runs as a Ray job (ray job submit); pass "
+        "--address auto to run on the job's cluster, or --backend inline")]
+    assert not (tmp_path / "mlflow.db").exists()
+
+
 # --- a working directory removed under the command ---------------------------------------
 
 def test_checkpoints_in_a_removed_working_directory_are_one_line(tmp_path, monkeypatch):

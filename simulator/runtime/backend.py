@@ -122,6 +122,7 @@ class RayBackend:
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
             kwargs.update(init_kwargs)
             if address is None:
+                refuse_local_instance_in_job()
                 # A fresh local instance. Never join a cluster from the environment: a bare
                 # ray.init() also joins the one `ray start` recorded on this machine (and
                 # hangs when its head is dead); "local" always starts a new instance.
@@ -296,6 +297,16 @@ def _quiet_default_auth_notice() -> None:
     log = logging.getLogger("ray._private.authentication.authentication_token_setup")
     if not any(isinstance(f, _DefaultAuthNotice) for f in log.filters):
         log.addFilter(_DefaultAuthNotice())
+
+
+def refuse_local_instance_in_job() -> None:
+    """A command run as a Ray job (`ray job submit`: RAY_JOB_CONFIG_JSON_ENV_VAR is set)
+    without --address would start a new local Ray instance that inherits the job's runtime
+    environment, whose --working-dir package only the job's cluster holds: every actor then
+    failed with RuntimeEnvSetupError and its traceback. Refused in one line."""
+    if os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
+        raise UsageError("--address: this runs as a Ray job (ray job submit); pass --address "
+                         "auto to run on the job's cluster, or --backend inline")
 
 
 # a Ray session's folder: session_<date>_<time>_<microseconds>_<pid>
