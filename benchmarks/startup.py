@@ -203,11 +203,20 @@ def main() -> None:
             first, end = median_of(args.repeat, [*run, "--backend", backend], cwd, marker)
             print(f"fedray run ({backend:6}) first round {first:6.2f} s = {first / torch_s:4.2f}x "
                   f"import torch; whole run ({args.rounds} rounds) {end:6.2f} s")
+        # the finish: import torch and the two one-round runs in turn, so that each ratio
+        # compares commands run under the same load
         one = [*FEDRAY, "run", QUICK, "--set", "rounds=1", "--quiet"]
-        for backend in ("inline", "ray"):
-            end = median_of(args.repeat, [*one, "--backend", backend], cwd)[1]
+        cmds = {"import torch": [PY, "-c", "import torch"],
+                **{b: [*one, "--backend", b] for b in ("inline", "ray")}}
+        ends: dict[str, list[float]] = {k: [] for k in cmds}
+        for _ in range(args.repeat):
+            for k, cmd in cmds.items():
+                ends[k].append(timed(cmd, cwd)[1])
+        yard = statistics.median(ends.pop("import torch"))
+        for backend, times in ends.items():
+            end = statistics.median(times)
             print(f"fedray run ({backend:6}) one round: finished at {end:6.2f} s = "
-                  f"{end / torch_s:4.2f}x import torch")
+                  f"{end / yard:4.2f}x import torch ({yard:.2f} s in turn with it)")
         print("after the round of a one-round inline run (one instrumented run):")
         print_parts(timeline([*one, "--backend", "inline"], cwd))
         for sub in (["validate", QUICK], ["show", QUICK], ["list"]):
