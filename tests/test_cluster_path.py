@@ -5,6 +5,7 @@ driver, and Ray's raylet-death block left out of the driver's output."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -298,9 +299,11 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def _processes_of(folder: Path) -> set[int]:
-    """The processes whose command line names ``folder`` (a head's --temp-dir), and all
-    their descendants (dashboard modules, agents, workers, a job's driver)."""
+def _processes_of(folder: Path, gcs: int) -> set[int]:
+    """The processes whose command line names ``folder`` (a head's --temp-dir) or the head's
+    GCS port ``gcs`` as their address (Ray's client server names only that), and all
+    their descendants (dashboard modules, agents, workers, a job's driver), less this
+    process and its ancestors."""
     parents: dict[int, int] = {}
     found: set[int] = set()
     for p in Path("/proc").iterdir():
@@ -311,27 +314,31 @@ def _processes_of(folder: Path) -> set[int]:
             parents[int(p.name)] = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-        if str(folder) in cmd:
+        if str(folder) in cmd or re.search(rf"--address=\S+:{gcs}(?!\d)", cmd):
             found.add(int(p.name))
     grown = True
     while grown:
         more = {pid for pid, ppid in parents.items() if ppid in found} - found
         found |= more
         grown = bool(more)
-    return found
+    mine, pid = set(), os.getpid()  # never this process or those that started it
+    while pid > 1 and pid not in mine:
+        mine.add(pid)
+        pid = parents.get(pid, 1)
+    return found - mine
 
 
-def _stop(folder: Path) -> None:
+def _stop(folder: Path, gcs: int) -> None:
     """Stop the head started with --temp-dir ``folder``: `ray stop` would stop every Ray
     instance of this user on the machine, others' tests included."""
     for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
-        for pid in _processes_of(folder):
+        for pid in _processes_of(folder, gcs):
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + wait
-        while _processes_of(folder) and time.monotonic() < deadline:
+        while _processes_of(folder, gcs) and time.monotonic() < deadline:
             time.sleep(0.2)
 
 
@@ -365,7 +372,7 @@ def ray_head(tmp_path_factory):
         assert r.returncode == 0, r.stderr[-3000:]
         yield f"http://127.0.0.1:{dash}", env
     finally:
-        _stop(temp)
+        _stop(temp, gcs)
 
 
 def _submit(address: str, env: dict, working_dir: Path, *args: str) -> subprocess.CompletedProcess:
