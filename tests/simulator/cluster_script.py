@@ -23,7 +23,8 @@ from simulator.runtime.backend import RayBackend
 
 def main(scenario_path: str) -> None:
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "object_store_memory": 200 * 1024**2, "_system_config": {
+        "num_cpus": 0, "object_store_memory": 200 * 1024**2, "include_dashboard": False,
+        "_system_config": {
             "health_check_period_ms": 500, "health_check_failure_threshold": 2,
             "health_check_initial_delay_ms": 0}})
     nodes = [cluster.add_node(num_cpus=1, object_store_memory=200 * 1024**2) for _ in range(2)]

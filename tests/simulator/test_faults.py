@@ -206,7 +206,7 @@ def test_an_aggregator_that_raises_fails_the_run_naming_it(tmp_path, mlflow_uri,
     always raised gave a FINISHED run whose model never moved."""
     import strategies.aggregators as aggs
 
-    def broken(self, x, generator=None):
+    def broken(self, x, generator=None, weights=None):  # the weighted signature
         raise ValueError("boom in the rule")
 
     monkeypatch.setattr(aggs.CoordinateWiseMedian, "__call__", broken)
