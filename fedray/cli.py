@@ -313,6 +313,31 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_convert(args: argparse.Namespace) -> int:
+    """Write a scenario's data set, its own clients (``clients.total``, the ``natural``
+    partitioner), once as Parquet sorted by client into ``OUT``, and print the ``data:``
+    block that reads it back a cohort at a time (``data.load: cohort``)."""
+    from simulator.data.convert import convert
+
+    loaded = _load(args)
+    if loaded is None:
+        return EXIT_INVALID
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"OUT {printable(args.out)}: "
+                         f"{'is not a folder' if not out.is_dir() else 'is not empty'}; "
+                         "give a new or empty folder")
+    sc = loaded.points[0].scenario
+    done = convert(sc.data.dataset, sc.data.partitioner, sc.clients.total, sc.seeds[0],
+                   sc.data.test_fraction, out)
+    print(f"{done.clients:,} clients, {done.train_samples:,} training and "
+          f"{done.test_samples:,} test samples: {printable(str(done.train))}, "
+          f"{printable(str(done.test))}")
+    for line in done.block().splitlines():  # each line escaped alone
+        print(printable(line))
+    return 0
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     """The scenario as it will run (defaults filled in, plugins resolved) and its points."""
     import yaml
@@ -503,6 +528,16 @@ def build_parser() -> argparse.ArgumentParser:
     fe.add_argument("scenario")
     fe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     fe.set_defaults(func=cmd_fetch)
+
+    da = sub.add_parser("data", help="data sets: convert a scenario's clients to Parquet")
+    da_sub = da.add_subparsers(dest="data_command", required=True)
+    dc = da_sub.add_parser("convert", help="write a scenario's data set, its own clients, "
+                           "once as Parquet sorted by client (read a cohort at a time with "
+                           "data.load: cohort); prints the data: block to use")
+    dc.add_argument("scenario")
+    dc.add_argument("out", help="a new or empty folder: train.parquet and test.parquet")
+    dc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    dc.set_defaults(func=cmd_data_convert)
 
     sh = sub.add_parser("show", help="print a scenario as it will run (defaults filled in) "
                         "and its points")

@@ -11,6 +11,7 @@ fixed-size bytes, which Parquet decodes 4-8x faster than a list of uint8.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +41,9 @@ class Converted:
     def block(self) -> str:
         shape = ", ".join(str(s) for s in self.input_shape)
         return ("data:\n"
-                f"  dataset: {{name: parquet, path: {self.train}, test_path: {self.test}, "
+                # paths quoted (JSON strings are YAML): a space, a colon or a brace is safe
+                f"  dataset: {{name: parquet, path: {json.dumps(str(self.train))}, "
+                f"test_path: {json.dumps(str(self.test))}, "
                 f"client: client, label: label, features: [x], shape: [{shape}], "
                 f"classes: {self.classes}}}\n"
                 "  partitioner: {name: natural}\n"

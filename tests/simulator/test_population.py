@@ -193,7 +193,7 @@ local: {{steps: 2, batch_size: 4, lr: 0.1}}
     parquet = text.replace(f"{{name: femnist, root: {tmp_path / 'leaf'}}}",
                            f"{{name: parquet, path: {out.train}, test_path: {out.test}, "
                            "client: client, features: [x], shape: [1, 28, 28], classes: 62}")
-    assert out.block().splitlines()[1].startswith(f"  dataset: {{name: parquet, path: {out.train}")
+    assert out.block().splitlines()[1].startswith(f'  dataset: {{name: parquet, path: "{out.train}"')
     # the same training, bit for bit; the evaluation sums the same samples in client order
     # (LEAF's pooled order is file by file), equal to float rounding
     for run in (Engine(point(tmp_path, parquet), InlineBackend()).run(),
@@ -228,3 +228,33 @@ def test_a_whole_population_loads_chunk_by_chunk_into_the_table_the_split_gives(
     pick = np.sort(np.random.default_rng([5, 0xE7]).permutation(len(split.y_train))[:10_000])
     np.testing.assert_array_equal(data.x_train_eval, split.x_train[pick])
     assert data.x_train_eval.dtype == split.x_train.dtype
+
+
+def test_fedray_data_convert_prints_the_block_that_reads_the_files_back(tmp_path, capsys):
+    from fedray.cli import main
+    from tests.formats import write_leaf
+
+    write_leaf(tmp_path / "leaf", writers=5, per_writer=12, files=1)
+    tmp_path = tmp_path / "a folder: {with} spaces"  # the printed block quotes its paths
+    tmp_path.mkdir()
+    (tmp_path.parent / "leaf").rename(tmp_path / "leaf")
+    scenario = tmp_path / "femnist.yaml"
+    scenario.write_text("name: femnist\nrounds: 2\ndata:\n  dataset: {name: femnist, root: leaf}\n"
+                        "  partitioner: {name: natural}\nmodel: {name: logreg}\n"
+                        "clients: {total: 5, per_round: 2}\n")
+    assert main(["data", "convert", str(scenario), str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("5 clients, 45 training and 15 test samples: ")
+    block = "\n".join(out[1:])
+    assert block.startswith('data:\n  dataset: {name: parquet, path: "') and "classes: 62" in block
+    converted = tmp_path / "converted.yaml"
+    converted.write_text("name: femnist\nrounds: 2\n" + block +
+                         "\nmodel: {name: logreg}\nclients: {total: 5, per_round: 2}\n")
+    sc = point(tmp_path, converted.read_text())
+    assert sc.data.load == "cohort" and Engine(sc, InlineBackend()).run().final("train_loss") > 0
+    # a folder that holds files is refused in one line; so is a partition of other clients
+    assert main(["data", "convert", str(scenario), str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip().endswith("is not empty; give a new or empty folder")
+    assert main(["data", "convert", str(scenario), str(tmp_path / "iid"), "--set",
+                 "data.partitioner={name: iid}"]) == 2
+    assert "convert writes the data set's own clients" in capsys.readouterr().err
