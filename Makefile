@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
 .PHONY: install quickstart test lint bench bench-models bench-gpu flower-venv bench-flower \
-	bench-startup bench-floor pfl-venv bench-pfl
+	bench-startup bench-floor bench-population pfl-venv bench-pfl
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,11 @@ bench-startup: $(STAMP)
 bench-floor: $(STAMP)
 	$(PY) benchmarks/floor.py
 
+# populations of 1 M and 10 M generated clients read a cohort at a time (data.load: cohort):
+# seconds a round and peak RSS, against the whole load at 100k (docs/performance.md)
+bench-population: $(STAMP)
+	$(PY) benchmarks/population.py
+
 # pfl-research 0.6 for benchmarks/vs_pfl.py, in its own venv (pfl pins its own dependencies;
 # dp-accounting < 0.6 is the last that installs beside it, torch pinned to the CPU build)
 pfl-venv:
@@ -76,12 +81,14 @@ bench-pfl: $(STAMP)
 # <!-- table|output ID: ... --> markers with the commands beside it (benchmarks/docs_tables.py;
 # tests/test_docs_tables.py recomputes a cell of each). Timing tables are measurements of
 # this machine: docs/performance.md's are printed by `make bench*`; docs/async.md's
-# (async_throughput*) and docs/models.md's (models_zoo, as `make bench-models`) are rewritten
-# here too, and no test recomputes them.
+# (async_throughput*), docs/models.md's (models_zoo, as `make bench-models`) and
+# docs/datasets.md's (datasets_load: load seconds) are rewritten here too, and no test
+# recomputes them.
 .PHONY: docs-tables
 docs-tables: $(STAMP)
 	$(PY) benchmarks/docs_tables.py docs/datasets.md mnist_byzantine
 	$(PY) benchmarks/docs_tables.py docs/datasets.md mnist_byzantine_no_attack
+	$(PY) benchmarks/docs_tables.py docs/datasets.md datasets_load
 	$(PY) benchmarks/docs_tables.py docs/privacy.md dp_sgd_digits
 	$(PY) benchmarks/docs_tables.py docs/privacy.md dp_fedavg_digits
 	$(PY) benchmarks/docs_tables.py docs/privacy.md privacy_delta
