@@ -313,7 +313,7 @@ def test_parquet_columns_of_the_wrong_type_or_non_finite(tmp_path, mlflow_uri, c
           "(class ids, in TMP/d.parquet)")),
         ({"f1": [str(v) for v in range(40)]}, "",
          ("SCENARIO:2: data.dataset.features: column 'f1' of TMP/d.parquet must hold numbers "
-         "(or lists of numbers), got string")),
+         "(or lists of numbers, or fixed-size bytes), got string")),
         ({"f1": np.where(np.arange(40) == 17, np.nan, 1.0)}, "",
          ("SCENARIO:2: data.dataset.features: column 'f1' of TMP/d.parquet holds nan in row 17; "
          "expected finite numbers within float32's range (|x| <= 3.4e+38)")),
