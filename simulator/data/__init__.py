@@ -128,23 +128,21 @@ def _whole(pop: Population, seed: int) -> FederatedData:
     test and train-loss samples as ``partition_table`` of ``gather(pop)``."""
     sizes = np.asarray(pop.sizes, dtype=np.int64)
     _no_empty_client(sizes)
-    x0, y0 = pop.train([0])[0]
-    xdtype, ydtype = stored_dtypes(x0.dtype, y0.dtype)
     width = int(np.prod(pop.input_shape))
-    flat: np.ndarray = np.empty((int(sizes.sum()), width), dtype=xdtype)
-    y: np.ndarray = np.empty(len(flat), dtype=ydtype)
-    tests: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    tests: list[tuple[np.ndarray, np.ndarray, Any]] = []  # each chunk's held-out rows
     at = 0
     for lo in range(0, len(sizes), CHUNK):
-        ids = list(range(lo, min(lo + CHUNK, len(sizes))))
-        for xs, ys in pop.train(ids):
-            flat[at:at + len(ys)] = xs.reshape(len(ys), width)
-            y[at:at + len(ys)] = ys
-            at += len(ys)
-        held = pop.test(ids)
-        owners = np.repeat(np.asarray(ids, np.int64), [len(t[1]) for t in held])
-        tests.append((np.concatenate([t[0] for t in held]), np.concatenate([t[1] for t in held]),
-                      owners))
+        part = gather(pop, range(lo, min(lo + CHUNK, len(sizes))))
+        if not tests:  # the table's buffers, in the dtypes the samples are stored in
+            dtypes = part.x_train.dtype, part.y_train.dtype
+            xdtype, ydtype = stored_dtypes(*dtypes)
+            flat: np.ndarray = np.empty((int(sizes.sum()), width), dtype=xdtype)
+            y: np.ndarray = np.empty(len(flat), dtype=ydtype)
+        m = len(part.y_train)
+        flat[at:at + m] = part.x_train.reshape(m, width)
+        y[at:at + m] = part.y_train
+        at += m
+        tests.append((part.x_test, part.y_test, part.clients_test))  # not the chunk's train
     table, offsets = client_table(flat, y, sizes)
     pick = np.sort(np.random.default_rng([seed, 0xE7]).permutation(len(y))[:TRAIN_EVAL_MAX])
     shape = tuple(pop.input_shape)
@@ -153,8 +151,8 @@ def _whole(pop: Population, seed: int) -> FederatedData:
         num_classes=pop.num_classes,
         x_test=np.concatenate([t[0] for t in tests]),
         y_test=np.concatenate([t[1] for t in tests]),
-        x_train_eval=flat[pick].reshape(-1, *shape).astype(x0.dtype, copy=False),
-        y_train_eval=y[pick].astype(y0.dtype, copy=False),
+        x_train_eval=flat[pick].reshape(-1, *shape).astype(dtypes[0], copy=False),
+        y_train_eval=y[pick].astype(dtypes[1], copy=False),
         c_test=np.concatenate([t[2] for t in tests]),
         vocabulary=pop.vocabulary,
     )
