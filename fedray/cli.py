@@ -66,8 +66,8 @@ def _before_anything(loaded: LoadedScenario | None, args: argparse.Namespace) ->
     workers = getattr(args, "workers", None)
     backend = getattr(args, "backend", None) or (loaded.scenario.runtime.backend if loaded
                                                   else None)
-    if args.address is None and (backend == "ray" or args.command == "sweep"):
-        refuse_local_instance_in_job()  # a sweep's points are Ray tasks
+    if args.address is None and (backend == "ray" or args.command in ("sweep", "tune")):
+        refuse_local_instance_in_job()  # a sweep's points are Ray tasks, a search's trials
     if loaded is not None and backend == "ray" and args.address is None:
         for point in loaded.points:  # a local instance: this machine's CPUs
             rt = point.scenario.runtime
@@ -148,6 +148,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     _closing(args, loaded.scenario.name, out["tracking_uri"])
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    loaded = _load(args)
+    if loaded is None:
+        return EXIT_INVALID
+    if loaded.scenario.tune is None:
+        raise UsageError(f"{args.scenario}: tune: this scenario has no tune block (the keys "
+                         "to search and how to score a trial; docs/tuning.md)")
+    _before_anything(None, args)
+    from simulator.tuning import run_tune
+
+    out = run_tune(loaded, args.address, args.tracking_uri, args.fresh)
+    for best in out.best:  # each search's best trial among those that ran every round
+        values = " ".join(f"{k}={v}" for k, v in best["values"].items())
+        print(f"{best['search']}: best score {best['score']:.4f} ({loaded.scenario.tune.metric}) "
+              f"with {values}  (run {best['run_id']}; {best['trials']} trials ran every round)")
+    print(f"MLflow parent run: {out.parent_run_id}  experiment: {loaded.scenario.name}")
+    _closing(args, loaded.scenario.name, out.tracking_uri)
     return 0
 
 
@@ -482,6 +502,17 @@ def build_parser() -> argparse.ArgumentParser:
     _verbose(w)
     w.set_defaults(func=cmd_sweep)
 
+    tu = sub.add_parser("tune", help="search the scenario's tune: space on Ray Tune (ASHA, "
+                        "random or Optuna); resumes an interrupted search of the same scenario")
+    tu.add_argument("scenario")
+    tu.add_argument("--fresh", action="store_true",
+                    help="start a new search instead of resuming the last one")
+    tu.add_argument("--address", default=None, help="an existing Ray cluster: auto or HOST:PORT")
+    tu.add_argument("--tracking-uri", default=None)
+    tu.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    _verbose(tu)
+    tu.set_defaults(func=cmd_tune)
+
     rs = sub.add_parser("resume", help="continue a run from its last checkpoint, in the same "
                         "MLflow run")
     rs.add_argument("run_id", help="the MLflow run id of a point (a child run)")
@@ -571,8 +602,8 @@ def _unfinished(command: str, resumable: bool, unfinished: list[Unfinished]) -> 
         return ""
     text = "; " + ", ".join(f"{label} ({run_id}) marked {status}"
                             for run_id, label, status in unfinished)
-    if resumable and command == "sweep":
-        text += "; run the same `fedray sweep` command again to continue"
+    if resumable and command in ("sweep", "tune"):
+        text += f"; run the same `fedray {command}` command again to continue"
     elif resumable:
         text += f"; continue with `fedray resume {unfinished[0].run_id}`"
     return text
@@ -602,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
         with to_stderr():
             return _table(argv[1:])
     args = build_parser().parse_args(argv)
-    tracked = args.command in ("run", "sweep", "resume")
+    tracked = args.command in ("run", "sweep", "resume", "tune")
     level = logging.DEBUG if tracked and args.verbose else logging.INFO
     try:
         start = Path.cwd()  # once: the folder may be removed under a running command

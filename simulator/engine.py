@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,11 +138,28 @@ class Engine:
         the run: it goes back to the newest state it holds in memory (the last checkpoint
         round, or the start) and computes the rounds since then again, on the live workers,
         with the same numbers; ``on_round`` is not called again for rounds it has seen."""
+        steps = self.steps(on_round, on_checkpoint, resume)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def steps(self, on_round: RoundCallback | None = None,
+              on_checkpoint: CheckpointCallback | None = None,
+              resume: dict[str, Any] | None = None) -> Generator[int, None, RunResult]:
+        """``run`` one round at a time: yields the next round to compute after each step
+        (a step that went back yields an earlier one) and returns the RunResult. Several
+        engines in one process advance in lockstep this way (a trial of ``fedray tune``
+        scores its points at each evaluation round). The actors are released when the
+        generator ends or is closed."""
         try:
             self.start()
             p = self._begin(resume)
             while p.round_ < self.sc.rounds:
                 self._step(p, on_round, on_checkpoint)
+                if p.round_ < self.sc.rounds:
+                    yield p.round_
             return self._result(p)
         finally:
             self.backend.release(self._handles)

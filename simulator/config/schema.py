@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from annotated_types import Ge, Gt, Le, Lt
-from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AllowInfNan,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from simulator.errors import brief, brief_text
@@ -303,6 +311,88 @@ class Tracking(Strict):
     log_model: bool = False
 
 
+MAX_TRIALS = 10_000  # trials of one search
+
+
+class Distribution(Strict):
+    """What a searched key takes (``tune.space``): exactly one of ``uniform: [low, high]``,
+    ``log_uniform: [low, high]`` (low > 0), ``int: [low, high]`` (both ends included) or
+    ``choice: [value, ...]`` (any scenario values, plugin blocks included)."""
+
+    uniform: tuple[float, float] | None = None
+    log_uniform: tuple[float, float] | None = None
+    int_: Annotated[tuple[int, int] | None, Field(alias="int")] = None
+    choice: Annotated[list[Any], Field(min_length=1, max_length=MAX_SEEDS)] | None = None
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
+                              serialize_by_alias=True, **FINITE)
+
+    @model_validator(mode="after")
+    def _one(self) -> Distribution:
+        given = [k for k in ("uniform", "log_uniform", "int_", "choice")
+                 if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise PydanticCustomError(
+                "distribution", "must give exactly one of uniform: [low, high], log_uniform: "
+                "[low, high], int: [low, high] or choice: [values], got {given}",
+                {"given": ", ".join(k.rstrip("_") for k in given) or "none"})
+        bounds = self.uniform or self.log_uniform or self.int_
+        if bounds is not None and not bounds[0] < bounds[1]:
+            raise PydanticCustomError("distribution", "low must be < high, got [{lo}, {hi}]",
+                                      {"lo": bounds[0], "hi": bounds[1]})
+        if self.log_uniform is not None and self.log_uniform[0] <= 0:
+            raise PydanticCustomError("distribution", "log_uniform needs low > 0, got {lo}",
+                                      {"lo": self.log_uniform[0]})
+        return self
+
+    @model_serializer(mode="wrap")
+    def _given(self, handler: Any) -> Any:
+        """Only the distribution given (``{log_uniform: [0.01, 0.5]}``), not the others'
+        nulls."""
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+    @property
+    def kind(self) -> str:
+        return next(k.rstrip("_") for k in ("uniform", "log_uniform", "int_", "choice")
+                    if getattr(self, k) is not None)
+
+    @property
+    def extremes(self) -> list[Any]:
+        """The values validation tries: both ends of a range, every choice."""
+        if self.choice is not None:
+            return list(self.choice)
+        bounds = self.uniform or self.log_uniform or self.int_
+        assert bounds is not None
+        return list(bounds)
+
+
+class Tune(Strict):
+    """A search (``fedray tune``, docs/tuning.md): ``trials`` settings of the ``space`` keys
+    (dotted paths, as ``--set`` takes them), each a *trial* that runs the scenario's sweep
+    points x seeds with those values. The trial's score is ``metric`` (``METRIC:HOW`` as
+    ``fedray table --metrics`` takes it: ``final``, ``lastK``, ``mean`` or ``time_toX``) of
+    each point, averaged over the points, or, with ``worst_over`` (sweep keys, such as
+    ``attack``), the worst over those keys' values of the mean over the rest (ByzFL's "best
+    setting under the worst attack"). ``per`` (sweep keys, such as ``aggregator.name``) runs
+    one search per value. ``mode``: max or min (default: min for a loss, error or
+    distance). ``scheduler: asha`` stops trials early at the evaluation rounds (grace
+    ``grace`` evaluations, reduction factor ``reduction``); ``search``: random, or Optuna's
+    TPE; ``seed``: the search's seed; ``parallel``: trials at once (default: the CPUs)."""
+
+    space: Annotated[dict[str, Distribution], Field(min_length=1, max_length=64)]
+    metric: str = "test_accuracy:final"
+    mode: Literal["max", "min"] | None = None
+    trials: Annotated[int, Ge(1), Le(MAX_TRIALS)] = 10
+    scheduler: Literal["asha", "none"] = "asha"
+    grace: Annotated[int, Ge(1), Le(MAX_ROUNDS)] = 1
+    reduction: Annotated[int, Ge(2), Le(100)] = 3
+    search: Literal["random", "optuna"] = "random"
+    seed: Annotated[int, Ge(0), Lt(2**32)] = 0
+    parallel: Annotated[int, Ge(1), Le(MAX_WORKERS)] | None = None
+    worst_over: list[str] = []
+    per: list[str] = []
+
+
 class Scenario(Strict):
     """A whole experiment. ``sweep`` maps dotted paths to value lists (grid product; a key
     ``"a.b, c.d"`` zips paths: its values are lists with one value per path); every point runs
@@ -337,6 +427,7 @@ class Scenario(Strict):
     runtime: Runtime = Runtime()
     tracking: Tracking = Tracking()
     sweep: dict[str, list[Any]] = {}
+    tune: Tune | None = None
 
     @field_validator("name")
     @classmethod

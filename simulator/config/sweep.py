@@ -129,7 +129,7 @@ def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
     problem of the base and of each sweep point (a problem every point has, once).
     """
     sweep = _check_sweep(raw)
-    base_raw = {k: v for k, v in raw.items() if k != "sweep"}
+    base_raw = {k: v for k, v in raw.items() if k not in ("sweep", "tune")}
     keys = list(sweep)
     points: list[RunPoint] = []
     base: Scenario | None = None
@@ -162,5 +162,11 @@ def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
     if problems:
         raise ScenarioError(problems)
     assert base is not None
-    full = Scenario.model_validate({**base.model_dump(mode="json"), "sweep": sweep})
+    tune = None
+    if raw.get("tune") is not None:
+        from simulator.config.search import check_tune
+
+        tune = check_tune(raw["tune"], base_raw, base, sweep, grid).model_dump(mode="json")
+    full = Scenario.model_validate({**base.model_dump(mode="json"), "sweep": sweep,
+                                    "tune": tune})
     return points, full
