@@ -43,7 +43,7 @@ from simulator.config.search import evaluations
 from simulator.config.sweep import expand, set_path
 from simulator.errors import UsageError, brief_text
 from simulator.experiment import Experiment, ExperimentResult, Work
-from simulator.interrupts import trap_sigterm
+from simulator.interrupts import raise_received, stopping_ray_tune, trap_sigterm
 from simulator.layout import Opening, sweep_key
 from simulator.log import logger
 from simulator.tracking import Tracker, default_uri, flatten
@@ -408,13 +408,10 @@ def search_group(s: SearchRun, gi: int, group: dict[str, Any], parallel: int,
                                           max_concurrent_trials=parallel),
                 run_config=rt.RunConfig(name=path.name, storage_path=str(storage),
                                         callbacks=[TrialCallback(key)], verbose=0))
-        grid = tuner.fit()
-        # Tune catches Ctrl-C (and SIGTERM) itself, saves the search and returns: trials
-        # that never ran, or still running, say the search was stopped
-        unfinished = [grid[i] for i in range(len(grid))
-                      if grid[i].error is None and not grid[i].metrics]
-        if len(grid) < t.trials or unfinished or runs.live:
-            raise KeyboardInterrupt
+        with stopping_ray_tune() as received:
+            tuner.fit()
+        raise_received(received)
+        runs.abandon()  # none, unless Tune ended a trial without telling its callbacks
     except BaseException:
         runs.abandon()
         raise
