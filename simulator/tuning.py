@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.callbacks import MLflowArtifacts, MLflowMetrics, PointRun
-from simulator.config import LoadedScenario, RunPoint
+from simulator.config import LoadedScenario, RunPoint, ScenarioError
 from simulator.config.schema import Distribution, Tune, short
 from simulator.config.search import evaluations
 from simulator.config.sweep import expand, set_path
@@ -281,7 +281,10 @@ class TrialRuns:
                            {f"search.{k}": short(v) for k, v in self.group.items()})
         exp = Experiment(Opening.existing(tracker, run_id), [MLflowMetrics(), MLflowArtifacts()],
                          tracker.uri, label)
-        points = trial_points(s.loaded.raw, self.group, trial.config)
+        try:
+            points = trial_points(s.loaded.raw, self.group, trial.config)
+        except ScenarioError:  # a file the values name went bad since validation: the
+            points = []        # trial fails with the same error, reported in its end
         tmp = s.tmp / trial.trial_id
         runs = [exp.start(Work(p), s.backend, tmp / str(i)) for i, p in enumerate(points)]
         self.live[trial.trial_id] = Trial(run_id, label, exp, runs)
@@ -405,7 +408,11 @@ def search_group(s: SearchRun, gi: int, group: dict[str, Any], parallel: int,
                 tune_config=rt.TuneConfig(metric=SCORE, mode=t.mode, num_samples=t.trials,
                                           search_alg=searcher(t, parallel),
                                           scheduler=scheduler(t, n_eval),
-                                          max_concurrent_trials=parallel),
+                                          max_concurrent_trials=parallel,
+                                          # a trial's process goes on to the next trial:
+                                          # 1.3 s of actor start a trial saved, and the data
+                                          # it loaded is cached for the next
+                                          reuse_actors=True),
                 run_config=rt.RunConfig(name=path.name, storage_path=str(storage),
                                         callbacks=[TrialCallback(key)], verbose=0))
         with stopping_ray_tune() as received:
