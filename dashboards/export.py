@@ -48,8 +48,13 @@ def _draw(ax: Any, series: list[dict], log: bool) -> None:
                and (y > 0 or not log)]
         if not pts:
             continue
+        if s.get("scatter"):  # points, no line
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=c, linestyle="none",
+                    marker="o", markersize=4, label=s["label"])
+            continue
         ax.plot([p[0] for p in pts], [p[1] for p in pts], color=c,
-                linestyle=_dash(s.get("dash", "")), linewidth=1.4, label=s["label"])
+                linestyle=_dash(s.get("dash", "")), linewidth=1.4, label=s["label"],
+                marker="o" if s.get("markers") else None, markersize=3)
         lo, hi = s.get("lo"), s.get("hi")
         if lo and hi and any(a != b for a, b in zip(lo, hi)):
             ax.fill_between(s["x"], lo, hi, color=c, alpha=0.15, linewidth=0)
@@ -121,7 +126,9 @@ def _lines_figure(spec: dict[str, Any]) -> Any:
             continue
         title, series = panels[k]
         _draw(ax, series, log)
-        if spec["x_label"] == "round":
+        if spec.get("log_x"):
+            ax.set_xscale("log")
+        if spec["x_label"] == "round" or spec["x_label"].startswith("evaluation"):
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if n > 1:
             ax.set_title(title, fontsize=9)

@@ -1,5 +1,6 @@
-"""``fedray report``: a self-contained HTML report of an experiment (its latest scenario run)
-or of one run, built from what MLflow holds; no server needed for the embedded store.
+"""``fedray report``: a self-contained HTML report of an experiment (its latest scenario run,
+or its latest search) or of one run, built from what MLflow holds; no server needed for the
+embedded store.
 
 Sections, each present when the runs have what it needs: a summary table (final accuracy,
 mean ± std over seeds, per sweep point); curves per sweep point with the spread over seeds
@@ -9,7 +10,10 @@ under the worst attack; see dashboards/robust.py: the Byzantine count and the at
 condition, "no attack" a column beside the attacks); heat maps of final accuracy,
 aggregator x attack and aggregator x f, every map on one colour range, titles naming only
 what varies, diverged cells marked; for D-SGD, a topology table (spectral gap, accuracy,
-generalization gap, consensus distance). The report is logged as ``report/report.html`` on
+generalization gap, consensus distance). For a search (``fedray tune``), the runs are the
+points of each search's best trial, and a section draws the search (dashboards/search.py):
+each search at its best setting under each ``worst_over`` value, the score of every trial
+against each searched key, and the ASHA rungs. The report is logged as ``report/report.html`` on
 the scenario's parent run; its figures and tables go to ``figures/`` (PDF, SVG: see
 dashboards/export.py) and ``tables/``.
 """
@@ -27,12 +31,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from dashboards.robust import NO_ATTACK, Cell, Robust, robust
 from dashboards.rundata import SIM_TIME, RunData
+from dashboards.search import search_section
 from dashboards.stats import Summary, from_mlflow, summarize
 from dashboards.svg import heat_map, line_chart
 from simulator.metric_names import mlflow_name
 
 if TYPE_CHECKING:
     from dashboards.export import Exports
+    from dashboards.search import Search
 
 CURVES = [("test_accuracy", "test accuracy"), ("test_loss", "test loss"),
           ("aggregation_error", "aggregation error ||aggregate - honest mean||"),
@@ -57,6 +63,9 @@ def collect(target: str, tracking_uri: str | None = None) -> tuple[str, str | No
     ensure_store(uri)  # a store that cannot be used: one line
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(target)
+    search = _search_runs(client, target, exp)
+    if search is not None:
+        return search
     if exp is not None:
         found = latest_scenario_run(client, exp.experiment_id, False,
                                     lambda runs: any(r.data.metrics for r in runs))
@@ -78,6 +87,22 @@ def collect(target: str, tracking_uri: str | None = None) -> tuple[str, str | No
             return parent.info.run_name, None, [_load(client, parent)]
         children = child_runs(client, parent.info.experiment_id, parent.info.run_id)
     return parent.info.run_name, parent.info.run_id, [_load(client, r) for r in children]
+
+
+def _search_runs(client: Any, target: str, exp: Any) -> tuple[str, str, list[RunData]] | None:
+    """When ``target`` is a search (``fedray tune``: the experiment's newest parent run, or
+    the run ``target``, is a search's): (title, its run id, the points of each search's best
+    trial); None otherwise."""
+    from dashboards.search import best_points, find_search, load_search
+
+    if exp is not None:
+        parent = find_search(client, exp.experiment_id, None)
+    else:
+        parent = find_search(client, "", target)
+    if parent is None:
+        return None
+    return parent.info.run_name, parent.info.run_id, [
+        _load(client, r) for r in best_points(client, load_search(client, parent))]
 
 
 def _load(client: Any, run: Any) -> RunData:
@@ -343,14 +368,16 @@ class Page:
     exports: Exports | None = None
 
     def chart(self, title: str, series: list[dict], x_label: str, y_label: str,
-              note: str = "", panels: list[tuple[str, list[dict]]] | None = None) -> str:
+              note: str = "", panels: list[tuple[str, list[dict]]] | None = None,
+              log_x: bool = False) -> str:
         """A line chart; ``note`` (how to read the HTML chart) goes in the HTML title only,
-        ``panels`` (title, series) split the exported figure into small multiples."""
+        ``panels`` (title, series) split the exported figure into small multiples;
+        ``log_x``: a log x axis."""
         if self.exports is not None:
             self.exports.figures.append(("lines", {"title": title, "series": series,
                                                    "x_label": x_label, "y_label": y_label,
-                                                   "panels": panels}))
-        return line_chart(title + note, series, x_label, y_label)
+                                                   "panels": panels, "log_x": log_x}))
+        return line_chart(title + note, series, x_label, y_label, log_x=log_x)
 
     def heat(self, title: str, rows: list[str], cols: list[str], values: dict, row_label: str,
              col_label: str, lo: float | None = None, hi: float | None = None,
@@ -537,9 +564,23 @@ def byzfl_views(runs: list[RunData], page: Page | None = None) -> list[str]:
     return out
 
 
-def render(title: str, runs: list[RunData], exports: Exports | None = None) -> str:
+def _summary(page: Page, groups: dict[str, list[RunData]]) -> list[str]:
+    """The summary table: per sweep point, its final test accuracy and aggregation error."""
+    rows = []
+    for label, members in groups.items():
+        acc = summarize([r.final("test_accuracy") for r in members])
+        err = summarize([r.final("aggregation_error") for r in members])
+        rows.append([label, str(len(members)), _cell(acc), _cell(err)])
+    return ["<h2>Summary</h2>", page.table(["sweep point", "seeds", "final test accuracy",
+                                         "final aggregation error"], rows, "summary")]
+
+
+def render(title: str, runs: list[RunData], exports: Exports | None = None,
+           searches: Sequence[tuple[Search, list[str], list[list[str]]]] = ()) -> str:
     """The report as one HTML document (inline CSS, SVG and a few lines of script);
-    ``exports`` collects its figures and tables."""
+    ``exports`` collects its figures and tables. ``searches``: each search (``fedray
+    tune``) with its best-setting table (dashboards/search.py), drawn after the summary;
+    ``runs`` are then its best trials' points."""
     page = Page(exports)
     groups: dict[str, list[RunData]] = {}
     for r in runs:
@@ -553,13 +594,9 @@ def render(title: str, runs: list[RunData], exports: Exports | None = None) -> s
         parts.append('<p class="note">Every figure as PDF and SVG is in <code>figures/</code> '
                      "beside this file, every table as Markdown and LaTeX in "
                      "<code>tables/</code>.</p>")
-    rows = []
-    for label, members in groups.items():
-        acc = summarize([r.final("test_accuracy") for r in members])
-        err = summarize([r.final("aggregation_error") for r in members])
-        rows.append([label, str(len(members)), _cell(acc), _cell(err)])
-    parts += ["<h2>Summary</h2>", page.table(["sweep point", "seeds", "final test accuracy",
-                                           "final aggregation error"], rows, "summary")]
+    parts += _summary(page, groups)
+    for search, head, body in searches:
+        parts += search_section(page, search, head, body)
     charts = []
     style = styles(runs)
     for key, label in CURVES:
@@ -589,6 +626,22 @@ def render(title: str, runs: list[RunData], exports: Exports | None = None) -> s
             f"<body>{''.join(parts)}<script>{JS}</script></body></html>")
 
 
+def _search_of(run_id: str, tracking_uri: str | None
+               ) -> tuple[Search, list[str], list[list[str]]] | None:
+    """The search of a parent run and its best-setting table; None for a sweep's run."""
+    from mlflow.tracking import MlflowClient
+
+    from dashboards.search import best_rows, best_table, find_search, load_search
+    from simulator.tracking import default_uri
+
+    client = MlflowClient(tracking_uri or default_uri())
+    parent = find_search(client, "", run_id)
+    if parent is None:
+        return None
+    search = load_search(client, parent)
+    return (search, *best_table(search, best_rows(client, search)))
+
+
 def build_report(target: str | Sequence[str], out_dir: Path | None = None,
                  tracking_uri: str | None = None, log: bool = True) -> Path:
     """Write ``report.html`` (with ``figures/`` and ``tables/``) for one or several
@@ -610,7 +663,9 @@ def build_report(target: str | Sequence[str], out_dir: Path | None = None,
     from dashboards.export import Exports, write_figures, write_tables
 
     exports = Exports()
-    path.write_text(render(title, runs, exports), encoding="utf-8")
+    searches = [found for _, parent, _ in collected if parent is not None
+                and (found := _search_of(parent, tracking_uri)) is not None]
+    path.write_text(render(title, runs, exports, searches), encoding="utf-8")
     write_figures(exports, out / "figures")
     write_tables(exports, out / "tables")
     if log:

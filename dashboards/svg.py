@@ -110,22 +110,31 @@ def _series_svg(i: int, s: dict, sx: Any, sy: Any, legend_x: float, top: float) 
         ring += [(x, y) for x, y in reversed(list(zip(s["x"], lo))) if math.isfinite(y)]
         poly = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in ring)
         out.append(f'<polygon class="band{off}" data-series="{i}" points="{poly}" fill="{c}"/>')
-    line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(s["x"], s["mean"])
-                    if math.isfinite(y))
+    finite = [(x, y) for x, y in zip(s["x"], s["mean"]) if math.isfinite(y)]
+    if s.get("scatter"):  # points, no line: each a marker with its values
+        out += [f'<circle class="marker point{off}" data-series="{i}" cx="{sx(x):.1f}" '
+                f'cy="{sy(y):.1f}" r="4" fill="{c}"><title>{_esc(s["label"])}: '
+                f'({_fmt(x)}, {_fmt(y)})</title></circle>' for x, y in finite]
+        return out + [_legend_svg(i, s, c, "", off, legend_x, top)]
+    line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in finite)
     last = next((y for y in reversed(s["mean"]) if math.isfinite(y)), math.nan)
     out.append(f'<polyline class="curve{off}" data-series="{i}" points="{line}" stroke="{c}"{dash}>'
                f'<title>{_esc(s["label"])}: final {_fmt(last)}</title></polyline>')
-    finite = [(x, y) for x, y in zip(s["x"], s["mean"]) if math.isfinite(y)]
     if len(finite) <= 25:  # a sparse series (evaluated every k rounds) shows its points
         out += [f'<circle class="marker{off}" data-series="{i}" cx="{sx(x):.1f}" cy="{sy(y):.1f}" '
                 f'r="3" fill="{c}"/>' for x, y in finite]
+    return out + [_legend_svg(i, s, c, dash, off, legend_x, top)]
+
+
+def _legend_svg(i: int, s: dict, c: str, dash: str, off: str, legend_x: float,
+                top: float) -> str:
+    """A series' legend entry (a click on it shows or fades the series)."""
     ly = top + 12 + 16 * i
-    out.append(f'<g class="legend{off}" data-series="{i}"><line x1="{legend_x + 8}" '
-               f'x2="{legend_x + 24}" y1="{ly - 4}" y2="{ly - 4}" stroke="{c}" '
-               f'stroke-width="3"{dash}/><text x="{legend_x + 28}" y="{ly}" '
-               f'class="tick">{_esc(s["label"])}<title>{_esc(s["label"])}</title>'
-               '</text></g>')
-    return out
+    return (f'<g class="legend{off}" data-series="{i}"><line x1="{legend_x + 8}" '
+            f'x2="{legend_x + 24}" y1="{ly - 4}" y2="{ly - 4}" stroke="{c}" '
+            f'stroke-width="3"{dash}/><text x="{legend_x + 28}" y="{ly}" '
+            f'class="tick">{_esc(s["label"])}<title>{_esc(s["label"])}</title>'
+            '</text></g>')
 
 
 def _ranges(pts: Sequence[tuple[float, float]], log: bool) -> tuple[float, float, float, float]:
@@ -140,15 +149,28 @@ def _ranges(pts: Sequence[tuple[float, float]], log: bool) -> tuple[float, float
     return x0, (x0 + 1 if x1 == x0 else x1), y0, y1
 
 
+def _x_range(xs: Sequence[float], log: bool) -> tuple[float, float]:
+    """The x axis' ends: the data's, or on a log axis the powers of ten around them."""
+    x0, x1 = min(xs), max(xs)
+    if log:
+        x0, x1 = 10 ** math.floor(math.log10(x0)), 10 ** math.ceil(math.log10(x1))
+        return x0, (x0 * 10 if x1 == x0 else x1)
+    return x0, (x0 + 1 if x1 == x0 else x1)
+
+
 def _scales(r: tuple[float, float, float, float], box: tuple[float, float, float, float],
-            log: bool) -> tuple[Any, Any]:
-    """Data -> pixel maps of the x and y axes (y on a log axis when ``log``)."""
+            log: bool, log_x: bool = False) -> tuple[Any, Any]:
+    """Data -> pixel maps of the x and y axes (y on a log axis when ``log``, x when
+    ``log_x``)."""
     x0, x1, y0, y1 = r
     left, top, pw, ph = box
     if log:
         y0, y1 = math.log10(y0), math.log10(y1)
+    if log_x:
+        x0, x1 = math.log10(x0), math.log10(x1)
 
     def sx(x: float) -> float:
+        x = math.log10(max(x, 10 ** x0)) if log_x else x
         return left + (x - x0) / (x1 - x0) * pw
 
     def sy(y: float) -> float:
@@ -159,16 +181,21 @@ def _scales(r: tuple[float, float, float, float], box: tuple[float, float, float
 
 
 def line_chart(title: str, series: Sequence[dict], x_label: str = "round", y_label: str = "",
-               width: int = 640, height: int = 320, log: bool | None = None) -> str:
+               width: int = 640, height: int = 320, log: bool | None = None,
+               log_x: bool = False) -> str:
     """``series``: dicts with ``label``, ``x``, ``mean``, optional ``lo``/``hi`` (the spread
-    band), ``color``, ``dash`` and ``hidden`` (drawn faded until its legend entry is
-    clicked). One ``<polyline class="curve">`` per series,
+    band), ``color``, ``dash``, ``hidden`` (drawn faded until its legend entry is
+    clicked) and ``scatter`` (points only: a ``<circle class="marker point">`` each, no
+    line). One ``<polyline class="curve">`` per other series,
     ``<polygon class="band">`` when the band is not flat. ``log``: a log y axis (default:
-    when the positive values span more than three decades). The legend's margin and the
+    when the positive values span more than three decades); ``log_x``: a log x axis (its
+    positive x values; from a power of ten to a power of ten). The legend's margin and the
     chart's height grow to hold every label whole; the title wraps."""
     pts = [(x, y) for s in series for x, y in zip(s["x"], s["mean"]) if math.isfinite(y)]
     pts += [(x, y) for s in series for key in ("lo", "hi") for x, y in zip(s["x"], s.get(key, []))
             if math.isfinite(y)]
+    if log_x:
+        pts = [p for p in pts if p[0] > 0]
     if not pts:
         return f'<figure class="chart"><figcaption>{_esc(title)}: no data</figcaption></figure>'
     log = wants_log(series) if log is None else log
@@ -177,23 +204,24 @@ def line_chart(title: str, series: Sequence[dict], x_label: str = "round", y_lab
     if log:
         pts = [p for p in pts if p[1] > 0] or [(xs[0], 1.0)]
     _, _, y0, y1 = _ranges(pts, log)
-    x0, x1 = min(xs), max(xs)
-    x1 = x0 + 1 if x1 == x0 else x1
+    x0, x1 = _x_range(xs, log_x)
     yticks = [(t, f"1e{round(math.log10(t))}" if log and not 1e-3 <= t < 1e4 else _fmt(t))
               for t in (_log_ticks(y0, y1) if log else _ticks(y0, y1))]
     legend_w = max((text_width(str(s["label"])) for s in series), default=0) + 40
     left = max(64.0, max(text_width(label) for _, label in yticks) + 30)
     right, bottom = max(120, legend_w), 45
     scale = " (log scale; zeros on the bottom edge)" if zeros else " (log scale)" if log else ""
+    scale += " (x on a log scale)" if log_x else ""
     head, extra = _title(title + scale, left, 18,
                          left + 480 + right - left)
     top = 30 + extra
     h = max(float(height), top + 16 * len(series) + 20)
     pw, ph = 480, h - top - bottom
     w = left + pw + right
-    sx, sy = _scales((x0, x1, y0, y1), (left, top, pw, ph), log)
+    sx, sy = _scales((x0, x1, y0, y1), (left, top, pw, ph), log, log_x)
 
-    out = [(f'<svg class="chart{" log" if log else ""}" role="img" width="{w:.0f}" '
+    out = [(f'<svg class="chart{" log" if log else ""}{" log-x" if log_x else ""}" role="img" '
+            f'width="{w:.0f}" '
             f'height="{h:.0f}" viewBox="0 0 {w:.0f} {h:.0f}" '
             'xmlns="http://www.w3.org/2000/svg">'), head,
            f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" class="frame"/>']
@@ -201,8 +229,8 @@ def line_chart(title: str, series: Sequence[dict], x_label: str = "round", y_lab
         out.append(f'<line x1="{left}" x2="{left + pw}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" class="grid"/>'
                    f'<text x="{left - 6}" y="{sy(t) + 4:.1f}" class="tick ytick" '
                    f'text-anchor="end">{label}</text>')
-    for t in _ticks(x0, x1):
-        out.append(f'<text x="{sx(t):.1f}" y="{top + ph + 16}" class="tick" '
+    for t in _log_ticks(x0, x1) if log_x else _ticks(x0, x1):
+        out.append(f'<text x="{sx(t):.1f}" y="{top + ph + 16}" class="tick xtick" '
                    f'text-anchor="middle">{_fmt(t)}</text>')
     out.append(f'<text x="{left + pw / 2}" y="{h - 8}" class="axis" text-anchor="middle">'
                f'{_esc(x_label)}</text>')

@@ -6,7 +6,14 @@ differences against a baseline paired by seed.
                  [--paired aggregator.name=mean] [--pivot KEY] [--format markdown|latex|csv]
                  [--parent RUN_ID] [--tracking-uri URI]
 
-(also ``python -m dashboards.tables ...``). ``--by`` names params (``clients.per_round``,
+    fedray table EXPERIMENT [--metrics M:HOW ...] [--format ...]   (a search: fedray tune)
+
+(also ``python -m dashboards.tables ...``). On a search (``fedray tune``: the newest parent
+run of EXPERIMENT, or ``--parent``, is a search's), without ``--by`` the table has one row
+per search (per ``tune.per`` value) at its best setting: the searched values, the score,
+the trials, and per ``tune.worst_over`` value the mean ± std over seeds of the metric at the
+best trial's points, the worst marked (dashboards/search.py); with ``--by``, the rows are
+made of the points of each search's best trial. ``--by`` names params (``clients.per_round``,
 ``aggregator.name``, ``spectral_gap``) or tags (``meta``, ``preaggregators``, ``attack``,
 ``topology``); the runs of one row must differ only in their seed (a swept key left out of
 ``--by`` is named, never merged). ``--metrics`` lists ``metric:how``, how one of ``final``
@@ -228,6 +235,9 @@ def _children(client: Any, experiment: str, parent_run_id: str | None,
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise ValueError(f"no experiment {experiment!r} in {uri}")
+    points = _search_points(client, exp.experiment_id, parent_run_id)
+    if points is not None:
+        return points
     if parent_run_id is not None:
         children = child_runs(client, exp.experiment_id, parent_run_id, finished=True)
         if not children:
@@ -245,6 +255,23 @@ def _children(client: Any, experiment: str, parent_run_id: str | None,
     raise ValueError(f"the latest scenario run of {experiment!r}, {latest.info.run_id} "
                      f"({latest.info.status}), has no FINISHED point; the latest that has: "
                      f"--parent {good.info.run_id}")
+
+
+def _search_points(client: Any, experiment_id: str, parent_run_id: str | None
+                   ) -> list[Any] | None:
+    """When the run to show (``parent_run_id``, default: the experiment's newest parent) is
+    a search's (``fedray tune``): the FINISHED points of each search's best trial; None
+    otherwise."""
+    from dashboards.search import best_points, find_search, load_search
+
+    parent = find_search(client, experiment_id, parent_run_id)
+    if parent is None:
+        return None
+    points = best_points(client, load_search(client, parent))
+    if not points:
+        raise ValueError(f"search run {parent.info.run_id}: no search has a best trial (none "
+                         "ran every evaluation)")
+    return points
 
 
 def _check_columns(runs: list[Any], by: Sequence[str], metrics: Sequence[tuple[str, str]],
@@ -492,7 +519,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedray table", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment")
-    p.add_argument("--by", nargs="+", required=True, help="params or tags to group runs by")
+    p.add_argument("--by", nargs="+", default=None,
+                   help="params or tags to group runs by (a search's points: those of each "
+                   "search's best trial); without it, a search (fedray tune) shows each "
+                   "search at its best setting, under each worst_over value")
     p.add_argument("--tracking-uri", default=None)
     p.add_argument("--metrics", nargs="+", default=None, metavar="METRIC:HOW",
                    help="how: final | lastK | mean | sum | param | time_toX: the simulated "
@@ -510,9 +540,41 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _print(head: Sequence[str], body: Sequence[Sequence[str]], keys: int, fmt: str) -> None:
+    if fmt == "latex":
+        print(latex(head, body, keys))
+    elif fmt == "csv":
+        print(csv_text(head, body))
+    else:
+        print(markdown(head, body, keys))
+
+
+def search_main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``fedray table`` without ``--by``: the search's best settings (dashboards/search.py);
+    a sweep needs ``--by``."""
+    from dashboards.search import search_table
+
+    if args.paired or args.pivot:
+        p.error("--paired and --pivot need --by")
+    try:
+        metrics = parse_metrics(args.metrics) if args.metrics else None
+        found = search_table(args.experiment, metrics, args.tracking_uri, args.parent)
+    except (ValueError, FedrayError) as e:
+        logger.error("fedray table: %s", e)
+        return 2 if isinstance(e, ValueError) else 1
+    if found is None:
+        p.error("the following arguments are required for a sweep: --by (only a search, "
+                "fedray tune, has a table without it)")
+    _, head, body = found
+    _print(head, body, 1, args.format)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
+    if args.by is None:
+        return search_main(p, args)
     try:
         metrics = parse_metrics(args.metrics) if args.metrics else list(DEFAULT)
     except ValueError as e:
@@ -540,12 +602,7 @@ def main(argv: list[str] | None = None) -> int:
                              isinstance(parse_how(metrics[0][1]), TimeTo)))
         return 0
     head, body = table(rows, args.by, metrics, paired)
-    if args.format == "latex":
-        print(latex(head, body, len(args.by)))
-    elif args.format == "csv":
-        print(csv_text(head, body))
-    else:
-        print(markdown(head, body, len(args.by)))
+    _print(head, body, len(args.by), args.format)
     return 0
 
 
