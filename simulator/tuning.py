@@ -192,7 +192,10 @@ def searcher(t: Tune, parallel: int) -> Any:
 
     if t.search == "random":
         return BasicVariantGenerator(random_state=t.seed, max_concurrent=parallel)
+    import optuna
     from optuna.samplers import TPESampler
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # "A new study created ..."
     from ray.tune.search.optuna import OptunaSearch
 
     return ConcurrencyLimiter(OptunaSearch(sampler=TPESampler(seed=t.seed), metric=SCORE,
@@ -264,7 +267,7 @@ class TrialRuns:
         s = self.search
         tracker = s.tracker
         values = " ".join(f"{k.split('.')[-1]}={_value(v)}" for k, v in trial.config.items())
-        number = int(trial.trial_id.split("_")[-1]) + 1
+        number = _trial_number(trial)
         label = " ".join(x for x in (group_label(self.group, ""), f"trial {number}:", values)
                          if x)
         old = tracker.find_run({"fedray.trial_id": trial.trial_id,
@@ -334,6 +337,17 @@ class TrialRuns:
         for trial_id in list(self.live):
             t = self.live.pop(trial_id)
             self._end(t, "KILLED", "interrupted")
+
+
+def _trial_number(trial: Any) -> int:
+    """A trial's number in its search: the index Tune's experiment tag starts with
+    (``3_lr=0.05``; from 0 for the random search's variant generator, from 1 for a searcher
+    such as Optuna, whose trial ids are random), shown from 1."""
+    head = str(getattr(trial, "experiment_tag", "")).split("_")[0]
+    if not head.isdigit():
+        return int(trial.trial_id[-5:], 16) + 1
+    return int(head) + (0 if "_" in trial.trial_id and not trial.trial_id.split("_")[-1]
+                        .isdigit() else 1)
 
 
 def _trial_error(trial: Any) -> str:
@@ -503,4 +517,8 @@ def _parent(exp: Experiment, loaded: LoadedScenario, backend: Any, tmp: Path,
         return found
     exp.new_parent(loaded, backend, tmp, tags)
     assert exp.opening.parent is not None
-    return exp.opening.parent.result()
+    parent = exp.opening.parent.result()
+    # the points' params hold no tune block: the search's own settings, on the parent
+    exp.tracker.log_params(parent, flatten({"tune": loaded.scenario.model_dump(
+        mode="json")["tune"]}))
+    return parent
