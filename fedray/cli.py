@@ -129,12 +129,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if loaded is None:
         return EXIT_INVALID
     _before_anything(None, args)
-    have = os.cpu_count() or 1
-    for point in loaded.points if args.address is None else []:
-        if point.scenario.runtime.num_cpus > have:  # a Ray task no local node could take
-            raise UsageError(f"runtime.num_cpus: a sweep point's Ray task needs "
-                             f"{point.scenario.runtime.num_cpus:g} CPUs, and this machine has "
-                             f"{have}; use {have} or fewer, or --address a cluster")
+    _tasks_fit_here(loaded, args, "a sweep point's Ray task")
     from simulator.runner import run_sweep
 
     out = run_sweep(loaded, args.address, args.tracking_uri, args.parallel, args.fresh,
@@ -151,6 +146,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tasks_fit_here(loaded: LoadedScenario, args: argparse.Namespace, what: str) -> None:
+    """A point's ``runtime.num_cpus`` that no node of a local Ray instance could give (a
+    sweep point's task, a search's trial would wait for ever): refused."""
+    have = os.cpu_count() or 1
+    for point in loaded.points if args.address is None else []:
+        if point.scenario.runtime.num_cpus > have:
+            raise UsageError(f"runtime.num_cpus: {what} needs "
+                             f"{point.scenario.runtime.num_cpus:g} CPUs, and this machine has "
+                             f"{have}; use {have} or fewer, or --address a cluster")
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     loaded = _load(args)
     if loaded is None:
@@ -159,6 +165,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.scenario}: tune: this scenario has no tune block (the keys "
                          "to search and how to score a trial; docs/tuning.md)")
     _before_anything(None, args)
+    _tasks_fit_here(loaded, args, "a search's trial")
     from simulator.tuning import run_tune
 
     out = run_tune(loaded, args.address, args.tracking_uri, args.fresh)

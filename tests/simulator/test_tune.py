@@ -284,6 +284,11 @@ def test_fedray_tune_refuses_a_scenario_without_a_tune_block(tmp_path, capsys):
     assert main(["tune", str(p)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has no tune block" in err[0]
+    # a trial no local node could place would wait for ever: refused before Ray starts
+    p = _write(tmp_path)
+    assert main(["tune", str(p), "--set", "runtime.num_cpus=1000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "runtime.num_cpus: a search's trial needs 1000 CPUs" in err[0]
 
 
 def test_every_problem_of_a_tune_block_is_one_line(tmp_path):
