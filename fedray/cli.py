@@ -172,7 +172,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     for best in out.best:  # each search's best trial among those that ran every round
         values = " ".join(f"{k}={v}" for k, v in best["values"].items())
         print(f"{best['search']}: best score {best['score']:.4f} ({loaded.scenario.tune.metric}) "
-              f"with {values}  (run {best['run_id']}; {best['trials']} trials ran every round)")
+              f"with {values}  (run {best['run_id']}; {best['trials']} "
+              f"{'trial' if best['trials'] == 1 else 'trials'} ran every round)")
     print(f"MLflow parent run: {out.parent_run_id}  experiment: {loaded.scenario.name}")
     _closing(args, loaded.scenario.name, out.tracking_uri)
     return 0
