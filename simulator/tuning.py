@@ -141,7 +141,7 @@ def run_trial(config: dict[str, Any], raw: dict, group: dict[str, Any], tune: di
     from simulator.runtime.backend import InlineBackend
 
     t = Tune.model_validate(tune)
-    points = trial_points(raw, group, config)
+    points = trial_points(raw, group, searched_values(t, config))
     score = Score(t, points)
     rows: list[list[dict[str, float]]] = [[] for _ in points]
     fresh: dict[str, list[Any]] = {str(i): [] for i in range(len(points))}
@@ -167,6 +167,39 @@ def run_trial(config: dict[str, Any], raw: dict, group: dict[str, Any], tune: di
 
 
 # ------------------------------------------------------------------ the search space
+
+
+SETTING = "setting"  # the trial config's key when a search draws settings from a list
+
+
+def discrete_settings(t: Tune) -> list[dict[str, Any]] | None:
+    """A random search over choices only: every setting of the space once, in an order
+    drawn from the search's seed (a trial takes the next; sampling each key on its own
+    would draw some settings twice and miss others). None for any other search."""
+    import random
+
+    if t.search != "random" or any(d.choice is None for d in t.space.values()):
+        return None
+    combos = [dict(zip(t.space, c))
+              for c in itertools.product(*(d.choice or [] for d in t.space.values()))]
+    return random.Random(t.seed).sample(combos, len(combos))
+
+
+def searched_values(t: Tune, config: dict[str, Any]) -> dict[str, Any]:
+    """A trial's values of the searched keys, from its Tune config."""
+    settings = discrete_settings(t)
+    return settings[config[SETTING]] if settings is not None else config
+
+
+def param_space(t: Tune) -> dict[str, Any]:
+    """The Tune param space: each key's domain, or the indices of the first ``trials``
+    settings of ``discrete_settings`` (a grid search over them: each once)."""
+    from ray import tune as rt
+
+    settings = discrete_settings(t)
+    if settings is not None:
+        return {SETTING: rt.grid_search(list(range(min(t.trials, len(settings)))))}
+    return {k: domain(d) for k, d in t.space.items()}
 
 
 def domain(dist: Distribution) -> Any:
@@ -266,7 +299,9 @@ class TrialRuns:
     def start(self, trial: Any) -> None:
         s = self.search
         tracker = s.tracker
-        values = " ".join(f"{k.split('.')[-1]}={_value(v)}" for k, v in trial.config.items())
+        assert s.loaded.scenario.tune is not None
+        config = searched_values(s.loaded.scenario.tune, trial.config)
+        values = " ".join(f"{k.split('.')[-1]}={_value(v)}" for k, v in config.items())
         number = _trial_number(trial)
         label = " ".join(x for x in (group_label(self.group, ""), f"trial {number}:", values)
                          if x)
@@ -280,12 +315,12 @@ class TrialRuns:
             "fedray.search": group_label(self.group), **{k: str(short(v)) for k, v in
                                                          self.group.items()}},
             parent_id=s.parent)
-        tracker.log_params(run_id, flatten(trial.config) |
+        tracker.log_params(run_id, flatten(config) |
                            {f"search.{k}": short(v) for k, v in self.group.items()})
         exp = Experiment(Opening.existing(tracker, run_id), [MLflowMetrics(), MLflowArtifacts()],
                          tracker.uri, label)
         try:
-            points = trial_points(s.loaded.raw, self.group, trial.config)
+            points = trial_points(s.loaded.raw, self.group, config)
         except ScenarioError:  # a file the values name went bad since validation: the
             points = []        # trial fails with the same error, reported in its end
         tmp = s.tmp / trial.trial_id
@@ -418,8 +453,10 @@ def search_group(s: SearchRun, gi: int, group: dict[str, Any], parallel: int,
                                      resume_errored=False, restart_errored=False)
         else:
             tuner = rt.Tuner(
-                trainable, param_space={k: domain(d) for k, d in t.space.items()},
-                tune_config=rt.TuneConfig(metric=SCORE, mode=t.mode, num_samples=t.trials,
+                trainable, param_space=param_space(t),
+                tune_config=rt.TuneConfig(metric=SCORE, mode=t.mode,
+                                          num_samples=1 if SETTING in param_space(t)
+                                          else t.trials,
                                           search_alg=searcher(t, parallel),
                                           scheduler=scheduler(t, n_eval),
                                           max_concurrent_trials=parallel,

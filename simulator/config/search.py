@@ -9,6 +9,7 @@ problem there is reported at ``tune.space.KEY``, naming the value)."""
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 from pydantic import ValidationError
@@ -55,8 +56,7 @@ def _metric_problems(text: str, base: Any) -> list[Problem]:
 
 
 def _key_problems(tune: Tune, sweep: dict[str, list[Any]], base: Any) -> list[Problem]:
-    """The searched paths, ``worst_over`` and ``per`` against the sweep, ASHA's grace
-    against the evaluation rounds."""
+    """The searched paths, ``worst_over`` and ``per`` against the sweep."""
     from simulator.config.sweep import path_problem, sweep_paths
 
     problems: list[Problem] = []
@@ -81,6 +81,18 @@ def _key_problems(tune: Tune, sweep: dict[str, list[Any]], base: Any) -> list[Pr
     if both:
         problems.append(Problem(("tune", "per"), f"{', '.join(sorted(both))} is in both "
                                 "worst_over and per"))
+    return problems
+
+
+def _budget_problems(tune: Tune, base: Any) -> list[Problem]:
+    """Trials against the settings a space of choices holds, ASHA's grace against the
+    evaluation rounds."""
+    problems: list[Problem] = []
+    settings = math.prod(len(d.choice or []) for d in tune.space.values())
+    if all(d.choice is not None for d in tune.space.values()) and tune.trials > settings:
+        problems.append(Problem(("tune", "trials"), f"must be <= the {settings} settings the "
+                                f"space holds (choices only: more trials would repeat "
+                                f"settings), got {tune.trials}"))
     n_eval = evaluations(base.rounds, base.evaluation.every)
     if tune.scheduler == "asha" and tune.grace >= n_eval:
         problems.append(Problem(("tune", "grace"), f"must be < the {n_eval} evaluation "
@@ -130,7 +142,8 @@ def check_tune(raw: Any, base_raw: dict, base: Any, sweep: dict[str, list[Any]],
                                                for p in problems):
             problems += _metric_problems(metric, base)
         raise ScenarioError(problems) from None
-    problems = _metric_problems(tune.metric, base) + _key_problems(tune, sweep, base)
+    problems = (_metric_problems(tune.metric, base) + _key_problems(tune, sweep, base)
+                + _budget_problems(tune, base))
     if not problems:
         problems = _corner_problems(tune, base_raw, grid)
     if problems:

@@ -322,3 +322,29 @@ tune:
         with pytest.raises(ScenarioError) as e:
             load(_write(tmp_path, SCENARIO.replace(old, new)))
         assert [x.split(": ", 1)[1] for x in e.value.lines] == [line]
+
+
+def test_a_random_search_over_choices_tries_each_setting_once_in_a_seeded_order(tmp_path):
+    from simulator.tuning import SETTING, discrete_settings, param_space, searched_values
+
+    space = {"local.lr": {"choice": [0.01, 0.1, 1.0]},
+             "attack": {"choice": [{"name": "sign_flip"}, {"name": "alie"}]}}
+    t = Tune.model_validate({"space": space, "trials": 4, "seed": 5})
+    settings = discrete_settings(t)
+    assert len(settings) == 6 and len({repr(s) for s in settings}) == 6  # each once
+    assert discrete_settings(t) == settings  # the seed decides the order
+    assert discrete_settings(t.model_copy(update={"seed": 6})) != settings
+    assert param_space(t)[SETTING] == {"grid_search": [0, 1, 2, 3]}  # the first 4 trials
+    assert searched_values(t, {SETTING: 2}) == settings[2]
+    # a range anywhere, or Optuna: each key sampled by the search algorithm
+    ranged = Tune.model_validate({"space": {**space, "local.momentum": {"uniform": [0, 1]}}})
+    assert discrete_settings(ranged) is None and SETTING not in param_space(ranged)
+    assert discrete_settings(t.model_copy(update={"search": "optuna"})) is None
+    # more trials than settings would repeat some: refused in one line
+    text = SCENARIO.replace("local.lr: {log_uniform: [0.005, 0.5]}",
+                            "local.lr: {choice: [0.01, 0.1]}")
+    with pytest.raises(ScenarioError) as e:
+        load(_write(tmp_path, text))
+    assert [x.split(": ", 1)[1] for x in e.value.lines] == [
+        ("tune.trials: must be <= the 2 settings the space holds (choices only: more trials "
+        "would repeat settings), got 6")]
