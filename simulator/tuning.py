@@ -294,7 +294,6 @@ class TrialRuns:
     def __init__(self, search: SearchRun, group: dict[str, Any], n_eval: int) -> None:
         self.search, self.group, self.n_eval = search, group, n_eval
         self.live: dict[str, Trial] = {}
-        self.ended: dict[str, tuple[str, float, int]] = {}  # trial id: (status, score, evals)
 
     def start(self, trial: Any) -> None:
         s = self.search
@@ -346,8 +345,8 @@ class TrialRuns:
         text = (f"stopped by ASHA after evaluation {evals} of {self.n_eval} (round {t.rounds})"
                 if stopped else "finished")
         self._end(t, status, text)
-        self.ended[trial.trial_id] = ("stopped" if stopped else "finished", t.scores[-1], evals)
-        logger.info("%s: score %.4f, %s  (run %s)", t.label, t.scores[-1], text, t.run_id)
+        score = t.scores[-1] if t.scores else math.nan
+        logger.info("%s: score %.4f, %s  (run %s)", t.label, score, text, t.run_id)
 
     def error(self, trial: Any) -> None:
         t = self.live.pop(trial.trial_id, None)
@@ -355,7 +354,6 @@ class TrialRuns:
         if t is None:
             return
         self._end(t, "FAILED", f"failed: {text}")
-        self.ended[trial.trial_id] = ("failed", math.nan, len(t.scores))
         logger.warning("%s: FAILED (%s)  (run %s)", t.label, text, t.run_id)
 
     def _end(self, t: Trial, status: str, text: str) -> None:
@@ -413,7 +411,6 @@ class TuneResult(ExperimentResult):
     """``fedray tune``'s result: per search (``per`` value), its best trial."""
 
     best: list[dict[str, Any]] = field(default_factory=list)
-    trials: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _resources(sc: Any, backend: Any, parallel: int) -> dict[str, float]:
@@ -433,7 +430,7 @@ def _quiet_tune() -> None:
 def search_group(s: SearchRun, gi: int, group: dict[str, Any], parallel: int,
                  storage: Path) -> TrialRuns:
     """One search (a ``per`` group) with Ray Tune: new, or restored from ``storage`` where
-    an earlier command left it; returns its trials' ends."""
+    an earlier command left it; returns its driver side (the trials it saw end)."""
     from ray import tune as rt
 
     sc = s.loaded.scenario
