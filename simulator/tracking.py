@@ -44,6 +44,10 @@ PARAMS_PER_BATCH = 100
 # round instead (set unless the user did)
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 METRICS_PER_BATCH = 1000
+# MLflow draws a tqdm bar per artifact download when tqdm is installed (Optuna and Ray Tune
+# bring it): fedray reads its own small artifacts (scenario.yaml, checkpoints) and says
+# what it does in one line (set unless the user did)
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 PARAM_VALUE_MAX = 6000
 RETRY_SECONDS = 5.0  # after a failed call, the store counts as down this long
 END_WAIT_SECONDS = 15.0  # what the end of a run waits for metrics still being sent
