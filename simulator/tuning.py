@@ -449,11 +449,11 @@ def search_group(s: SearchRun, gi: int, group: dict[str, Any], parallel: int,
             tuner = rt.Tuner.restore(str(path), trainable, resume_unfinished=True,
                                      resume_errored=False, restart_errored=False)
         else:
+            space = param_space(t)
             tuner = rt.Tuner(
-                trainable, param_space=param_space(t),
+                trainable, param_space=space,
                 tune_config=rt.TuneConfig(metric=SCORE, mode=t.mode,
-                                          num_samples=1 if SETTING in param_space(t)
-                                          else t.trials,
+                                          num_samples=1 if SETTING in space else t.trials,
                                           search_alg=searcher(t, parallel),
                                           scheduler=scheduler(t, n_eval),
                                           max_concurrent_trials=parallel,
