@@ -151,32 +151,49 @@ class RoundReport:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+def _fill_rows(out: np.ndarray, order: Sequence[int] | np.ndarray,
+               results: Sequence[ClientRows], part: str) -> None:
+    """Write the results' rows of ``part`` into ``out`` (one row per client of ``order``,
+    in that order), where the rows of a result that already follow ``order`` go in with one
+    contiguous copy and the others row by row: never a temporary of the whole matrix."""
+    pos = {int(c): i for i, c in enumerate(np.asarray(order, dtype=np.int64))}
+    if not pos:
+        return
+    for r in results:
+        if not len(r.clients):
+            continue
+        where = np.fromiter((pos[int(c)] for c in r.clients), dtype=np.int64,
+                            count=len(r.clients))
+        rows = getattr(r, part)
+        lo = int(where[0])
+        if np.array_equal(where, np.arange(lo, lo + len(where))):
+            out[lo:lo + len(where)] = rows  # a block in place: one copy, no fancy index
+        else:
+            for i, w in enumerate(where):
+                out[w] = rows[i]
+
+
 def stack_rows(order: Sequence[int] | np.ndarray, results: Sequence[ClientRows], d: int,
                part: str = "updates") -> np.ndarray:
     """The results' rows of ``part`` (``updates``, ``buffers``: ``(len(order), d)``;
     ``losses``: ``(len(order),)`` when ``d == 0``) in ``order`` of client ids, whichever
     worker computed them: the layout, and so every floating-point sum over it, does not
     depend on the number of workers."""
-    ids = np.asarray(order, dtype=np.int64)
-    shape = (len(ids), d) if d else (len(ids),)
-    out = np.empty(shape, dtype=np.float32 if d else np.float64)
-    if len(ids) == 0:
-        return out
-    pos = {int(c): i for i, c in enumerate(ids)}
-    for r in results:
-        if len(r.clients):
-            out[[pos[int(c)] for c in r.clients]] = getattr(r, part)
-    return out
+    return stack_groups([(order, len(results))], results, d, part)
 
 
 def stack_groups(groups: Sequence[tuple[Sequence[int], int]], results: Sequence[ClientRows],
                  d: int, part: str = "updates") -> np.ndarray:
     """``stack_rows`` of several train calls in turn: group ``g`` holds its clients' rows
     (in the order given) from the next ``n_g`` of ``results``. A client may appear in two
-    groups (two tasks, from two model versions)."""
-    shape = (0, d) if d else (0,)
-    parts, i = [np.empty(shape, dtype=np.float32 if d else np.float64)], 0
+    groups (two tasks, from two model versions). The rows are copied once, into the one
+    array returned (a round's matrix is the largest thing the server touches: 50 rows of a
+    1.6 M-parameter CNN are 325 MB)."""
+    total = sum(len(clients) for clients, _ in groups)
+    out = np.empty((total, d) if d else (total,), dtype=np.float32 if d else np.float64)
+    at, i = 0, 0
     for clients, n in groups:
-        parts.append(stack_rows(clients, results[i:i + n], d, part))
+        _fill_rows(out[at:at + len(clients)], clients, results[i:i + n], part)
+        at += len(clients)
         i += n
-    return np.concatenate(parts)
+    return out
