@@ -24,6 +24,7 @@ from simulator.messages import (
     ByzantineRows,
     ClientRows,
     EvalData,
+    RowBuffer,
     ServerCheckpoint,
     StepLayout,
     stack_groups,
@@ -169,6 +170,7 @@ class Server:
         self.version = 0
         self.versions: dict[int, list[torch.Tensor]] = {}
         self.latest: dict[int, torch.Tensor] = {}  # server.mode latest: each client's last row
+        self.row_buffer = RowBuffer()  # the round's update matrix, its pages kept mapped
 
     @property
     def dim(self) -> int:
@@ -287,7 +289,7 @@ class Server:
               results: tuple[ClientRows, ...]) -> dict[str, float]:
         t0 = time.perf_counter()
         groups = [(clients, n) for _, clients, n in layout.groups]
-        honest = torch.from_numpy(stack_groups(groups, results, self.dim))
+        honest = torch.from_numpy(stack_groups(groups, results, self.dim, into=self.row_buffer))
         byz = byzantine.rows if byzantine is not None and len(byzantine.rows) else None
         rows, honest_rows, weights = self._rows(layout, honest, byz)
         losses = stack_groups(groups, results, 0, "losses")
