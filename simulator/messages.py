@@ -87,6 +87,18 @@ class EvalData:
 
 
 @dataclass(frozen=True)
+class EvalScores:
+    """A share of a data-parallel evaluation of the global model: for the test samples
+    (``part`` "test") or the train-loss samples ("train"), each sample's loss and accuracy
+    (None for a task without accuracy) over ``spans`` (``runtime.common.eval_spans``)."""
+
+    part: str
+    spans: tuple[tuple[int, int], ...]
+    losses: np.ndarray  # float64, one per sample of the spans, in their order
+    hits: np.ndarray | None
+
+
+@dataclass(frozen=True)
 class PersonalScores:
     """A worker's personal models (Ditto) measured on their clients' own test samples:
     the clients and each one's accuracy."""

@@ -12,10 +12,18 @@ import numpy as np
 
 from simulator import data as fdata
 from simulator.errors import ClientStateLost, DeviceUnavailable, UsageError, WorkerLost
-from simulator.messages import ClientRows, EvalData, PersonalScores, Ref, TrainRequest
+from simulator.messages import (
+    ClientRows,
+    EvalData,
+    EvalScores,
+    PersonalScores,
+    Ref,
+    TrainRequest,
+)
 from simulator.plan import Plan
 from simulator.runtime import backend as backend_module
 from simulator.runtime.backend import PING_TIMEOUT, Backend, gpu_share
+from simulator.runtime.common import eval_shares
 from simulator.runtime.handles import WorkerHandle
 from simulator.runtime.worker import ClientWorker
 from simulator.sampling import sample_clients
@@ -244,6 +252,15 @@ class WorkerPool:
         model (fedbn's personal models are it with each client's BatchNorm weights)."""
         return [self.workers[w].evaluate_personal(tuple(exclude), eval_data, buffers, params)
                 for w in self.live]
+
+    def evaluate_spans(self, params: Ref[np.ndarray], buffers: Ref[np.ndarray] | None,
+                       eval_data: Ref[EvalData], n_test: int, n_train: int
+                       ) -> list[Ref[list[EvalScores]]]:
+        """The global model's evaluation dealt out over the live workers, contiguous runs of
+        its spans each (``eval_shares``; calls, not yet waited for)."""
+        shares = eval_shares(n_test, n_train, len(self.live))
+        return [self.workers[w].evaluate_spans(params, buffers, eval_data, share)
+                for w, share in zip(self.live, shares, strict=True) if share]
 
     def load_client_states(self, states: dict[int, dict[str, Any]]) -> list[Ref[None]]:
         """Give each live worker the states of its clients (calls, not yet waited for)."""

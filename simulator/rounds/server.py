@@ -13,7 +13,15 @@ from typing import Any
 import numpy as np
 
 from simulator.config.schema import Speeds
-from simulator.messages import ByzantineRows, ClientRows, Ref, RoundReport, StepLayout
+from simulator.errors import WorkerLost
+from simulator.messages import (
+    ByzantineRows,
+    ClientRows,
+    EvalScores,
+    Ref,
+    RoundReport,
+    StepLayout,
+)
 from simulator.rounds import RoundProtocol
 from simulator.runtime.actors import Adversary, Server
 from simulator.runtime.common import personal_accuracy
@@ -46,7 +54,15 @@ class ServerRounds(RoundProtocol):
     def start(self) -> list[Any]:
         ctx = self.ctx
         b, plan, data = ctx.backend, ctx.plan, ctx.data
-        eval_ref = self.eval_ref = b.put(data.eval_data())
+        eval_data = data.eval_data()
+        eval_ref = self.eval_ref = b.put(eval_data)
+        rt = plan.scenario.runtime
+        # the final evaluation (the workers idle, nothing prefetched) is dealt out over the
+        # workers when they run beside each other on the server's kind of device: the same
+        # spans, threads and kernels as the server's, so the same numbers, sooner
+        self.eval_sizes = (len(eval_data.y_test), len(eval_data.y_train))
+        self.parallel_eval = (b.pipelined and rt.device == "cpu" and rt.server_device == "cpu"
+                              and min(self.eval_sizes) > 0)
         self.server = ServerHandle(b, b.spawn(Server, plan, data.input_shape, data.num_classes,
                                               eval_ref, data.vocabulary, role="server",
                                               options=ctx.pool.server_options))
@@ -155,7 +171,9 @@ class ServerRounds(RoundProtocol):
             if (ctx.plan.personal or ctx.plan.local_norm) and ctx.evaluate_now(round_) else []
         if prefetch:  # its params call comes before the evaluation in the server's queue
             self._next = self.submit(round_ + 1)
-        eval_ref = self.server.evaluate() if ctx.evaluate_now(round_) else None
+        eval_ref = None
+        if ctx.evaluate_now(round_):
+            eval_ref = self.server.evaluate(() if prefetch else self._worker_scores())
         metrics = dict(b.get(step_ref))
         if eval_ref is not None:
             metrics.update(b.get(eval_ref))
@@ -182,6 +200,22 @@ class ServerRounds(RoundProtocol):
                    "b_hat": float(b_hat),
                    "byzantine_exceeded": float(len(tr.byz) > b_hat), **metrics}
         return RoundReport(metrics, timings)
+
+    def _worker_scores(self) -> list[EvalScores]:
+        """The live workers' shares of evaluating the model the step just made (none where
+        the evaluation is not dealt out, or a worker was lost meanwhile: the server then
+        evaluates alone, and the next round moves the lost worker's clients)."""
+        pool = self.ctx.pool
+        if not self.parallel_eval or len(pool.live) < 2:
+            return []
+        params = self.server.params()  # after the step in the server's queue
+        buffers = self.server.buffers() if self.d_buffers else None
+        try:
+            return [s for share in self.ctx.backend.get(
+                pool.evaluate_spans(params, buffers, self.eval_ref, *self.eval_sizes))
+                for s in share]
+        except WorkerLost:
+            return []
 
     def checkpoint(self) -> dict[str, Any]:
         """The server's state (global model, optimizer, stateful aggregation rules) and the

@@ -24,6 +24,7 @@ from simulator.messages import (
     ByzantineRows,
     ClientRows,
     EvalData,
+    EvalScores,
     RowBuffer,
     ServerCheckpoint,
     StepLayout,
@@ -37,8 +38,10 @@ from simulator.runtime.common import (
     buffers_to_vector,
     client_accuracy,
     combine_buffers,
+    combine_scores,
     evaluate_model,
     float_buffer_mask,
+    gather_scores,
     model_input,
     norm_parameter_mask,
     resolve_device,
@@ -360,11 +363,19 @@ class Server:
                                   self.task)
         return update.to(self.agg_device)
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, scores: tuple[EvalScores, ...] = ()) -> dict[str, float]:
+        """The global model's test metrics and train loss: from ``scores``, the ClientWorkers'
+        shares of a data-parallel evaluation (the same numbers: ``eval_parts``), when given;
+        else computed here. A targeted attack's success rate is measured here."""
         self._load_model()
-        with torch_threads(self.eval_threads):
-            acc, loss, hits = evaluate_model(self.model, self.x_test, self.y_test, self.task)
-            _, train_loss, _ = evaluate_model(self.model, self.x_tr, self.y_tr, self.task)
+        if scores:
+            (acc, loss, hits), (_, train_loss, _) = (
+                combine_scores(*gather_scores(scores, part)) for part in ("test", "train"))
+        else:
+            with torch_threads(self.eval_threads):
+                acc, loss, hits = evaluate_model(self.model, self.x_test, self.y_test,
+                                                 self.task)
+                _, train_loss, _ = evaluate_model(self.model, self.x_tr, self.y_tr, self.task)
         per_client = (client_accuracy(hits, self.c_test)
                       if self.c_test is not None and hits is not None else {})
         if self.x_asr is not None and self.y_asr is not None:

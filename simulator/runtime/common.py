@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from simulator.data.datasets import unit_pixels
-from simulator.messages import PersonalScores
+from simulator.messages import EvalScores, PersonalScores
 from strategies.protocols import Task
 
 EVAL_BATCH = 4096  # samples whose losses are summed together (float64) into the mean
@@ -131,38 +131,99 @@ def model_input(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.array(x, dtype=np.float32))  # a copy: ray views are read-only
 
 
+def eval_spans(n: int, chunk: int = 0) -> list[tuple[int, int]]:
+    """The forward passes of an evaluation of ``n`` samples, as ``(start, end)`` spans: each
+    EVAL_BATCH block cut in chunks of ``chunk`` (EVAL_CHUNK when 0), the block's rest joined
+    to the chunk before it. Whoever computes a span (the server, or a ClientWorker in a data-
+    parallel evaluation) gives its samples the same outputs."""
+    chunk = chunk or EVAL_CHUNK
+    spans = []
+    for lo in range(0, n, EVAL_BATCH):
+        hi = min(lo + EVAL_BATCH, n)
+        cuts = list(range(lo, hi, chunk))[1:]
+        if cuts and hi - cuts[-1] < chunk:  # no short last chunk: a batch of a few samples
+            cuts.pop()  # takes other kernels (another last bit) than a long one
+        spans += list(itertools.pairwise([lo, *cuts, hi]))
+    return spans
+
+
+def score_spans(model: nn.Module, x: np.ndarray, y: np.ndarray, task: Task,
+                spans: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray | None]:
+    """Each sample's loss (float64) and accuracy (None for a task without accuracy) over
+    ``spans`` of ``(x, y)`` (one forward pass each), in the spans' order."""
+    device = next(model.parameters()).device  # batches go where the model is
+    losses, hits, scored = [], [], True
+    model.eval()
+    with torch.no_grad():
+        for a, b in spans:
+            xb = model_input(x[a:b]).to(device)
+            yb = torch.from_numpy(np.array(y[a:b])).to(device)
+            out = model(xb)
+            target = task.target(xb, yb)
+            losses.append(task.losses(out, target).double().cpu())
+            right = task.hits(out, target)
+            scored = right is not None
+            if right is not None:
+                hits.append(right.double().cpu())
+    if not losses:
+        return np.empty(0), np.empty(0) if scored else None
+    return torch.cat(losses).numpy(), torch.cat(hits).numpy() if scored else None
+
+
+def combine_scores(losses: np.ndarray, hits: np.ndarray | None
+                   ) -> tuple[float | None, float, np.ndarray | None]:
+    """(accuracy, mean loss, hits) from every sample's loss and accuracy: the losses summed
+    per EVAL_BATCH block (float64), as one pass per block would."""
+    n = len(losses)
+    loss = 0.0
+    for lo in range(0, n, EVAL_BATCH):
+        loss += float(torch.from_numpy(np.ascontiguousarray(losses[lo:lo + EVAL_BATCH])).sum())
+    if hits is None:
+        return None, loss / n, None
+    return float(hits.mean()), loss / n, hits
+
+
+def gather_scores(scores: Sequence[EvalScores], part: str
+                  ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Every sample's loss and accuracy of ``part`` from the shares of a data-parallel
+    evaluation, in sample order."""
+    mine = sorted((s for s in scores if s.part == part), key=lambda s: s.spans[0][0]
+                  if s.spans else 0)
+    losses = np.concatenate([s.losses for s in mine])
+    hits = [s.hits for s in mine]
+    return losses, (None if any(h is None for h in hits) else np.concatenate(
+        [h for h in hits if h is not None]))
+
+
+def eval_shares(n_test: int, n_train: int, workers: int
+                ) -> list[list[tuple[str, tuple[tuple[int, int], ...]]]]:
+    """The evaluation's spans (test, then train) dealt to ``workers`` in contiguous runs of
+    about as many samples each: one list of ``(part, spans)`` per worker."""
+    spans = [("test", s) for s in eval_spans(n_test)] + \
+        [("train", s) for s in eval_spans(n_train)]
+    total = max(n_test + n_train, 1)
+    out: list[list[tuple[str, tuple[tuple[int, int], ...]]]] = [[] for _ in range(workers)]
+    done = 0
+    for part, (a, b) in spans:
+        w = min(workers - 1, done * workers // total)  # by the samples before the span
+        share = out[w]
+        if share and share[-1][0] == part:
+            share[-1] = (part, (*share[-1][1], (a, b)))
+        else:
+            share.append((part, ((a, b),)))
+        done += b - a
+    return out
+
+
 def evaluate_model(model: nn.Module, x: np.ndarray, y: np.ndarray, task: Task
                    ) -> tuple[float | None, float, np.ndarray | None]:
     """(accuracy, mean loss, each sample's accuracy) of ``model`` on ``(x, y)`` for
     ``task``; accuracy and hits are None for a task without accuracy (regression)."""
-    hits = np.zeros(len(y), dtype=np.float64)
     if len(y) == 0:
-        return float("nan"), float("nan"), hits
-    loss, scored = 0.0, True
-    device = next(model.parameters()).device  # batches go where the model is
-    chunk = EVAL_CHUNK if device.type == "cpu" else EVAL_BATCH
-    model.eval()
-    with torch.no_grad():
-        for lo in range(0, len(y), EVAL_BATCH):
-            hi = min(lo + EVAL_BATCH, len(y))
-            per = []
-            cuts = list(range(lo, hi, chunk))[1:]
-            if cuts and hi - cuts[-1] < chunk:  # no short last chunk: a batch of a few
-                cuts.pop()  # samples takes other kernels (another last bit) than a long one
-            for a, b in itertools.pairwise([lo, *cuts, hi]):
-                xb = model_input(x[a:b]).to(device)
-                yb = torch.from_numpy(np.array(y[a:b])).to(device)
-                out = model(xb)
-                target = task.target(xb, yb)
-                per.append(task.losses(out, target).double())
-                right = task.hits(out, target)
-                scored = right is not None
-                if right is not None:
-                    hits[a:b] = right.double().cpu().numpy()
-            loss += float(torch.cat(per).sum())
-    if not scored:
-        return None, loss / len(y), None
-    return float(hits.mean()), loss / len(y), hits
+        return float("nan"), float("nan"), np.zeros(0, dtype=np.float64)
+    device = next(model.parameters()).device
+    spans = eval_spans(len(y), EVAL_CHUNK if device.type == "cpu" else EVAL_BATCH)
+    return combine_scores(*score_spans(model, x, y, task, spans))
 
 
 def client_accuracy(hits: np.ndarray, clients: np.ndarray) -> dict[str, float]:

@@ -14,6 +14,7 @@ from simulator.messages import (
     ByzantineRows,
     ClientRows,
     EvalData,
+    EvalScores,
     PersonalScores,
     Ref,
     ServerCheckpoint,
@@ -56,6 +57,13 @@ class WorkerHandle(_Handle):
                           ) -> Ref[PersonalScores]:
         return self.backend.call(self.actor, ClientWorker.evaluate_personal, exclude, eval_data,
                                  buffers, params)
+
+    def evaluate_spans(self, params: Ref[np.ndarray], buffers: Ref[np.ndarray] | None,
+                       eval_data: Ref[EvalData],
+                       shares: list[tuple[str, tuple[tuple[int, int], ...]]]
+                       ) -> Ref[list[EvalScores]]:
+        return self.backend.call(self.actor, ClientWorker.evaluate_spans, params, buffers,
+                                 eval_data, shares)
 
     def load_client_states(self, states: dict[int, dict[str, Any]]) -> Ref[None]:
         return self.backend.call(self.actor, ClientWorker.load_client_states, states)
@@ -100,8 +108,8 @@ class ServerHandle(_Handle):
              results: Sequence[Ref[ClientRows]]) -> Ref[dict[str, float]]:
         return self.backend.call(self.actor, Server.step, round_, layout, byzantine, *results)
 
-    def evaluate(self) -> Ref[dict[str, float]]:
-        return self.backend.call(self.actor, Server.evaluate)
+    def evaluate(self, scores: Sequence[EvalScores] = ()) -> Ref[dict[str, float]]:
+        return self.backend.call(self.actor, Server.evaluate, tuple(scores))
 
     def checkpoint(self) -> Ref[ServerCheckpoint]:
         return self.backend.call(self.actor, Server.checkpoint)

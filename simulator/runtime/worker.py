@@ -18,7 +18,7 @@ import torch
 
 from simulator.data import ClientSource
 from simulator.errors import ClientStateLost, guarded
-from simulator.messages import ClientRows, EvalData, PersonalScores, TrainRequest
+from simulator.messages import ClientRows, EvalData, EvalScores, PersonalScores, TrainRequest
 from simulator.models import build_model
 from simulator.plan import Plan, build_client_rule, build_privacy
 from simulator.registry import PluginSpec, instantiate
@@ -29,7 +29,9 @@ from simulator.runtime.common import (
     model_input,
     norm_parameter_mask,
     resolve_device,
+    score_spans,
     single_thread,
+    torch_threads,
     vector_to_buffers,
 )
 from simulator.seeding import torch_generator
@@ -330,6 +332,28 @@ class ClientWorker:
                 ids.append(c)
                 accs.append(acc)
         return PersonalScores(np.asarray(ids, np.int64), np.asarray(accs, np.float64))
+
+    def evaluate_spans(self, params: np.ndarray, buffers: np.ndarray | None,
+                       eval_data: EvalData, shares: list[tuple[str, tuple[tuple[int, int], ...]]]
+                       ) -> list[EvalScores]:
+        """This worker's share of a data-parallel evaluation of the global model ``params``
+        (and ``buffers``): for each ``(part, spans)`` of ``shares``, every sample's loss and
+        accuracy, computed as the server computes them (its ``runtime.eval_threads``
+        threads, the same spans), so the combined numbers are the server's own."""
+        torch.nn.utils.vector_to_parameters(
+            torch.from_numpy(np.array(params, dtype=np.float32)).to(self.device),
+            self.model.parameters())
+        if self.buffer_dim:
+            assert buffers is not None, "a model with buffers needs the server's buffers"
+            vector_to_buffers(torch.from_numpy(np.array(buffers, np.float32)), self.model)
+        task = instantiate("tasks", self.scenario.task)
+        out = []
+        with torch_threads(self.scenario.runtime.eval_threads):
+            for part, spans in shares:
+                x, y = ((eval_data.x_test, eval_data.y_test) if part == "test"
+                        else (eval_data.x_train, eval_data.y_train))
+                out.append(EvalScores(part, spans, *score_spans(self.model, x, y, task, spans)))
+        return out
 
     BUFFERS = "model.buffers"  # a client's own buffers in its checkpointed state
     NORM = "model.norm"  # its own BatchNorm weights (server.buffers fedbn)
