@@ -116,7 +116,7 @@ def test_workers_shares_combine_to_the_servers_numbers(tmp_path):
     want = server.evaluate()
     got = server.evaluate(tuple(scores))
     assert got == want and 0 < got["test_accuracy"] <= 1
-    acc, loss, hits = combine_scores(*gather_scores(scores, "test"))
+    acc, loss, _ = combine_scores(*gather_scores(scores, "test"))
     assert (acc, loss) == (want["test_accuracy"], want["test_loss"])
     # sample by sample (a sum of a few hundred losses is exact in float64 whatever its
     # order, so the totals alone would not show rows out of place)
