@@ -365,13 +365,13 @@ class Server:
 
     def evaluate(self, scores: tuple[EvalScores, ...] = ()) -> dict[str, float]:
         """The global model's test metrics and train loss: from ``scores``, the ClientWorkers'
-        shares of a data-parallel evaluation (the same numbers: ``eval_parts``), when given;
+        shares of a data-parallel evaluation (the same numbers: ``eval_shares``), when given;
         else computed here. A targeted attack's success rate is measured here."""
-        self._load_model()
         if scores:
             (acc, loss, hits), (_, train_loss, _) = (
                 combine_scores(*gather_scores(scores, part)) for part in ("test", "train"))
         else:
+            self._load_model()
             with torch_threads(self.eval_threads):
                 acc, loss, hits = evaluate_model(self.model, self.x_test, self.y_test,
                                                  self.task)
@@ -379,6 +379,8 @@ class Server:
         per_client = (client_accuracy(hits, self.c_test)
                       if self.c_test is not None and hits is not None else {})
         if self.x_asr is not None and self.y_asr is not None:
+            if scores:
+                self._load_model()
             with torch_threads(self.eval_threads):
                 asr, _, _ = evaluate_model(self.model, self.x_asr, self.y_asr, self.task)
             per_client["attack_success_rate"] = float("nan") if asr is None else asr
