@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 from collections.abc import Callable, Generator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,18 +63,32 @@ class RunResult:
 
 
 _data_cache: dict[tuple, fdata.FederatedData] = {}
+_data_lock = threading.Lock()
 
 
 def load_data(sc: Scenario) -> fdata.FederatedData:
-    """The scenario's federated data (cached per dataset/partition/seed within a process)."""
+    """The scenario's federated data (cached per dataset/partition/seed within a process).
+    Thread-safe: ``fedray run`` loads the first point's data on a thread while Ray starts
+    (``prefetch_data``), and the engine's call then waits for it and finds it here."""
     seed = sc.seeds[0]
     key = (repr(sc.data.model_dump()), sc.clients.total, seed)
-    if key not in _data_cache:
-        _data_cache.clear()
-        _data_cache[key] = fdata.build(
-            sc.data.dataset, sc.data.partitioner, sc.clients.total, seed, sc.data.test_fraction,
-            sc.data.load)
-    return _data_cache[key]
+    with _data_lock:
+        if key not in _data_cache:
+            _data_cache.clear()
+            _data_cache[key] = fdata.build(
+                sc.data.dataset, sc.data.partitioner, sc.clients.total, seed,
+                sc.data.test_fraction, sc.data.load)
+        return _data_cache[key]
+
+
+def prefetch_data(sc: Scenario) -> None:
+    """Start loading ``sc``'s data on a thread (``fedray run`` does while ``ray.init`` waits
+    for its processes, about 2 s of it idle). The engine's own ``load_data`` call takes the
+    result; when loading failed, the error stays in the thread's future, unread, and the
+    engine's call loads again and raises it itself, in the run it belongs to."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedray-data")
+    pool.submit(load_data, sc)
+    pool.shutdown(wait=False)
 
 
 @dataclass

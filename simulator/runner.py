@@ -43,6 +43,7 @@ def run_loaded(
     ``tracking_uri``, ``runs`` (``[{run_id, label, values, seed, final_test_accuracy,
     ...}]``) and ``unfinished``.
     """
+    from simulator.engine import prefetch_data
     from simulator.runtime.backend import make_backend
 
     fetch(loaded)  # downloads and their checks, before any run exists
@@ -52,6 +53,8 @@ def run_loaded(
     exp = Experiment(opening, default_callbacks(quiet) + list(callbacks or []), uri,
                      f"parent of {len(loaded.points)} point(s)")
     with exp.running():
+        if loaded.points:  # the first point's data loads while Ray starts
+            prefetch_data(loaded.points[0].scenario)
         backend = make_backend(backend_name or sc.runtime.backend, address, **(ray_init or {}))
         stopping: list[Future[None]] = []
 

@@ -37,3 +37,71 @@ def test_a_one_round_run_on_ray_ends_cleanly_while_ray_shuts_down(tmp_path, _mlf
         "model/model.pt"]
     assert [a.path for a in client.list_artifacts(child.info.run_id, "figures")] == [
         "figures/curves.svg"]
+
+
+def _scenario(**sets: object):
+    from simulator.config import load
+
+    return load(ROOT / "scenarios" / "quickstart.yaml",
+                [f"{k}={v}" for k, v in sets.items()]).points[0].scenario
+
+
+def test_the_data_prefetched_while_ray_starts_is_the_data_the_engine_gets(monkeypatch):
+    """``fedray run`` loads the first point's data on a thread while Ray starts: a build
+    still running when the engine asks waits, and is done once (the engine gets its very
+    object, not a second load)."""
+    import threading
+    import time
+
+    from simulator import engine
+
+    real, calls, started = engine.fdata.build, [], threading.Event()
+
+    def slow_build(*args, **kwargs):
+        calls.append(threading.current_thread().name)
+        started.set()
+        time.sleep(0.3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine.fdata, "build", slow_build)
+    monkeypatch.setattr(engine, "_data_cache", {})
+    sc = _scenario(seeds="[11]")
+    engine.prefetch_data(sc)
+    assert started.wait(10)
+    data = engine.load_data(sc)  # waits for the thread's build instead of starting another
+    assert len(calls) == 1 and calls[0].startswith("fedray-data")
+    assert engine.load_data(sc) is data
+    assert data.num_classes == 10 and len(data.y_test) > 0
+
+
+def test_a_prefetch_that_fails_leaves_the_error_to_the_engines_own_load(monkeypatch, capfd):
+    """A data set that cannot be built fails in the engine's own call, in the run it belongs
+    to (the thread's future keeps its copy unread: nothing printed, nothing cached)."""
+    import threading
+
+    from simulator import engine
+
+    calls, done = [], threading.Event()
+
+    class Broken(Exception):
+        pass
+
+    def broken(*args, **kwargs):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            done.set()
+        raise Broken("data.dataset: cannot be read")
+
+    monkeypatch.setattr(engine.fdata, "build", broken)
+    monkeypatch.setattr(engine, "_data_cache", {})
+    sc = _scenario(seeds="[12]")
+    engine.prefetch_data(sc)
+    assert done.wait(10)
+    try:
+        engine.load_data(sc)
+        raise AssertionError("the engine's load must raise")
+    except Broken as e:
+        assert str(e) == "data.dataset: cannot be read"
+    assert len(calls) == 2 and calls[1] == threading.current_thread().name
+    assert engine._data_cache == {}
+    assert "Traceback" not in capfd.readouterr().err
