@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,11 +98,8 @@ def test_a_prefetch_that_fails_leaves_the_error_to_the_engines_own_load(monkeypa
     sc = _scenario(seeds="[12]")
     engine.prefetch_data(sc)
     assert done.wait(10)
-    try:
+    with pytest.raises(Broken, match="^data.dataset: cannot be read$"):
         engine.load_data(sc)
-        raise AssertionError("the engine's load must raise")
-    except Broken as e:
-        assert str(e) == "data.dataset: cannot be read"
     assert len(calls) == 2 and calls[1] == threading.current_thread().name
     assert engine._data_cache == {}
     assert "Traceback" not in capfd.readouterr().err
