@@ -40,9 +40,11 @@ from strategies.protocols import (
     CONTRACTS,
     Attack,
     ClientData,
+    ClientRule,
     DriftRule,
     GossipAttack,
     GossipStep,
+    MessageLayout,
 )
 
 N, F, D = 11, 2, 16  # rows of the test matrices, Byzantine rows among them, dimension
@@ -390,20 +392,23 @@ def _gossip_defense_checks(make: Callable[[], Any]) -> list[Check]:
 
 def _optimizer_checks(make: Callable[[], Any]) -> list[Check]:
     half = make().client_rule()
-    blocks = half.traits.message_blocks if half is not None else 1
+    layout = half.traits.message if half is not None else MessageLayout()
 
     def step_and_state_round_trip() -> None:
-        # a client half of several blocks sends rows of blocks * d
-        x, deltas = matrix(19, n=1)[0], matrix(20, n=3, d=D * blocks, offset=0.0) * 0.1
+        # the aggregated parts of the client half's message, by name (as the server gives them)
+        x, deltas = matrix(19, n=1)[0], matrix(20, n=3, d=layout.width(D), offset=0.0) * 0.1
+        deltas = deltas.abs() + 0.1 if layout.multipart else deltas  # a scalar part may divide
+        parts = [layout.split(row, D) for row in deltas]
         a = make()
         before = x.clone()
-        y = a.step(x, deltas[0])
+        y = a.step_parts(x, parts[0])
         assert y.shape == x.shape and torch.isfinite(y).all() and torch.equal(x, before)
         saved = pickle.loads(pickle.dumps(a.state_dict()))
-        nxt = a.step(y, deltas[1])
+        nxt = a.step_parts(y, parts[1])
         b = make()
         b.load_state_dict(saved)
-        assert torch.equal(b.step(y, deltas[1]), nxt), "load_state_dict does not restore the state"
+        assert torch.equal(b.step_parts(y, parts[1]), nxt), \
+            "load_state_dict does not restore the state"
         shared = a.shared()
         assert shared is None or (shared.shape == x.shape and torch.isfinite(shared).all()), \
             "shared() is a flat tensor of the model's size, or None"
@@ -434,8 +439,9 @@ def _drift_rule_checks(make: Callable[[], Any]) -> list[Check]:
             before = update.clone()
             msg, state = rule.message(update, 3, state, shared, local)
             assert torch.equal(update, before), "message() modified the update"
-            assert msg.shape == (start.numel() * rule.traits.message_blocks,), \
-                f"a message of {tuple(msg.shape)}, not traits.message_blocks * d"
+            width = rule.traits.message.width(start.numel())
+            assert msg.shape == (width,), \
+                f"a message of {tuple(msg.shape)}, not traits.message's {width} entries"
             assert torch.isfinite(msg).all()
             assert all(isinstance(t, torch.Tensor) for t in state.values()), \
                 "state holds non-tensors"
@@ -474,7 +480,7 @@ def _client_rule_checks(make: Callable[[], Any], cls: Any) -> list[Check]:
 # ---------------------------------------------------------------------------- trainers
 
 
-def _trainer_checks(make_with: Callable[..., Any]) -> list[Check]:
+def _trainer_checks(make_with: Callable[..., Any], layout: MessageLayout) -> list[Check]:
     from simulator.config import Local
     from simulator.models import MLP
 
@@ -498,7 +504,8 @@ def _trainer_checks(make_with: Callable[..., Any]) -> list[Check]:
         start = torch.nn.utils.parameters_to_vector(m.parameters()).detach().clone()
         t = make_with(model=m, local=local)
         u, losses = t.train(0, clients(1, [0, 1, 2]), start)
-        assert u.shape == (3, start.numel()) and losses.shape == (3,), f"{tuple(u.shape)}"
+        width = layout.width(start.numel())  # the rule's message: its parts side by side
+        assert u.shape == (3, width) and losses.shape == (3,), f"{tuple(u.shape)}"
         assert torch.isfinite(u).all() and bool((u != 0).any()), "no finite, non-zero update"
         again, _ = make_with(model=model(), local=local).train(0, clients(1, [0, 1, 2]), start)
         torch.testing.assert_close(u, again, rtol=0, atol=1e-6)
@@ -512,6 +519,33 @@ def _trainer_checks(make_with: Callable[..., Any]) -> list[Check]:
 
     return [("updates_contract", updates_contract),
             ("independent_of_the_other_clients", independent_of_the_other_clients)]
+
+
+# ---------------------------------------------------------------------------- codecs
+
+
+def _codec_checks(make: Callable[[], Any]) -> list[Check]:
+    def round_trip() -> None:
+        x = matrix(23, n=N, offset=0.0)
+        before = x.clone()
+        codec = make()
+        payload = codec.encode(x)
+        assert torch.equal(x, before), "encode() modified its input"
+        assert payload.shape[0] == N and payload.is_floating_point(), \
+            f"a payload of {tuple(payload.shape)} {payload.dtype}: one float row a message"
+        again = make().encode(x)
+        assert torch.equal(payload, again), "encode() is not deterministic"
+        stacked = payload.to(torch.float32)  # the server stacks payloads into float32
+        rows = codec.decode(stacked)
+        assert rows.shape == (N, D) and rows.dtype == torch.float32 and \
+            torch.isfinite(rows).all(), f"decode() gave {tuple(rows.shape)} {rows.dtype}"
+        agg = codec.finish(rows.mean(0), N, torch.Generator().manual_seed(0))
+        assert agg.shape == (D,) and torch.isfinite(agg).all()
+        cost = codec.wire_bytes(4 * D, D)
+        assert isinstance(cost, int) and cost > 0, f"wire_bytes gave {cost!r}"
+        pickle.loads(pickle.dumps(codec))
+
+    return [("round_trip", round_trip)]
 
 
 # ---------------------------------------------------------------------------- the rest
@@ -658,7 +692,8 @@ def plugin_checks(kind: str, cls: Any, params: dict[str, Any] | None = None,
         # the engine offers the sampling fraction (SCAFFOLD, FedDyn take it)
         "optimizers": lambda: _optimizer_checks(lambda: make(participation=0.5)),
         "client_optimizers": lambda: _client_rule_checks(plain, cls),
-        "trainers": lambda: _trainer_checks(_trainer(make, cls)),
+        "trainers": lambda: _trainer_checks(*_trainer(make, cls)),
+        "codecs": lambda: _codec_checks(plain),
         "privacy": lambda: _privacy_checks(plain),
         "datasets": lambda: _dataset_checks(plain),
         "partitioners": lambda: _partitioner_checks(plain),
@@ -691,10 +726,11 @@ def _defense(make: Callable[..., Any]) -> Callable[[], Any]:
     return lambda: make(clip_tau=None, aggregator=CoordinateWiseMedian())
 
 
-def _trainer(make: Callable[..., Any], cls: Any) -> Callable[..., Any]:
+def _trainer(make: Callable[..., Any], cls: Any) -> tuple[Callable[..., Any], MessageLayout]:
     """The trainer with the engine's context: a rule of the class its constructor asks for
     (worker momentum, or a default instance of a narrower rule class such as DriftRule),
-    the clients' sizes of ``_trainer_checks`` (6, 7 and 8 samples)."""
+    the clients' sizes of ``_trainer_checks`` (6, 7 and 8 samples); and the layout of the
+    messages it then sends (the rule's, when it takes one)."""
     import typing
 
     from strategies.optimizers import WorkerMomentum
@@ -703,14 +739,15 @@ def _trainer(make: Callable[..., Any], cls: Any) -> Callable[..., Any]:
 
     wanted = typing.get_type_hints(cls.__init__).get("rule") \
         if "rule" in cls.traits.context else None
-    rule = wanted() if inspect.isclass(wanted) and not issubclass(WorkerMomentum, wanted) \
-        else WorkerMomentum()
+    rule = typing.cast(ClientRule, wanted() if inspect.isclass(wanted) and
+                       not issubclass(WorkerMomentum, wanted) else WorkerMomentum())
 
     def with_context(**context: Any) -> Any:
         return make(rule=rule, privacy=DPSGD(noise_multiplier=0.0), task=Classification(),
                     client_sizes=np.array([6, 7, 8]), **context)
 
-    return with_context
+    layout = rule.traits.message if "rule" in cls.traits.context else MessageLayout()
+    return with_context, layout
 
 
 def check_plugin(kind: str, cls: Any, params: dict[str, Any] | None = None,

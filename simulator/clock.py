@@ -237,11 +237,11 @@ def settings(sc: Scenario) -> Asynchrony:
 
 
 def step_rule(sc: Scenario) -> Rule:
-    """When the server steps, by ``server.mode``."""
-    a = settings(sc)
-    if sc.server.mode in ("fedasync", "latest"):
+    """When the server steps, by ``server.mode`` (its ``steps_on``)."""
+    a, on = settings(sc), sc.server.resolved_mode.steps_on
+    if on == "arrival":
         return Rule(1)
-    if sc.server.mode == "basgd":
+    if on == "buffers":
         return Rule(buffers=a.buffers)
     return Rule(a.buffer_size or concurrency(sc))
 
@@ -257,7 +257,7 @@ def concurrency(sc: Scenario) -> int:
 def rows_per_step(sc: Scenario) -> int:
     """How many rows the aggregation pipeline receives a step."""
     rule = step_rule(sc)
-    if sc.server.mode == "latest":  # every client that has sent an update
+    if sc.server.resolved_mode.table:  # every client that has sent an update
         return sc.clients.total
     return rule.buffers if rule.buffers is not None else rule.buffer_size
 

@@ -16,7 +16,7 @@ builds one plugin only, a server optimizer that may bring the clients' half of i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from simulator import registry
 from simulator.config.schema import (
@@ -24,9 +24,13 @@ from simulator.config.schema import (
     GRADIENT_RULE_TRAINER,
     SAMPLE_PRIVACY_TRAINER,
     Asynchrony,
+    ModePlan,
     Scenario,
 )
 from simulator.registry import PluginSpec
+
+if TYPE_CHECKING:  # the Plan carries the rule's layout; this module imports no torch
+    from strategies.protocols import MessageLayout
 
 Loc = tuple[str | int, ...]
 PrivacyLevel = Literal["none", "sample", "client"]
@@ -73,9 +77,9 @@ class Plan:
     gradient_rule: bool  # the rule sends one gradient message a round (and keeps state)
     client_state: bool  # the rule keeps per-client state between rounds
     rule_in_trainer: bool  # the rule runs inside its trainer (state, a gradient correction)
-    # a client's message is this many model-sized blocks (SCAFFOLD: 2), so a row is
-    # message_blocks * d long
-    message_blocks: int
+    # the named parts of a client's message (the model delta; SCAFFOLD's control-variate
+    # delta; q-FedAvg's h), declared by the client rule
+    message: MessageLayout
     shared_state: bool  # the rule reads the server optimizer's broadcast state each round
     personal: bool  # the rule keeps a personal model per client (Ditto), measured too
     privacy: PluginSpec | None
@@ -87,6 +91,10 @@ class Plan:
     pipeline: PipelinePlan
     attack: AttackPlan | None
     b_hat: int  # the trimming parameter each round's Byzantine count is compared to
+    mode: ModePlan  # server.mode, resolved
+    # the message path: the scenario's codecs, in order (client-level privacy acts after
+    # them on the server: ``build_codecs``)
+    codecs: tuple[PluginSpec, ...] = ()
     # the asynchronous modes' settings (the scenario's, or the defaults); None when sync
     asynchrony: Asynchrony | None = None
 
@@ -134,6 +142,18 @@ def build_client_rule(plan: Plan) -> Any:
     if plan.rule_from_server:
         return build_server_optimizer(plan.scenario, plan.client_rule).client_rule()
     return registry.instantiate("client_optimizers", plan.client_rule)
+
+
+def build_codecs(plan: Plan) -> tuple[Any, ...]:
+    """The message path's codecs, client half first in order: client-level privacy (whose
+    server half clips each row after the others have decoded it, and noises the aggregate),
+    then the scenario's ``codecs``."""
+    from strategies.codecs import ClientLevelDP
+
+    chain = tuple(registry.instantiate("codecs", spec) for spec in plan.codecs)
+    if plan.privacy is not None and plan.privacy_level == "client":
+        return (ClientLevelDP(registry.instantiate("privacy", plan.privacy)), *chain)
+    return chain
 
 
 def build_privacy(plan: Plan) -> Any:
@@ -196,6 +216,7 @@ def _attack(sc: Scenario) -> AttackPlan | None:
 def resolve(sc: Scenario) -> Plan:
     """The Plan of a validated scenario (of its first seed; a run point has one)."""
     rule, from_server, traits = client_rule(sc)
+    mode = sc.server.resolved_mode
     trainer, key = choose_trainer(sc, traits, ("server", "optimizer") if from_server
                                   else ("local", "optimizer"))
     loop = registry.get("trainers", trainer["name"]).traits.loop if sc.runtime.vectorize \
@@ -203,18 +224,18 @@ def resolve(sc: Scenario) -> Plan:
     return Plan(
         scenario=sc, seed=sc.seeds[0] if sc.seeds else 0,
         protocol=("gossip" if sc.topology is not None else
-                  "server" if sc.server.mode == "sync" else "async"),
+                  "async" if mode.clock else "server"),
         trainer=trainer, trainer_key=key,
         loop_trainer={"name": loop} if loop is not None else None,
         client_rule=rule, rule_from_server=from_server, gradient_rule=traits.gradient_rule,
         client_state=traits.client_state or traits.gradient_rule,
         rule_in_trainer=traits.client_state or traits.gradient_rule or traits.trainer is not None,
-        message_blocks=traits.message_blocks, shared_state=traits.shared_state,
+        message=traits.message, shared_state=traits.shared_state,
         personal=traits.personal,
         privacy=sc.privacy, privacy_level=privacy_level(sc),
         local_buffers=sc.server.buffers in ("local", "fedbn"),
         local_norm=sc.server.buffers == "fedbn", buffer_rule=buffer_rule(sc),
         pipeline=PipelinePlan(tuple(sc.preaggregators), sc.aggregator, sc.meta),
-        attack=_attack(sc), b_hat=b_hat(sc),
-        asynchrony=(sc.asynchrony or Asynchrony()) if sc.server.mode != "sync" else None,
+        attack=_attack(sc), b_hat=b_hat(sc), mode=mode, codecs=tuple(sc.codecs),
+        asynchrony=(sc.asynchrony or Asynchrony()) if mode.clock else None,
     )

@@ -189,16 +189,21 @@ class Profiles:
     seed: int
     availability: Availability | None
 
-    def task_seconds(self, client: int, samples: int, model_bits: float, task: int) -> float:
-        """samples * sample_seconds[c] * exp(jitter * e) + 2 * model_bits / bandwidth[c]; e a
-        standard normal drawn from (seed, "speed-jitter", client, task), no draw at all when
-        jitter == 0."""
+    def task_seconds(self, client: int, samples: int, model_bits: float, task: int,
+                     up_bits: float | None = None) -> float:
+        """samples * sample_seconds[c] * exp(jitter * e) + (model_bits + up_bits) /
+        bandwidth[c]: ``model_bits`` down (what the client receives), ``up_bits`` up (what it
+        sends: the message's payload after the codecs; ``model_bits`` when None, the
+        symmetric ``2 * model_bits``); e a standard normal drawn from (seed, "speed-jitter",
+        client, task), no draw at all when jitter == 0."""
         compute = samples * float(self.sample_seconds[client])
         if self.jitter:
             e = numpy_rng(self.seed, "speed-jitter", int(client), int(task)).standard_normal()
             with np.errstate(over="ignore"):
                 compute *= float(np.exp(self.jitter * e))
-        return compute + 2.0 * float(model_bits) / float(self.bandwidth[client])
+        if up_bits is None:
+            return compute + 2.0 * float(model_bits) / float(self.bandwidth[client])
+        return compute + (float(model_bits) + float(up_bits)) / float(self.bandwidth[client])
 
 
 # ------------------------------------------------------------------ parametric factors

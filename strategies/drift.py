@@ -25,9 +25,9 @@ that correction. A rule whose correction is None runs exactly the steps of ``sgd
 with ``mu = 0`` is FedAvg bit for bit).
 
 Byzantine clients: each message goes through the robust pipeline as any update does.
-SCAFFOLD's message is two blocks, ``[y - x, c_i+ - c_i]``, aggregated as one row (one rule,
-one selection per client: a rule that keeps a client keeps both of its halves); its server
-half splits the aggregate.
+SCAFFOLD's message has two parts, ``[y - x, c_i+ - c_i]`` (``delta`` and ``control``),
+aggregated as one row (one rule, one selection per client: a rule that keeps a client keeps
+both of its halves); its server half receives the aggregated parts by name.
 """
 
 from __future__ import annotations
@@ -41,11 +41,14 @@ from annotated_types import Ge, Gt, Le
 from torch import nn
 
 from strategies.protocols import (
+    DELTA,
     PERSONAL,
     ClientData,
     Correction,
     DriftRule,
     LocalSettings,
+    MessageLayout,
+    Part,
     ServerOptimizer,
     Task,
     Trainer,
@@ -55,6 +58,9 @@ from strategies.trainers import client_batches, local_sgd, step_counts
 
 __all__ = ["Ditto", "DriftSGD", "FedDyn", "FedDynClient", "FedNova", "FedProx",
            "Scaffold", "ScaffoldClient", "drift_sgd", "momentum_norm"]
+
+
+CONTROL = "control"  # SCAFFOLD's second message part: the client's control-variate delta
 
 
 def drift_sgd(model: nn.Module, start: torch.Tensor, client: ClientData, rule: DriftRule,
@@ -91,7 +97,7 @@ class DriftSGD(Trainer):
 
     def train(self, round_: int, clients: Sequence[ClientData], start: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        d = start.numel() * self.rule.traits.message_blocks
+        d = self.rule.traits.message.width(start.numel())
         updates = torch.empty((len(clients), d))  # host memory
         losses = torch.empty(len(clients), dtype=torch.float64)
         for i, c in enumerate(clients):
@@ -185,10 +191,11 @@ class ScaffoldClient(DriftRule):
     """SCAFFOLD's client (Karimireddy et al., ICML 2020, Algorithm 1): each local step's
     gradient is corrected by ``c - c_i`` (server and client control variates; zero at first,
     so the first round's update is FedAvg's), then option II gives ``c_i+``; the client
-    sends ``[y_i - x, c_i+ - c_i]`` (two blocks) and keeps ``c_i+``."""
+    sends ``[y_i - x, c_i+ - c_i]`` (the parts ``delta`` and ``control``, both in the robust
+    row) and keeps ``c_i+``."""
 
-    traits = Traits(trainer="drift_sgd", client_state=True, message_blocks=2,
-                    shared_state=True)
+    traits = Traits(trainer="drift_sgd", client_state=True, shared_state=True,
+                    message=MessageLayout((Part(DELTA), Part(CONTROL))))
 
     def correction(self, start: torch.Tensor, state: dict[str, torch.Tensor],
                    shared: torch.Tensor | None) -> Correction | None:
@@ -215,7 +222,7 @@ class ScaffoldClient(DriftRule):
 
 class Scaffold(ServerOptimizer):
     """SCAFFOLD's server (Karimireddy et al., ICML 2020, Algorithm 1): from the aggregate
-    ``[dy, dc]`` of the clients' two-block messages, ``x + lr * dy`` (``lr``: the global step
+    ``[dy, dc]`` of the clients' two-part messages (``delta``, ``control``), ``x + lr * dy`` (``lr``: the global step
     size eta_g) and ``c + (|S| / N) dc``; ``c`` is broadcast to the clients with the model.
     |S| / N is the scenario's sampling fraction (``clients.per_round / clients.total``;
     rounds that lose clients to dropouts or stragglers still use it). The aggregate is the
@@ -234,10 +241,13 @@ class Scaffold(ServerOptimizer):
         return self.c
 
     def step(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        d = x.numel()
-        dc = delta[d:] * self.participation
+        """The step from a whole aggregated message, its parts side by side."""
+        return self.step_parts(x, ScaffoldClient.traits.message.split(delta, x.numel()))
+
+    def step_parts(self, x: torch.Tensor, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+        dc = parts[CONTROL] * self.participation
         self.c = dc if self.c is None else self.c + dc
-        return x + self.lr * delta[:d]
+        return x + self.lr * parts[DELTA]
 
     def state_dict(self) -> dict[str, Any]:
         return {"c": None if self.c is None else self.c.clone()}

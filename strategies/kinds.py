@@ -26,5 +26,6 @@ KINDS: dict[str, str] = {  # kind -> the name of its base class in strategies.pr
     "trainers": "Trainer",
     "partitioners": "Partitioner",
     "privacy": "Privacy",
+    "codecs": "Codec",
     "tasks": "Task",
 }

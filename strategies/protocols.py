@@ -66,12 +66,14 @@ from strategies.kinds import KINDS
 
 __all__ = [
     "CONTRACTS",
+    "DELTA",
     "PERSONAL",
     "Aggregator",
     "Attack",
     "BaseAttack",
     "ClientData",
     "ClientRule",
+    "Codec",
     "Correction",
     "Dataset",
     "DatasetInfo",
@@ -81,8 +83,10 @@ __all__ = [
     "GossipDefense",
     "GossipStep",
     "LocalSettings",
+    "MessageLayout",
     "MetaAggregator",
     "Model",
+    "Part",
     "Partitioner",
     "Plugin",
     "Population",
@@ -99,6 +103,74 @@ __all__ = [
     "gather",
     "require_generator",
 ]
+
+
+# the name of every message's first part: the model delta (or the negative gradient a
+# gradient rule sends), as many entries as the model has parameters
+DELTA = "delta"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One named part of a client's message: ``size`` entries (None: the model's size d)
+    and its ``role``: ``row``, aggregated by the robust pipeline as one row with the other
+    row parts (a rule that keeps a client keeps all of them); ``mean``, averaged over the
+    step's rows beside it (weighted as the rows are), for the server optimizer (q-FedAvg's
+    ``h``). Differential privacy covers the row parts only."""
+
+    name: str
+    size: int | None = None
+    role: Literal["row", "mean"] = "row"
+
+    def width(self, d: int) -> int:
+        """Its entries for a model of ``d`` parameters."""
+        return d if self.size is None else self.size
+
+
+@dataclass(frozen=True)
+class MessageLayout:
+    """The named parts of a client's message, in the order they travel: the model delta
+    (:data:`DELTA`, model-sized, a row part) first, the other row parts, then the parts
+    averaged beside the pipeline. A row of the step's matrix is the whole message; the
+    robust pipeline aggregates its first ``row_width(d)`` columns."""
+
+    parts: tuple[Part, ...] = (Part(DELTA),)
+
+    def __post_init__(self) -> None:
+        names = [p.name for p in self.parts]
+        if not self.parts or self.parts[0] != Part(DELTA):
+            raise ValueError(f"message: the first part must be Part({DELTA!r}), got {names}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"message: part names must differ, got {names}")
+        roles = [p.role for p in self.parts]
+        if roles != sorted(roles, key=lambda r: r != "row"):
+            raise ValueError(f"message: the row parts come first, got {names} as {roles}")
+        if any(p.size is not None and p.size < 1 for p in self.parts):
+            raise ValueError(f"message: a part's size must be >= 1 (None: the model's), "
+                             f"got {[p.size for p in self.parts]}")
+
+    def width(self, d: int) -> int:
+        """A whole message's entries for a model of ``d`` parameters."""
+        return sum(p.width(d) for p in self.parts)
+
+    def row_width(self, d: int) -> int:
+        """The entries the robust pipeline aggregates (the row parts)."""
+        return sum(p.width(d) for p in self.parts if p.role == "row")
+
+    @property
+    def multipart(self) -> bool:
+        """Whether the message is more than the model delta."""
+        return len(self.parts) > 1
+
+    def split(self, x: torch.Tensor, d: int) -> dict[str, torch.Tensor]:
+        """The parts of ``x`` (a message, or anything with a message's entries along its
+        last dimension) by name: views, no copy."""
+        out, at = {}, 0
+        for p in self.parts:
+            w = p.width(d)
+            out[p.name] = x[..., at:at + w]
+            at += w
+        return out
 
 
 @dataclass(frozen=True)
@@ -138,10 +210,10 @@ class Traits:
     ``tokens``: a model that takes integer token ids (an embedding), not values; it lists
     ``vocabulary`` in ``context`` to receive the data's number of token ids.
     ``targets``: the labels a task needs, ``classes`` (int64 ids) or ``values`` (float32).
-    ``message_blocks``: a client rule whose message is that many model-sized blocks side by
-    side (SCAFFOLD: the model delta, then the control-variate delta), so a row is
-    ``message_blocks * d`` long; the robust pipeline aggregates the whole row and the server
-    optimizer (the rule's server half) splits the aggregate.
+    ``message``: a client rule's :class:`MessageLayout`, the named parts of what a client
+    sends (the model delta alone by default; SCAFFOLD: the delta and its control-variate
+    delta, both in the robust row; q-FedAvg: the delta and the scalar ``h``, averaged
+    beside it); the server optimizer receives the aggregated parts by name.
     ``reference``: an aggregator that takes the server's own update of the round, trained on
     its clean root set (FLTrust): called ``rule(x, generator=None, reference=...)``.
     ``targeted``: an attack with a goal of its own, a backdoor: it builds the test set of
@@ -180,7 +252,7 @@ class Traits:
     client_state: bool = False
     targets: Literal["classes", "values"] = "classes"
     weighted: bool = False
-    message_blocks: int = 1
+    message: MessageLayout = MessageLayout()
     shared_state: bool = False
     personal: bool = False
     targeted: bool = False
@@ -466,7 +538,7 @@ class DriftRule(ClientRule):
     def message(self, update: torch.Tensor, steps: int, state: dict[str, torch.Tensor],
                 shared: torch.Tensor | None, local: LocalSettings
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(what the client sends, ``traits.message_blocks`` model-sized blocks; its new
+        """(what the client sends, the parts of ``traits.message`` side by side; its new
         state) from its local ``update`` after ``steps`` minibatch steps."""
         return update, state
 
@@ -480,11 +552,20 @@ class DriftRule(ClientRule):
 
 class ServerOptimizer(Plugin, Stateful, ABC):
     """The server's update of the global model from the round's aggregate (a model delta
-    or a negative gradient, as the clients' rule sends)."""
+    or a negative gradient, as the clients' rule sends). A rule whose client half sends a
+    message of several parts (``Traits.message``) overrides :meth:`step_parts`, which
+    receives them by name; the others override :meth:`step`."""
 
-    @abstractmethod
     def step(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """The next global model from ``x`` and the aggregate ``delta``; never in place."""
+        raise NotImplementedError(f"{type(self).__name__} overrides neither step nor "
+                                  "step_parts")
+
+    def step_parts(self, x: torch.Tensor, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The next global model from ``x`` and the step's aggregated message parts by name
+        (the robust pipeline's aggregate of the row parts, the mean of the others); the
+        default steps on the model delta (:data:`DELTA`) alone."""
+        return self.step(x, parts[DELTA])
 
     def client_rule(self) -> ClientRule | None:
         """The clients' half of a method that spans both sides (mu2-SGD, SCAFFOLD, FedDyn),
@@ -496,6 +577,46 @@ class ServerOptimizer(Plugin, Stateful, ABC):
         flat tensor: SCAFFOLD's control variate), read by a client half with
         ``traits.shared_state``; None when there is none (yet)."""
         return None
+
+
+# ---------------------------------------------------------------------------- codecs
+
+
+class Codec(Plugin):
+    """A stage of the message path (the scenario's ``codecs:`` list, in order; client-level
+    differential privacy is one too, from the ``privacy`` block): a client half and a server
+    half, as pfl-research's postprocessors pair a client transform with its server inverse.
+
+    * :meth:`encode` (client half, on the worker, and on the Adversary: Byzantine clients
+      speak the protocol): a round's messages ``(k, w)`` float32 -> the payload that
+      travels, ``(k, w)`` of any float dtype the server stacks back into float32;
+    * :meth:`decode` (server half, per row, before the robust pipeline): the stacked
+      payload, float32 ``(n, w)`` -> the rows the pipeline aggregates;
+    * :meth:`finish` (server half, after the pipeline): the aggregate of ``m`` rows;
+    * :meth:`wire_bytes`: what one client's payload costs, from what the payload it encodes
+      costs (``inner``; the raw message: 4 bytes an entry). The engine counts it per round
+      (``bytes_up``) and the simulated clock charges it at each client's bandwidth.
+
+    The chain encodes in order and decodes in reverse; the identity (no codec) changes no
+    number. The defaults are the identity."""
+
+    def encode(self, rows: torch.Tensor) -> torch.Tensor:
+        """The payload of ``rows`` (one message a row); never in place."""
+        return rows
+
+    def decode(self, payload: torch.Tensor) -> torch.Tensor:
+        """The rows a stacked ``payload`` (float32) stands for; never in place."""
+        return payload
+
+    def finish(self, aggregate: torch.Tensor, m: int, generator: torch.Generator
+               ) -> torch.Tensor:
+        """The pipeline's ``aggregate`` of ``m`` rows as the server steps on it."""
+        return aggregate
+
+    def wire_bytes(self, inner: int, width: int) -> int:
+        """The bytes of one payload of a ``width``-entry message whose inner payload costs
+        ``inner`` bytes."""
+        return inner
 
 
 # ---------------------------------------------------------------------------- trainers

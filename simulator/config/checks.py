@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from simulator import registry
 from simulator.config.errors import Problem, problem
-from simulator.config.schema import Scenario, default_at
+from simulator.config.schema import MODES, Scenario, default_at
 from simulator.errors import DataError, brief_text
 from simulator.registry import instantiate
 from simulator.sampling import byzantine_clients
@@ -91,11 +91,27 @@ def _check_clients_rule(sc: Scenario, plan: Plan, problems: list[Problem]) -> No
     elif plan.gradient_rule:
         for key, value in (("steps", sc.local.steps), ("epochs", sc.local.epochs)):
             if value not in (None, 1):
-                problems.append(Problem(("local", key), f"{sc.local.optimizer['name']} takes one "
+                problems.append(Problem(("local", key), f"{plan.client_rule['name']} takes one "
                                         f"minibatch gradient per round; remove local.{key}, "
                                         f"got {value}"))
     _check_trainer(sc, plan, problems)
     _check_reference(sc, plan, problems)
+    _check_message(sc, plan, problems)
+
+
+def _check_message(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
+    """The message path: client-level DP covers the row parts of a message, so a rule that
+    sends parts beside them (averaged without clipping) is refused with it; D-SGD's gossip
+    has no codec chain."""
+    beside = [p.name for p in plan.message.parts if p.role != "row"]
+    if plan.privacy_level == "client" and beside:
+        problems.append(Problem(("privacy", "name"), f"client-level DP clips and noises the "
+                                f"robust row of a message; {plan.client_rule['name']!r} also "
+                                f"sends {beside} beside it, which it would leave unprotected; "
+                                "use dp_sgd (sample level) or another client rule"))
+    if sc.codecs and sc.topology is not None:
+        problems.append(Problem(("codecs",), "D-SGD's gossip carries models, not messages "
+                                "through a codec chain; remove codecs or the topology"))
 
 
 def _check_reference(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
@@ -105,11 +121,12 @@ def _check_reference(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
     name = sc.aggregator["name"]
     if not registry.get("aggregators", name).traits.reference:
         return
-    if plan.message_blocks > 1:
+    if plan.message.multipart:
+        parts = [p.name for p in plan.message.parts]
         problems.append(Problem(("aggregator", "name"), f"{name!r} compares each row with the "
                                 f"server's model update, and {plan.client_rule['name']!r} "
-                                f"sends {plan.message_blocks} blocks a row; use another "
-                                "aggregator or client rule"))
+                                f"sends the parts {parts}; use another aggregator or client "
+                                "rule"))
     if sc.attack is not None and "aggregate" in registry.get(
             "attacks", sc.attack["name"]).traits.context:
         problems.append(Problem(("attack", "name"), f"{sc.attack['name']!r} simulates the "
@@ -159,7 +176,7 @@ def _check_plugins(sc: Scenario, problems: list[Problem]) -> bool:
 
     c = sc.clients
     # the rows of a full round, or of an asynchronous step
-    n = min(c.sampled, c.total) if sc.server.mode == "sync" else rows_per_step(sc)
+    n = rows_per_step(sc) if sc.server.resolved_mode.clock else min(c.sampled, c.total)
     for i, spec in enumerate(sc.preaggregators):
         pre = instantiate("preaggregators", spec)
         _check(pre, n, ("preaggregators", i), problems)
@@ -511,7 +528,7 @@ def _check_dsgd(sc: Scenario, problems: list[Problem]) -> None:
             return
 
 
-MODES_ASYNC = "fedasync, fedbuff, basgd, latest"
+MODES_ASYNC = ", ".join(name for name, m in MODES.items() if m.clock)
 
 
 def _check_async(sc: Scenario, problems: list[Problem]) -> None:
@@ -526,7 +543,7 @@ def _check_async(sc: Scenario, problems: list[Problem]) -> None:
         for loc, message in check_speeds(sc.speeds, sc.clients.total):
             problems.append(Problem(loc, message))
     mode = sc.server.mode
-    if mode == "sync":
+    if not sc.server.resolved_mode.clock:
         for loc, value in ((("asynchrony",), sc.asynchrony),
                            (("speeds", "availability"), sc.speeds and sc.speeds.availability)):
             if value:
@@ -581,20 +598,21 @@ def _check_async_keys(sc: Scenario, problems: list[Problem]) -> None:
     from simulator.clock import concurrency, settings
 
     c, a, mode = sc.clients, settings(sc), sc.server.mode
+    on = sc.server.resolved_mode.steps_on
     k = concurrency(sc)
     if k > c.total:
         where = ("asynchrony", "concurrency") if a.concurrency is not None else \
             ("clients", "per_round")
         problems.append(Problem(where, f"clients in flight must be <= clients.total "
                                 f"({c.total}), got {k}"))
-    if mode in ("fedasync", "latest") and a.buffer_size not in (None, 1):
+    if on == "arrival" and a.buffer_size not in (None, 1):
         problems.append(Problem(("asynchrony", "buffer_size"), f"{mode} steps on every "
                                 f"update; remove it (or use fedbuff), got {a.buffer_size}"))
-    if mode == "fedbuff" and a.buffer_size is not None and a.buffer_size > c.total:
+    if on == "buffer" and a.buffer_size is not None and a.buffer_size > c.total:
         problems.append(Problem(("asynchrony", "buffer_size"), f"must be <= clients.total "
                                 f"({c.total}): a client sends at most one update from each "
                                 f"model version, got {a.buffer_size}"))
-    if mode == "basgd" and a.buffers > c.total:
+    if on == "buffers" and a.buffers > c.total:
         problems.append(Problem(("asynchrony", "buffers"), f"must be <= clients.total "
                                 f"({c.total}): client c goes to buffer c mod B, got {a.buffers}"))
 
@@ -603,9 +621,9 @@ def _check_weights(sc: Scenario, problems: list[Problem]) -> None:
     """``asynchrony.weights`` needs every rule of the pipeline to have a weighted
     definition (``traits.weighted``), and rows that are clients' updates (not BASGD's)."""
     weights = sc.asynchrony.weights if sc.asynchrony is not None else "none"
-    if sc.server.mode == "basgd":
-        problems.append(Problem(("asynchrony", "weights"), "basgd aggregates its buffers' "
-                                "means, not clients' updates; remove it"))
+    if sc.server.resolved_mode.buffer_means:
+        problems.append(Problem(("asynchrony", "weights"), f"{sc.server.mode} aggregates its "
+                                "buffers' means, not clients' updates; remove it"))
     rules: list[tuple[tuple[str | int, ...], str, str]] = [
         (("preaggregators", i), "preaggregators", s["name"])
         for i, s in enumerate(sc.preaggregators)]

@@ -156,6 +156,35 @@ class Local(Strict):
     weight_decay: Annotated[float, Ge(0)] = 0.0
 
 
+@dataclass(frozen=True)
+class ModePlan:
+    """What a ``server.mode`` means to the engine, the clock and the actors, resolved here
+    once (no other module compares the mode's name)."""
+
+    name: str
+    # the server steps on the simulated clock: model versions are kept while clients train
+    # from them, the asynchrony block applies, and speeds have their defaults when absent
+    clock: bool = False
+    # when the server steps: each arrival, a buffer of arrivals (asynchrony.buffer_size),
+    # or once every asynchrony.buffers buffer has an update (BASGD)
+    steps_on: Literal["round", "arrival", "buffer", "buffers"] = "round"
+    # FedAsync: a row is the client's model minus the server's, weighted by the mixing rate
+    mixing: bool = False
+    # every client's latest row is aggregated, not the step's arrivals (Dahan & Levy)
+    table: bool = False
+    # BASGD: the rows are the means of the asynchrony.buffers buffers
+    buffer_means: bool = False
+
+
+MODES: dict[str, ModePlan] = {  # server.mode -> what it means to the engine
+    "sync": ModePlan("sync"),
+    "fedasync": ModePlan("fedasync", clock=True, steps_on="arrival", mixing=True),
+    "fedbuff": ModePlan("fedbuff", clock=True, steps_on="buffer"),
+    "basgd": ModePlan("basgd", clock=True, steps_on="buffers", buffer_means=True),
+    "latest": ModePlan("latest", clock=True, steps_on="arrival", table=True),
+}
+
+
 class ServerSettings(Strict):
     """``optimizer``: the server optimizer (a plugin of ``fedray.optimizers``). ``buffers``:
     what happens to model state that is not a parameter (BatchNorm's running statistics):
@@ -179,6 +208,11 @@ class ServerSettings(Strict):
     # 2024: on each update, the latest update of every client that has sent one)
     mode: Literal["sync", "fedasync", "fedbuff", "basgd", "latest"] = "sync"
 
+    @property
+    def resolved_mode(self) -> ModePlan:
+        """What ``mode`` means (``MODES``): the Plan carries it, the rest reads it there."""
+        return MODES[self.mode]
+
 
 class Staleness(Strict):
     """The staleness function s(tau) that scales an update computed from a model ``tau``
@@ -196,12 +230,13 @@ class Speeds(Strict):
     ``speeds`` logs the simulated time of its rounds too, each as long as its slowest
     participant's task). A task of client c (its local work
     of ``samples`` samples, from one model to its update) takes
-    ``samples * sample_seconds * s_c * exp(jitter * e) + 2 * model_bits / bandwidth_c``
-    simulated seconds: ``s_c`` a fixed factor per client drawn from ``distribution``
+    ``samples * sample_seconds * s_c * exp(jitter * e) + (bits_down + bits_up) /
+    bandwidth_c`` simulated seconds (down: the model, its buffers and a server optimizer's
+    broadcast state; up: the client's message after the ``codecs``, and its buffers): ``s_c`` a fixed factor per client drawn from ``distribution``
     (``constant`` 1, ``exponential`` of mean 1, ``lognormal`` exp(sigma z), ``zipf`` with
     exponent ``a`` (> 1), ``pareto`` with shape ``a`` and minimum 1; at most ``max_factor``),
     ``e`` a standard normal
-    draw per task, the model sent down and up. ``trace``: a FedScale device-capacity file
+    draw per task. ``trace``: a FedScale device-capacity file
     (``{client: {computation, communication}}``: ms per sample, kbit/s; pickle, JSON or
     Parquet) replaces the factors and the bandwidth; ``availability``: a FedScale
     availability file (``{client: {active, inactive, finish_time, duration}}``): a client
@@ -423,6 +458,9 @@ class Scenario(Strict):
     speeds: Speeds | None = None
     # differential privacy: a plugin of fedray.privacy (dp_sgd | dp_fedavg; docs/privacy.md)
     privacy: PluginSpec | None = None
+    # the message path: plugins of fedray.codecs applied to every client's message in order
+    # (float16 transport, ...); client-level privacy is one more, after them on the server
+    codecs: list[PluginSpec] = []
     evaluation: Evaluation = Evaluation()
     runtime: Runtime = Runtime()
     tracking: Tracking = Tracking()

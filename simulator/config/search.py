@@ -48,7 +48,7 @@ def _metric_problems(text: str, base: Any) -> list[Problem]:
     k = parse_how(how)
     if k in ("sum", "param"):
         return [Problem(loc, f"HOW must be one of {HOWS}, got {how!r}")]
-    clock = base.speeds is not None or base.server.mode != "sync"
+    clock = base.speeds is not None or base.server.resolved_mode.clock
     if isinstance(k, TimeTo) and not clock:
         return [Problem(loc, f"{how} needs the simulated clock (sim_time): a speeds: block or "
                         "an asynchronous server.mode")]

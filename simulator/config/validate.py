@@ -73,6 +73,8 @@ PLUGIN_FIELDS: list[tuple[Loc, str]] = [
     (("topology",), "topologies"),
     (("privacy",), "privacy"),
 ]
+# the scenario's lists of plugin blocks: the key is the kind
+PLUGIN_LISTS: tuple[str, ...] = ("preaggregators", "codecs")
 
 
 # the plugin blocks a scenario may leave out, with the schema's defaults
@@ -178,11 +180,12 @@ def _plugin_pass(raw: dict, problems: list[Problem]) -> dict:
             for part in loc[:-1]:
                 parent = parent.setdefault(part, {})
             parent[loc[-1]] = out
-    pre = raw.get("preaggregators")
-    for i, spec in enumerate(pre if isinstance(pre, list) else []):
-        out = _check_plugin("preaggregators", spec, ("preaggregators", i), problems)
-        if out is not None:
-            resolved["preaggregators"][i] = out
+    for key in PLUGIN_LISTS:  # the lists of plugin blocks (their key is their kind)
+        blocks = raw.get(key)
+        for i, spec in enumerate(blocks if isinstance(blocks, list) else []):
+            out = _check_plugin(key, spec, (key, i), problems)
+            if out is not None:
+                resolved[key][i] = out
     return resolved
 
 

@@ -71,7 +71,7 @@ class AsyncRounds(ServerRounds):
         return Schedule(sc.clients.total, concurrency(sc), step_rule(sc), a.max_staleness,
                         self.task_seconds, self.ctx.plan.seed,
                         avail.next_start if avail is not None else None, fresh,
-                        DRAW_POWER[a.draw], tables=sc.server.mode == "latest")
+                        DRAW_POWER[a.draw], tables=self.ctx.plan.mode.table)
 
     def _step_plan(self, step: int) -> StepPlan:
         """Step ``step``'s plan, simulated once (a step computed again after a lost worker,
@@ -122,9 +122,9 @@ class AsyncRounds(ServerRounds):
         groups, refs = ahead[1:] if ahead is not None and ahead[0] == round_ else \
             self._train(honest)
         byz_ref: Ref[ByzantineRows] | None = None
-        latest = sc.server.mode == "latest"
+        mode = ctx.plan.mode
         counts = dict(sp.applied)
-        table = sorted(counts) if latest else None
+        table = sorted(counts) if mode.table else None
         if byz:
             assert self.adversary is not None  # Byzantine clients come with an attack
             if self.omniscient and table is not None:  # the honest clients' latest rows
@@ -150,13 +150,13 @@ class AsyncRounds(ServerRounds):
         order = honest + byz
         tau = np.asarray([round_ - v for v, _ in order], dtype=np.float64)
         scale = staleness_scale(a.staleness.function, a.staleness.a, a.staleness.b, tau)
-        if sc.server.mode == "fedasync":
+        if mode.mixing:
             scale = scale * a.mixing
         layout = StepLayout(
             tuple(groups), tuple((c, v) for v, c in byz),
             scales=None if bool((scale == 1.0).all()) else tuple(scale.tolist()),
             weights=weights,
-            buffer_of=(tuple(c % a.buffers for _, c in order) if sc.server.mode == "basgd"
+            buffer_of=(tuple(c % a.buffers for _, c in order) if mode.buffer_means
                        else None),
             keep=sp.in_flight, table=None if table is None else tuple(table),
             table_byzantine=tuple(c for c in table or () if c in byzantine))
@@ -176,6 +176,8 @@ class AsyncRounds(ServerRounds):
         timings["round_seconds"] = end - max(t0, self._round_end)
         self._round_end = end
         b_hat = ctx.plan.b_hat
+        # up: every arrival, those dropped as too stale too; down: a model to each task started
+        metrics.update(self._traffic(len(order) + int(sp.dropped), int(sp.started)))
         metrics = {"sim_time": sp.time,
                    "participants": float(len(order)), "byzantine_sampled": float(len(byz)),
                    "dropped_stale": float(sp.dropped), "started": float(sp.started),

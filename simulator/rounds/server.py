@@ -22,11 +22,13 @@ from simulator.messages import (
     RoundReport,
     StepLayout,
 )
+from simulator.plan import build_codecs
 from simulator.rounds import RoundProtocol
 from simulator.runtime.actors import Adversary, Server
 from simulator.runtime.common import personal_accuracy
 from simulator.runtime.handles import AdversaryHandle, ServerHandle
 from simulator.sampling import attacker_ranks, missed_round, sample_clients
+from strategies.codecs import chain_bytes
 
 
 @dataclass
@@ -74,15 +76,23 @@ class ServerRounds(RoundProtocol):
         self._next: _Training | None = None  # the next round's training, when prefetched
         self._round_end = 0.0  # when the last round ended (perf_counter)
         self._clock = 0.0  # simulated seconds so far (a scenario with speeds)
+        self._bytes = [0, 0]  # bytes sent up and down so far
         return [self.server.actor] + ([self.adversary.actor] if self.adversary else [])
 
     def ready(self) -> dict[str, str]:
         b = self.ctx.backend
         params_ref = self.server.params()
         derived = self.ctx.pool.keep_faster_trainer(params_ref)
-        # a client's row: the model's size times its message's blocks (SCAFFOLD: 2)
-        self.dim = len(b.get(params_ref)) * self.ctx.plan.message_blocks
+        plan = self.ctx.plan
+        d = len(b.get(params_ref))
+        # a client's row: its whole message (the parts the client rule declares)
+        self.dim = plan.message.width(d)
         self.d_buffers = len(b.get(self.server.buffers()))
+        # what one client receives (the model, its buffers, the server optimizer's broadcast
+        # state: SCAFFOLD's control variate, of the model's size) and sends (its message's
+        # payload after the codecs, and its buffers), in bytes
+        self.bytes_down = 4 * (d + self.d_buffers + (d if plan.shared_state else 0))
+        self.bytes_up = chain_bytes(build_codecs(plan), self.dim) + 4 * self.d_buffers
         self.task_seconds = self._devices()
         return derived
 
@@ -93,17 +103,17 @@ class ServerRounds(RoundProtocol):
 
         ctx = self.ctx
         sc = ctx.plan.scenario
-        speeds = sc.speeds if sc.server.mode == "sync" else sc.speeds or Speeds()
+        speeds = sc.speeds or Speeds() if ctx.plan.mode.clock else sc.speeds
         self.devices = None
         if speeds is None:
             return None
         prof = self.devices = profiles(speeds, sc.clients.total, ctx.plan.seed,
                         np.asarray(sorted(ctx.byzantine), dtype=np.int64))
         samples = np.asarray(ctx.pool.local_steps, dtype=np.int64) * sc.local.batch_size
-        bits = 32.0 * (self.dim + self.d_buffers)  # float32 parameters and buffers down and up
+        down, up = 8.0 * self.bytes_down, 8.0 * self.bytes_up  # bits on each link
 
         def task_seconds(client: int, task: int) -> float:
-            return prof.task_seconds(client, int(samples[client]), bits, task)
+            return prof.task_seconds(client, int(samples[client]), down, task, up)
 
         return task_seconds
 
@@ -191,6 +201,8 @@ class ServerRounds(RoundProtocol):
                 tr.partial[c] / max(int(steps[c]), 1) if c in tr.partial else 1.0)
                 for c in tr.honest + tr.byz), default=0.0)
             metrics["sim_time"] = self._clock
+        metrics.update(self._traffic(len(tr.honest) + len(tr.byz),
+                                     len(tr.sampled) - len(tr.dropped)))
         if ctx.plan.scenario.clients.stragglers is not None \
                 and ctx.plan.scenario.clients.stragglers.partial:
             metrics["partial_work"] = float(len(tr.partial))  # stragglers that sent some
@@ -200,6 +212,15 @@ class ServerRounds(RoundProtocol):
                    "b_hat": float(b_hat),
                    "byzantine_exceeded": float(len(tr.byz) > b_hat), **metrics}
         return RoundReport(metrics, timings)
+
+    def _traffic(self, senders: int, receivers: int) -> dict[str, float]:
+        """The step's bytes: ``senders`` messages up, the model to ``receivers`` clients down
+        (each as ``ready`` sized them), and the run's totals so far."""
+        up, down = senders * self.bytes_up, receivers * self.bytes_down
+        self._bytes = [self._bytes[0] + up, self._bytes[1] + down]
+        return {"bytes_up": float(up), "bytes_down": float(down),
+                "bytes_up_total": float(self._bytes[0]),
+                "bytes_down_total": float(self._bytes[1])}
 
     def _worker_scores(self) -> list[EvalScores]:
         """The live workers' shares of evaluating the model the step just made (none where
@@ -221,10 +242,11 @@ class ServerRounds(RoundProtocol):
         """The server's state (global model, optimizer, stateful aggregation rules) and the
         simulated time."""
         return {"server": self.ctx.backend.get(self.server.checkpoint()),
-                "sim_time": self._clock}
+                "sim_time": self._clock, "bytes": list(self._bytes)}
 
     def restore(self, state: dict[str, Any]) -> list[Any]:
         self._clock = float(state.get("sim_time", 0.0))
+        self._bytes = [int(v) for v in state.get("bytes", [0, 0])]
         return [self.server.restore(state["server"])]
 
     def final(self) -> tuple[np.ndarray, dict[str, Any], dict[str, str]]:

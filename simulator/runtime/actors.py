@@ -32,7 +32,7 @@ from simulator.messages import (
     stack_rows,
 )
 from simulator.models import build_model
-from simulator.plan import Plan, build_server_optimizer
+from simulator.plan import Plan, build_codecs, build_server_optimizer
 from simulator.registry import instantiate
 from simulator.runtime.common import (
     buffers_to_vector,
@@ -51,6 +51,7 @@ from simulator.runtime.common import (
 )
 from simulator.runtime.pipeline import Pipeline
 from simulator.seeding import torch_generator
+from strategies.codecs import decode_rows, encode_rows, finish
 from strategies.geometry import group_means
 from strategies.gossip import consensus_distance, sparse_rows
 from strategies.protocols import GossipStep
@@ -79,6 +80,7 @@ class Adversary:
         self.buffer_attack = instantiate("attacks", spec,
                                          aggregate=lambda x: combine_buffers(x, rule))
         self.name = spec["name"]
+        self.codecs = build_codecs(plan)  # Byzantine clients send payloads as honest ones do
 
     def _rows(self, attack: Any, seen: torch.Tensor, f: int, round_: int, purpose: str
               ) -> np.ndarray:
@@ -87,7 +89,7 @@ class Adversary:
         if tuple(rows.shape) != (f, seen.shape[1]):
             raise ValueError(f"attack: returned shape {tuple(rows.shape)}, expected "
                              f"{(f, seen.shape[1])}")
-        return rows.to(torch.float32).numpy()
+        return encode_rows(self.codecs, rows.to(torch.float32).numpy())
 
     def attack_rows(self, round_: int, f: int, groups: list[tuple[list[int], int]], d: int,
                     d_buffers: int, *results: ClientRows) -> ByzantineRows:
@@ -136,13 +138,13 @@ class Server:
         self.buffer_rule = plan.buffer_rule
         self.pipeline = Pipeline.from_plan(plan.pipeline, seed)
         self.optimizer = build_server_optimizer(scenario)
-        self.blocks = plan.message_blocks  # a row is this many model-sized blocks
+        self.message = plan.message  # a row is a whole message, its parts side by side
         self.norm_mask = norm_parameter_mask(self.model).cpu() \
             if plan.local_norm and self.b.numel() else None
         self.optimizer_name = scenario.server.optimizer["name"]
-        # client-level DP (DP-FedAvg) acts here; sample-level DP acts in the trainer
-        self.dp = (instantiate("privacy", plan.privacy)
-                   if plan.privacy is not None and plan.privacy_level == "client" else None)
+        # the message path's server halves (client-level DP among them: DP-FedAvg clips
+        # each row and noises the aggregate here; sample-level DP acts in the trainer)
+        self.codecs = build_codecs(plan)
         self.seed = seed
         self.skips = 0  # rounds whose aggregation was skipped (the first SKIPS_NAMED named)
         self.task = instantiate("tasks", scenario.task)
@@ -168,7 +170,7 @@ class Server:
             self.x_asr, self.y_asr = xt.numpy(), yt.numpy()
         # asynchronous modes: the model's version (server steps so far) and the older
         # versions clients still train from ({version: [parameters, buffers]})
-        self.mode = scenario.server.mode
+        self.mode = plan.mode
         self.basgd_buffers = plan.asynchrony.buffers if plan.asynchrony is not None else 0
         self.version = 0
         self.versions: dict[int, list[torch.Tensor]] = {}
@@ -177,8 +179,16 @@ class Server:
 
     @property
     def dim(self) -> int:
-        """The length of a client's row (the model's size, times the message's blocks)."""
-        return int(self.x.numel()) * self.blocks
+        """The length of a client's row: its whole message (``plan.message``)."""
+        return self.message.width(int(self.x.numel()))
+
+    def _on_delta(self, rows: torch.Tensor, op: Any) -> torch.Tensor:
+        """``op`` applied to the model-delta part of ``rows`` (the mode's transforms: FedAsync's
+        mixing, staleness scales), the message's other parts as they are."""
+        d = int(self.x.numel())
+        if rows.shape[1] == d:
+            return op(rows)
+        return torch.cat([op(rows[:, :d]), rows[:, d:]], dim=1)
 
     def shared(self) -> np.ndarray:
         """The server optimizer's broadcast state (SCAFFOLD's control variate; empty
@@ -248,15 +258,16 @@ class Server:
         rows = honest if byz is None else torch.cat(
             [honest, torch.from_numpy(np.array(byz, dtype=np.float32))]  # writable copy
         )
-        if self.mode == "fedasync":
+        if self.mode.mixing:
             versions = layout.honest_versions + [v for _, v in layout.byzantine]
             base = {v: self.versions[v][0] - self.x for v in set(versions)
                     if v != self.version}
             gap = torch.stack([base[v] if v in base else torch.zeros_like(self.x)
                                for v in versions])
-            rows = rows + gap
+            rows = self._on_delta(rows, lambda r: r + gap)
         if layout.scales is not None:
-            rows = rows * torch.tensor(layout.scales, dtype=torch.float64)[:, None].to(rows.dtype)
+            scales = torch.tensor(layout.scales, dtype=torch.float64)[:, None].to(rows.dtype)
+            rows = self._on_delta(rows, lambda r: r * scales)
         n_honest = honest.shape[0]
         honest_rows = rows[:n_honest]
         if layout.table is not None:  # Dahan & Levy: every client's latest row
@@ -282,7 +293,7 @@ class Server:
         server keeps the versions ``layout.keep`` names."""
         x_before, b_before = self.x, self.b
         metrics = self._step(round_, layout, byzantine, results)
-        if self.mode != "sync":
+        if self.mode.clock:
             kept = {**self.versions, self.version: [x_before, b_before]}
             self.version += 1
             self.versions = {v: kept[v] for v in layout.keep if v != self.version}
@@ -296,9 +307,10 @@ class Server:
         byz = byzantine.rows if byzantine is not None and len(byzantine.rows) else None
         rows, honest_rows, weights = self._rows(layout, honest, byz)
         losses = stack_groups(groups, results, 0, "losses")
-        dp = self.dp
-        if dp is not None:  # DP-FedAvg: clip every update; noise on the mean below
-            rows = dp.privatize(rows)
+        rows = decode_rows(self.codecs, rows)  # DP-FedAvg: every row clipped
+        d = int(self.x.numel())
+        width = self.message.row_width(d)  # the robust pipeline's columns
+        robust = rows if width == rows.shape[1] else rows[:, :width]
         agg = None
         if not len(honest_rows):
             self._skipped(round_, "no sampled honest client sent an update (dropout, "
@@ -306,7 +318,7 @@ class Server:
         else:
             try:
                 reference = self._root_update(round_) if self.root is not None else None
-                agg = self.pipeline.aggregate(rows.to(self.agg_device), round_, weights,
+                agg = self.pipeline.aggregate(robust.to(self.agg_device), round_, weights,
                                               reference).cpu()
             except TooFewRows as e:  # too few rows left this round (dropouts, stragglers)
                 self._skipped(round_, str(e))
@@ -314,11 +326,12 @@ class Server:
             return {"aggregation_skipped": 1.0,
                     "client_loss": float(losses.mean()) if len(losses) else float("nan"),
                     **_timings(t0, results)}
-        if dp is not None:
-            agg = dp.noise(agg, rows.shape[0], torch_generator(self.seed, "dp-noise", round_))
+        if self.codecs:  # DP-FedAvg: the noise on the mean
+            agg = finish(self.codecs, agg, rows.shape[0],
+                         torch_generator(self.seed, "dp-noise", round_))
         if self.norm_mask is not None:  # fedbn: BatchNorm weights stay with the clients,
             agg[: self.norm_mask.numel()][self.norm_mask] = 0.0  # whatever Byzantine rows say
-        honest_mean = honest_rows.mean(dim=0)
+        honest_mean = honest_rows[:, :width].mean(dim=0)
         buffer_metrics = {}
         if self.b.numel():
             byz_buffers = byzantine.buffers if byzantine is not None and byz is not None \
@@ -328,8 +341,9 @@ class Server:
                                               "buffers")), byz_buffers)
         finite = bool(torch.isfinite(agg).all())
         if finite:
-            self.x = guarded("server.optimizer", self.optimizer_name, self.optimizer.step)(
-                self.x, agg)
+            parts = self.message.split(self._with_means(agg, rows[:, width:], weights), d)
+            self.x = guarded("server.optimizer", self.optimizer_name,
+                             self.optimizer.step_parts)(self.x, parts)
         honest_norm = float(torch.linalg.vector_norm(honest_mean))
         error = float(torch.linalg.vector_norm(agg - honest_mean)) if finite else float("inf")
         return {
@@ -344,6 +358,20 @@ class Server:
             **buffer_metrics,
             **_timings(t0, results),
         }
+
+    @staticmethod
+    def _with_means(agg: torch.Tensor, rest: torch.Tensor, weights: torch.Tensor | None
+                    ) -> torch.Tensor:
+        """The aggregate of the row parts followed by the (weighted) mean of the message's
+        other parts (``rest``: their columns of every row); ``agg`` alone without any."""
+        if not rest.shape[1]:
+            return agg
+        if weights is None:
+            means = rest.mean(dim=0)
+        else:
+            w = weights.to(rest.dtype)
+            means = (w[:, None] * rest).sum(dim=0) / w.sum()
+        return torch.cat([agg, means.to(agg.dtype)])
 
     def _load_model(self) -> None:
         """The global parameters and buffers into the server's model (on its device)."""
@@ -393,7 +421,7 @@ class Server:
         state: ServerCheckpoint = {
             "x": self.x.clone(), "buffers": self.b.clone(),
             "optimizer": self.optimizer.state_dict(), "pipeline": self.pipeline.state_dict()}
-        if self.mode != "sync":
+        if self.mode.clock:
             state["version"] = self.version
             state["versions"] = {v: [x.clone(), b.clone()] for v, (x, b) in self.versions.items()}
             state["latest"] = {c: r.clone() for c, r in self.latest.items()}

@@ -20,7 +20,7 @@ from simulator.data import ClientSource
 from simulator.errors import ClientStateLost, guarded
 from simulator.messages import ClientRows, EvalData, EvalScores, PersonalScores, TrainRequest
 from simulator.models import build_model
-from simulator.plan import Plan, build_client_rule, build_privacy
+from simulator.plan import Plan, build_client_rule, build_codecs, build_privacy
 from simulator.registry import PluginSpec, instantiate
 from simulator.runtime.common import (
     buffers_to_vector,
@@ -35,6 +35,7 @@ from simulator.runtime.common import (
     vector_to_buffers,
 )
 from simulator.seeding import torch_generator
+from strategies.codecs import encode_rows
 from strategies.protocols import PERSONAL, Attack, ClientData, Trainer
 
 
@@ -111,6 +112,7 @@ class ClientWorker:
                                  vocabulary).to(self.device)
         self.scenario = scenario
         self.plan = plan
+        self.codecs = build_codecs(plan)  # the message path's client halves
         self.use_trainer(plan.trainer)
         self.state_dtype = {"float32": torch.float32,
                             "float16": torch.float16}[scenario.runtime.state_dtype]
@@ -218,7 +220,7 @@ class ClientWorker:
         client ends with are its third result, rows following ``clients``."""
         b0 = torch.from_numpy(np.array(global_buffers, dtype=np.float32))
         d = start.numel()
-        updates = np.empty((len(clients), d * self.plan.message_blocks), dtype=np.float32)
+        updates = np.empty((len(clients), self.plan.message.width(d)), dtype=np.float32)
         losses = np.empty(len(clients))
         rows = np.empty((len(clients), self.buffer_dim), dtype=np.float32)
         mask = self.norm_mask
@@ -280,11 +282,13 @@ class ClientWorker:
         if self.buffer_dim:
             assert buffers is not None, "a model with buffers needs the server's buffers"
             updates, losses, rows = self._run_buffers(round_, data, start, buffers)
-            return ClientRows(ids, updates, losses, time.perf_counter() - t0, rows)
+            return ClientRows(ids, encode_rows(self.codecs, updates), losses,
+                              time.perf_counter() - t0, rows)
         updates, losses = (self._run(round_, data, start) if data else
-                           (np.empty((0, start.numel() * self.plan.message_blocks), np.float32),
+                           (np.empty((0, self.plan.message.width(start.numel())), np.float32),
                             np.empty(0)))
-        return ClientRows(ids, updates, losses, time.perf_counter() - t0)
+        return ClientRows(ids, encode_rows(self.codecs, updates), losses,
+                          time.perf_counter() - t0)
 
     def evaluate_personal(self, exclude: tuple[int, ...], eval_data: EvalData,
                           buffers: np.ndarray | None = None,
