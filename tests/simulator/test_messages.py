@@ -138,8 +138,8 @@ def test_every_mode_takes_a_message_of_two_parts(tmp_path, mode):
 
 
 @pytest.mark.parametrize("extra, where", [
-    ("server: {optimizer: {name: qfedavg}}\n"
-     "privacy: {name: dp_fedavg, clip: 1.0, noise_multiplier: 1.0}\n", "privacy.name"),
+    (("server: {optimizer: {name: qfedavg}}\n"
+      "privacy: {name: dp_fedavg, clip: 1.0, noise_multiplier: 1.0}\n"), "privacy.name"),
     ("topology: {name: ring}\ncodecs: [{name: float16}]\n", "codecs"),
     ("codecs: [{name: float8}]\n", "codecs[0].name: unknown codec"),
 ])
