@@ -27,10 +27,7 @@ from simulator.errors import ClientStateLost, UsageError, WorkerLost
 from simulator.messages import RoundReport
 from simulator.placement import WorkerPool
 from simulator.plan import Plan, resolve
-from simulator.rounds import RoundProtocol, RunContext
-from simulator.rounds.asynchronous import AsyncRounds
-from simulator.rounds.gossip import GossipRounds
-from simulator.rounds.server import ServerRounds
+from simulator.rounds import RoundProtocol, RunContext, protocols
 from simulator.runtime.backend import Backend
 from simulator.sampling import byzantine_clients
 from strategies.trainers import step_counts
@@ -40,8 +37,7 @@ LOG = logging.getLogger("fedray.engine")
 RoundCallback = Callable[[int, dict[str, float]], None]
 CheckpointCallback = Callable[[int, dict[str, Any]], None]
 
-PROTOCOLS: dict[str, type[RoundProtocol]] = {"server": ServerRounds, "gossip": GossipRounds,
-                                              "async": AsyncRounds}
+PROTOCOLS: dict[str, type[RoundProtocol]] = protocols()  # by name: Plan.protocol
 
 
 @dataclass

@@ -34,7 +34,6 @@ if TYPE_CHECKING:  # the Plan carries the rule's layout; this module imports no 
 
 Loc = tuple[str | int, ...]
 PrivacyLevel = Literal["none", "sample", "client"]
-Protocol = Literal["server", "gossip", "async"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ class Plan:
     seed: int
     # server rounds (the FedAvg family), gossip rounds (D-SGD) or asynchronous server
     # steps on a simulated clock (server.mode)
-    protocol: Protocol
+    protocol: str  # the RoundProtocol's name (simulator.rounds)
     trainer: PluginSpec  # the trainer plugin the workers run
     trainer_key: Loc  # the scenario key that chose it (where its problems are reported)
     # the loop trainer that gives the same numbers as ``trainer``, which batches clients:
@@ -223,8 +222,7 @@ def resolve(sc: Scenario) -> Plan:
         else None
     return Plan(
         scenario=sc, seed=sc.seeds[0] if sc.seeds else 0,
-        protocol=("gossip" if sc.topology is not None else
-                  "async" if mode.clock else "server"),
+        protocol="gossip" if sc.topology is not None else mode.protocol,
         trainer=trainer, trainer_key=key,
         loop_trainer={"name": loop} if loop is not None else None,
         client_rule=rule, rule_from_server=from_server, gradient_rule=traits.gradient_rule,

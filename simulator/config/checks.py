@@ -543,6 +543,7 @@ def _check_async(sc: Scenario, problems: list[Problem]) -> None:
         for loc, message in check_speeds(sc.speeds, sc.clients.total):
             problems.append(Problem(loc, message))
     mode = sc.server.mode
+    _check_mode_keys(sc, problems)
     if not sc.server.resolved_mode.clock:
         for loc, value in ((("asynchrony",), sc.asynchrony),
                            (("speeds", "availability"), sc.speeds and sc.speeds.availability)):
@@ -569,6 +570,24 @@ def _check_async(sc: Scenario, problems: list[Problem]) -> None:
     _check_async_keys(sc, problems)
     if a.weights != "none":
         _check_weights(sc, problems)
+
+
+def _check_mode_keys(sc: Scenario, problems: list[Problem]) -> None:
+    """The ``server`` keys a mode reads (``ModePlan.keys``): refused with the modes that do
+    not read them, required where the mode says so; a timed mode's devices decide who is
+    late, so the other straggler model is refused with it."""
+    mode, m = sc.server.mode, sc.server.resolved_mode
+    elsewhere = {key: name for name, other in MODES.items() for key in other.keys
+                 if key not in m.keys}
+    problems += [Problem(("server", key), f"used by server.mode {name} only; remove it, or "
+                         f"set server.mode {name}")
+                 for key, name in elsewhere.items() if getattr(sc.server, key) is not None]
+    problems += [Problem(("server", key), f"required with server.mode {mode}")
+                 for key in m.required if getattr(sc.server, key) is None]
+    if m.timed and not m.clock and sc.clients.stragglers is not None:
+        problems.append(Problem(("clients", "stragglers"), f"not used by server.mode {mode}: "
+                                "the devices' simulated speeds (speeds) decide who is late; "
+                                "remove it"))
 
 
 def _check_round_optimizer(sc: Scenario, problems: list[Problem]) -> None:

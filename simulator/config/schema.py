@@ -162,9 +162,18 @@ class ModePlan:
     once (no other module compares the mode's name)."""
 
     name: str
+    # the round protocol that runs it (a simulator.rounds.RoundProtocol's ``name``)
+    protocol: str = "server"
     # the server steps on the simulated clock: model versions are kept while clients train
-    # from them, the asynchrony block applies, and speeds have their defaults when absent
+    # from them, the asynchrony block applies; the clock replaces dropout and stragglers
     clock: bool = False
+    # rounds last simulated time: speeds have their defaults when absent, and the devices'
+    # speeds decide who is late (clients.stragglers, the other straggler model, is refused)
+    timed: bool = False
+    # the server.* keys this mode reads (refused with the other modes), and those of them it
+    # requires
+    keys: tuple[str, ...] = ()
+    required: tuple[str, ...] = ()
     # when the server steps: each arrival, a buffer of arrivals (asynchrony.buffer_size),
     # or once every asynchrony.buffers buffer has an update (BASGD)
     steps_on: Literal["round", "arrival", "buffer", "buffers"] = "round"
@@ -178,10 +187,15 @@ class ModePlan:
 
 MODES: dict[str, ModePlan] = {  # server.mode -> what it means to the engine
     "sync": ModePlan("sync"),
-    "fedasync": ModePlan("fedasync", clock=True, steps_on="arrival", mixing=True),
-    "fedbuff": ModePlan("fedbuff", clock=True, steps_on="buffer"),
-    "basgd": ModePlan("basgd", clock=True, steps_on="buffers", buffer_means=True),
-    "latest": ModePlan("latest", clock=True, steps_on="arrival", table=True),
+    "fedasync": ModePlan("fedasync", "async", clock=True, timed=True, steps_on="arrival",
+                         mixing=True),
+    "fedbuff": ModePlan("fedbuff", "async", clock=True, timed=True, steps_on="buffer"),
+    "basgd": ModePlan("basgd", "async", clock=True, timed=True, steps_on="buffers",
+                      buffer_means=True),
+    "latest": ModePlan("latest", "async", clock=True, timed=True, steps_on="arrival",
+                       table=True),
+    "deadline": ModePlan("deadline", "deadline", timed=True, keys=("deadline", "late"),
+                         required=("deadline",)),
 }
 
 
@@ -205,8 +219,15 @@ class ServerSettings(Strict):
     # how the server steps: ``sync`` (lock-step rounds), or asynchronously on a simulated
     # clock (the ``asynchrony`` block; docs/async.md): ``fedasync`` (Xie et al. 2019),
     # ``fedbuff`` (Nguyen et al. 2022), ``basgd`` (Yang & Li 2023), ``latest`` (Dahan & Levy
-    # 2024: on each update, the latest update of every client that has sent one)
-    mode: Literal["sync", "fedasync", "fedbuff", "basgd", "latest"] = "sync"
+    # 2024: on each update, the latest update of every client that has sent one), or
+    # ``deadline``: semi-synchronous rounds closed at ``deadline`` simulated seconds
+    # (simulator/rounds/deadline.py)
+    mode: Literal["sync", "fedasync", "fedbuff", "basgd", "latest", "deadline"] = "sync"
+    # server.mode deadline: when a round closes (simulated seconds after it starts), and
+    # what happens to the updates that arrive later: dropped, or carried into the next
+    # round's step as stale (``drop`` when absent)
+    deadline: Annotated[float, Gt(0), Le(1e12)] | None = None
+    late: Literal["drop", "carry"] | None = None
 
     @property
     def resolved_mode(self) -> ModePlan:

@@ -9,6 +9,8 @@ hooks, one "round" being one server step.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -21,6 +23,16 @@ from simulator.messages import RoundReport
 from simulator.placement import WorkerPool
 from simulator.plan import Plan
 from simulator.runtime.backend import Backend
+
+_REGISTERED: dict[str, type[RoundProtocol]] = {}
+
+
+def protocols() -> dict[str, type[RoundProtocol]]:
+    """Every round protocol by name: each module of this package imported once, so that a
+    new protocol is one new module (and the ``server.mode`` that names it)."""
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+    return dict(_REGISTERED)
 
 
 @dataclass
@@ -57,10 +69,24 @@ class RoundProtocol(ABC):
     """The hooks the engine calls, in this order: ``start`` (spawn the protocol's actors,
     while the workers start), ``ready`` (the workers are up), then ``run_round`` per round,
     with ``checkpoint`` / ``restore`` between rounds, ``workers_moved`` after a lost worker's
-    clients moved, ``final`` at the end."""
+    clients moved, ``final`` at the end.
 
+    A subclass with a ``name`` is the protocol of that name (``Plan.protocol``: a
+    ``server.mode``'s ``ModePlan.protocol``, or ``gossip``): defining it in a module of this
+    package registers it (:func:`protocols`)."""
+
+    # the name a Plan gives it; a class without one (a base) is not registered
+    name: ClassVar[str | None] = None
     # whether a round's training may be submitted before the last round ends
     prefetch: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in vars(cls) and cls.name is not None:
+            if _REGISTERED.get(cls.name, cls) is not cls:
+                raise TypeError(f"two round protocols are named {cls.name!r}: "
+                                f"{_REGISTERED[cls.name].__qualname__} and {cls.__qualname__}")
+            _REGISTERED[cls.name] = cls
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx

@@ -36,25 +36,32 @@ from simulator.clock import (
     step_rule,
 )
 from simulator.messages import ByzantineRows, ClientRows, Group, Ref, RoundReport, StepLayout
+from simulator.rounds import RunContext
 from simulator.rounds.server import ServerRounds
 from simulator.sampling import attacker_ranks
 
 
 class AsyncRounds(ServerRounds):
-    """A Server (and an Adversary) beside the worker pool, stepped by the simulated clock."""
+    """A Server (and an Adversary) beside the worker pool, stepped by the simulated clock.
 
+    It keeps the server's hooks where a step is a server round (``_traffic``, the checkpoint)
+    and replaces the round itself: a step's arrivals come from the clock, not from sampling."""
+
+    name = "async"
     prefetch = True
 
-    def ready(self) -> dict[str, str]:
-        derived = super().ready()
-        self._schedule = self._new_schedule()
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
         self._plans: dict[int, StepPlan] = {}
         # the next step's honest training, submitted ahead: (step, groups, refs)
         self._ahead: tuple[int, list[Group], list[Ref[ClientRows]]] | None = None
         # each model version's parameters and buffers, fetched once while clients train from
         # it (a version is the start of tasks that arrive over several steps)
         self._models: dict[int, tuple[Ref[np.ndarray], Ref[np.ndarray] | None]] = {}
-        self._round_end = 0.0
+
+    def ready(self) -> dict[str, str]:
+        derived = super().ready()
+        self._schedule = self._new_schedule()
         return derived
 
     def _model(self, v: int) -> tuple[Ref[np.ndarray], Ref[np.ndarray] | None]:

@@ -20,6 +20,8 @@ from simulator.runtime.handles import MixerHandle
 class GossipRounds(RoundProtocol):
     """The Mixer beside the worker pool; the peers' models live in the workers."""
 
+    name = "gossip"
+
     prefetch = False  # a round's training starts from the last round's gossip
 
     def start(self) -> list[Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,12 +18,13 @@ from simulator.messages import (
     ByzantineRows,
     ClientRows,
     EvalScores,
+    Group,
     Ref,
     RoundReport,
     StepLayout,
 )
 from simulator.plan import build_codecs
-from simulator.rounds import RoundProtocol
+from simulator.rounds import RoundProtocol, RunContext
 from simulator.runtime.actors import Adversary, Server
 from simulator.runtime.common import personal_accuracy
 from simulator.runtime.handles import AdversaryHandle, ServerHandle
@@ -31,27 +32,66 @@ from simulator.sampling import attacker_ranks, missed_round, sample_clients
 from strategies.codecs import chain_bytes
 
 
+@dataclass(frozen=True)
+class Participation:
+    """Who of a round's sampled honest clients takes part, as a protocol decides
+    (:meth:`ServerRounds.participants`)."""
+
+    dropped: set[int]  # dropped out of the round: never trained
+    late: set[int]  # missed the round's deadline
+    partial: dict[int, int]  # late clients that send partial work: client -> steps done
+    honest: list[int]  # trained, and their updates are this round's (sorted)
+    # trained from this round's model, their updates applied in a later step (sorted)
+    carried: list[int] = field(default_factory=list)
+
+
 @dataclass
-class _Training:
-    """A round's submitted training: who was sampled, and the workers' result refs."""
+class Training:
+    """A round's submitted training: who was sampled and takes part, and the workers'
+    result refs."""
 
     round_: int
     t0: float  # when it was submitted
     sampled: list[int]
     byz: list[int]
-    dropped: set[int]
-    late: set[int]  # the stragglers: they missed the deadline
-    partial: dict[int, int]  # those of them that send partial work: client -> steps done
-    honest: list[int]
+    who: Participation
     honest_refs: list[Ref[ClientRows]]
+    carried_refs: list[Ref[ClientRows]]  # the updates of ``who.carried``
     # the rows the attack sees: (clients, refs)
     seen: tuple[list[int], list[Ref[ClientRows]]] | None
 
+    @property
+    def honest(self) -> list[int]:
+        return self.who.honest
+
 
 class ServerRounds(RoundProtocol):
-    """A Server (and an Adversary with Byzantine clients) beside the worker pool."""
+    """A Server (and an Adversary with Byzantine clients) beside the worker pool.
 
+    A round: sample, :meth:`participants` (who of the sampled honest clients trains, and
+    whose update counts this round), train, the Byzantine rows, the server's step on
+    :meth:`step_rows`, evaluate; it lasts :meth:`duration` on the simulated clock and adds
+    :meth:`round_metrics`. A protocol that changes who takes part, what a step aggregates,
+    how long a round lasts or what it logs overrides those hooks (the semi-synchronous
+    server, simulator/rounds/deadline.py), not the round."""
+
+    name = "server"
     prefetch = True
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        attack = ctx.plan.attack
+        self.omniscient = attack is not None and attack.omniscient
+        self.poison = attack.spec if attack is not None and attack.data_poisoning else None
+        self.adversary: AdversaryHandle | None = None  # with an attack, from ``start``
+        self._next: Training | None = None  # the next round's training, when prefetched
+        self._round_end = 0.0  # when the last round ended (perf_counter)
+        self._clock = 0.0  # simulated seconds so far (a scenario with speeds)
+        self._bytes = [0, 0]  # bytes sent up and down so far
+        # set by ``ready``, once the server's model is known
+        self.dim = self.d_buffers = self.bytes_up = self.bytes_down = 0
+        self.devices: Any = None  # the simulated devices (speeds), when the run has them
+        self.task_seconds: Callable[[int, int], float] | None = None
 
     def start(self) -> list[Any]:
         ctx = self.ctx
@@ -70,13 +110,6 @@ class ServerRounds(RoundProtocol):
                                               options=ctx.pool.server_options))
         self.adversary = (AdversaryHandle(b, b.spawn(Adversary, plan, role="adversary"))
                           if plan.attack is not None else None)
-        attack = plan.attack
-        self.omniscient = attack is not None and attack.omniscient
-        self.poison = attack.spec if attack is not None and attack.data_poisoning else None
-        self._next: _Training | None = None  # the next round's training, when prefetched
-        self._round_end = 0.0  # when the last round ended (perf_counter)
-        self._clock = 0.0  # simulated seconds so far (a scenario with speeds)
-        self._bytes = [0, 0]  # bytes sent up and down so far
         return [self.server.actor] + ([self.adversary.actor] if self.adversary else [])
 
     def ready(self) -> dict[str, str]:
@@ -103,8 +136,7 @@ class ServerRounds(RoundProtocol):
 
         ctx = self.ctx
         sc = ctx.plan.scenario
-        speeds = sc.speeds or Speeds() if ctx.plan.mode.clock else sc.speeds
-        self.devices = None
+        speeds = sc.speeds or Speeds() if ctx.plan.mode.timed else sc.speeds
         if speeds is None:
             return None
         prof = self.devices = profiles(speeds, sc.clients.total, ctx.plan.seed,
@@ -121,7 +153,20 @@ class ServerRounds(RoundProtocol):
     def has_buffers(self) -> bool:
         return self.d_buffers > 0
 
-    def submit(self, round_: int) -> _Training:
+    def participants(self, round_: int, honest: list[int]) -> Participation:
+        """Who of the round's sampled ``honest`` clients (sorted) takes part: the
+        dropouts and ``clients.stragglers`` (those that miss the deadline; with ``partial``
+        the ones that finished some steps send them)."""
+        c = self.ctx.plan.scenario.clients
+        dropped, late = missed_round(self.ctx.plan.seed, round_, honest,
+                                     self.ctx.pool.local_steps, c.dropout, c.stragglers)
+        partial = ({i: k for i, k in late.items() if k > 0}
+                   if c.stragglers is not None and c.stragglers.partial else {})
+        return Participation(dropped, set(late), partial,
+                             [i for i in honest if i not in dropped
+                              and (i not in late or i in partial)])
+
+    def submit(self, round_: int) -> Training:
         """Round ``round_``'s sampling and its training calls (the workers start as soon as
         the server's parameters are there); nothing in it changes the server."""
         ctx = self.ctx
@@ -130,26 +175,48 @@ class ServerRounds(RoundProtocol):
         t0 = time.perf_counter()
         sampled = sample_clients(seed, round_, c.total, c.sampled).tolist()
         byz = [i for i in sampled if i in byzantine]
-        dropped, late = missed_round(seed, round_, [i for i in sampled if i not in byzantine],
-                                     pool.local_steps, c.dropout, c.stragglers)
-        # stragglers.partial: a straggler that finished some steps sends them
-        partial = ({i: k for i, k in late.items() if k > 0}
-                   if c.stragglers is not None and c.stragglers.partial else {})
-        honest = [i for i in sampled if i not in byzantine and i not in dropped
-                  and (i not in late or i in partial)]
+        who = self.participants(round_, [i for i in sampled if i not in byzantine])
+        honest = who.honest
         params_ref = self.server.params()  # stored once, read by every worker
         buffers_ref = self.server.buffers() if self.d_buffers else None
         shared_ref = self.server.shared() if ctx.plan.shared_state else None
         honest_refs = pool.train(round_, honest, params_ref, buffers_ref, None, shared_ref,
-                                 partial)
+                                 who.partial)
+        carried_refs = pool.train(round_, who.carried, params_ref, buffers_ref, None,
+                                  shared_ref) if who.carried else []
         seen: tuple[list[int], list[Ref[ClientRows]]] | None = None
         if byz:
             seen = (honest, honest_refs) if self.omniscient else \
                 (byz, pool.train(round_, byz, params_ref, buffers_ref, self.poison,
                                  shared_ref,
                                  attackers=attacker_ranks(byzantine) if self.poison else None))
-        return _Training(round_, t0, sampled, byz, dropped, set(late), partial, honest,
-                         honest_refs, seen)
+        return Training(round_, t0, sampled, byz, who, honest_refs, carried_refs, seen)
+
+    def step_rows(self, round_: int, tr: Training
+                  ) -> tuple[tuple[Group, ...], list[Ref[ClientRows]], tuple[float, ...] | None]:
+        """What the round's step aggregates: (the honest groups, their results, each honest
+        then Byzantine row's scale or None): this round's honest updates, as sent."""
+        return ((round_, tuple(tr.honest), len(tr.honest_refs)),), tr.honest_refs, None
+
+    def duration(self, round_: int, tr: Training) -> float:
+        """The round's simulated seconds: its slowest participant's task (a straggler's
+        partial work: its share of the task's time)."""
+        assert self.task_seconds is not None
+        steps, partial = self.ctx.pool.local_steps, tr.who.partial
+        return max((self.task_seconds(c, round_) * (
+            partial[c] / max(int(steps[c]), 1) if c in partial else 1.0)
+            for c in tr.honest + tr.byz), default=0.0)
+
+    def round_metrics(self, round_: int, tr: Training) -> dict[str, float]:
+        """The protocol's own metrics of the round (``partial_work``: the stragglers that
+        sent some)."""
+        s = self.ctx.plan.scenario.clients.stragglers
+        return {"partial_work": float(len(tr.who.partial))} if s is not None and s.partial \
+            else {}
+
+    def after_step(self, round_: int, tr: Training) -> None:
+        """Called once the round's step is submitted (the next round's is not yet)."""
+        return
 
     def drop_prefetched(self) -> None:
         self._next = None
@@ -170,8 +237,9 @@ class ServerRounds(RoundProtocol):
             byz_ref = self.adversary.attack_rows(round_, len(tr.byz),
                                                  [(tr.seen[0], len(tr.seen[1]))], self.dim,
                                                  self.d_buffers, tr.seen[1])
-        layout = StepLayout(((round_, tuple(tr.honest), len(tr.honest_refs)),))
-        step_ref = self.server.step(round_, layout, byz_ref, tr.honest_refs)
+        groups, refs, scales = self.step_rows(round_, tr)
+        step_ref = self.server.step(round_, StepLayout(groups, scales=scales), byz_ref, refs)
+        self.after_step(round_, tr)
         # the personal models (Ditto) after this round's training, before a prefetched
         # round trains them again in the workers' queues
         personal = self.ctx.pool.evaluate_personal(
@@ -195,19 +263,15 @@ class ServerRounds(RoundProtocol):
         timings["round_seconds"] = end - max(tr.t0, self._round_end)
         self._round_end = end
         b_hat = ctx.plan.b_hat
-        if self.task_seconds is not None:  # a round lasts as long as its slowest participant
-            steps = ctx.pool.local_steps  # a straggler's partial work: its share of the time
-            self._clock += max((self.task_seconds(c, round_) * (
-                tr.partial[c] / max(int(steps[c]), 1) if c in tr.partial else 1.0)
-                for c in tr.honest + tr.byz), default=0.0)
+        if self.task_seconds is not None:
+            self._clock += self.duration(round_, tr)
             metrics["sim_time"] = self._clock
-        metrics.update(self._traffic(len(tr.honest) + len(tr.byz),
-                                     len(tr.sampled) - len(tr.dropped)))
-        if ctx.plan.scenario.clients.stragglers is not None \
-                and ctx.plan.scenario.clients.stragglers.partial:
-            metrics["partial_work"] = float(len(tr.partial))  # stragglers that sent some
+        who = tr.who
+        metrics.update(self._traffic(len(tr.honest) + len(who.carried) + len(tr.byz),
+                                     len(tr.sampled) - len(who.dropped)))
+        metrics.update(self.round_metrics(round_, tr))
         metrics = {"sampled": float(len(tr.sampled)), "byzantine_sampled": float(len(tr.byz)),
-                   "dropped": float(len(tr.dropped)), "stragglers": float(len(tr.late)),
+                   "dropped": float(len(who.dropped)), "stragglers": float(len(who.late)),
                    "participants": float(len(tr.honest) + len(tr.byz)),
                    "b_hat": float(b_hat),
                    "byzantine_exceeded": float(len(tr.byz) > b_hat), **metrics}

@@ -1,0 +1,119 @@
+"""The semi-synchronous server (``server.mode: deadline``): a synchronous round closed by a
+deadline on the simulated clock.
+
+Each round samples its clients as a synchronous one does. A sampled honest client's task
+(its local work, the model down and its message up, at its device's simulated speed:
+``speeds``, whose defaults apply when absent) either ends by ``server.deadline`` simulated
+seconds and counts in the round's step, or is late: with ``server.late: drop`` (the default)
+its update is lost, as FedAvg's deadline-based client selection does (Bonawitz et al.,
+"Towards Federated Learning at Scale: System Design", MLSys 2019: a round's reporting
+deadline); with ``carry`` it trains from the round's model and its update joins the next
+round's step, one round stale, scaled by FedBuff's default staleness ``1 / sqrt(1 + 1)``
+(Nguyen et al., AISTATS 2022), as a semi-synchronous server that keeps stragglers' work
+does. A round lasts until its last on-time participant's task ends, or until the deadline
+when someone is late. Byzantine clients are never late (the worst case), as under
+``clients.stragglers``.
+
+Departure: a carried client is sampled for the next round independently of its lateness (a
+real device still uploading might be skipped).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from simulator.clock import staleness_scale
+from simulator.config.schema import Staleness
+from simulator.messages import ClientRows, Group, Ref, stack_rows
+from simulator.rounds import RunContext
+from simulator.rounds.server import Participation, ServerRounds, Training
+from simulator.sampling import missed_round
+
+# a carried update's scale: FedBuff's default staleness function at one round
+_DEFAULT = Staleness()
+CARRIED_SCALE = float(staleness_scale(_DEFAULT.function, _DEFAULT.a, _DEFAULT.b,
+                                    np.ones(1))[0])
+
+
+class DeadlineRounds(ServerRounds):
+    """Server rounds closed at ``server.deadline`` simulated seconds (module docstring)."""
+
+    name = "deadline"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        server = ctx.plan.scenario.server
+        assert server.deadline is not None  # required with this mode (validation)
+        self.deadline = float(server.deadline)
+        self.carry = server.late == "carry"
+        # the last round's late updates, applied in this round's step (rows in client order)
+        self._carried: ClientRows | None = None
+        self._applied = 0  # how many carried updates the round's step applies
+
+    def participants(self, round_: int, honest: list[int]) -> Participation:
+        """The dropouts, then the clients whose task ends after the deadline: late (carried
+        into the next round's step with ``late: carry``)."""
+        assert self.task_seconds is not None  # a timed mode always has devices
+        c = self.ctx.plan.scenario.clients
+        dropped, _ = missed_round(self.ctx.plan.seed, round_, honest,
+                                  self.ctx.pool.local_steps, c.dropout, None)
+        late = {i for i in honest if i not in dropped and
+                self.task_seconds(i, round_) > self.deadline}
+        on_time = [i for i in honest if i not in dropped and i not in late]
+        return Participation(dropped, late, {}, on_time,
+                             sorted(late) if self.carry else [])
+
+    def step_rows(self, round_: int, tr: Training
+                  ) -> tuple[tuple[Group, ...], list[Ref[ClientRows]], tuple[float, ...] | None]:
+        """This round's on-time updates, then the last round's late ones (scaled)."""
+        groups, refs, _ = super().step_rows(round_, tr)
+        rows = self._carried
+        self._applied = 0 if rows is None else len(rows.clients)
+        if rows is None or not self._applied:
+            return groups, refs, None
+        scales = [1.0] * len(tr.honest) + [CARRIED_SCALE] * self._applied + \
+            [1.0] * len(tr.byz)
+        return ((*groups, (round_ - 1, tuple(rows.clients.tolist()), 1)),
+                [*refs, self.ctx.backend.put(rows)], tuple(scales))
+
+    def after_step(self, round_: int, tr: Training) -> None:
+        """The round's late updates, fetched for the next round's step (held by the driver,
+        so a lost worker loses none of them)."""
+        late = tr.who.carried
+        if not late:
+            self._carried = None
+            return
+        got = list(self.ctx.backend.get(tr.carried_refs))
+        self._carried = ClientRows(
+            np.asarray(late, dtype=np.int64), stack_rows(late, got, self.dim),
+            stack_rows(late, got, 0, "losses"), 0.0,
+            stack_rows(late, got, self.d_buffers, "buffers") if self.d_buffers else None)
+
+    def duration(self, round_: int, tr: Training) -> float:
+        """Until the last on-time task ends, or the deadline when someone is late."""
+        on_time = super().duration(round_, tr)
+        return self.deadline if tr.who.late else min(on_time, self.deadline)
+
+    def round_metrics(self, round_: int, tr: Training) -> dict[str, float]:
+        """``late``: the round's late clients; ``carried``: last round's late updates this
+        step applied."""
+        return {"late": float(len(tr.who.late)), "carried": float(self._applied)}
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The server's state and the late updates the next round applies (as tensors)."""
+        rows, out = self._carried, super().checkpoint()
+        if rows is not None:
+            out["carried"] = {k: torch.from_numpy(np.array(v)) for k, v in (
+                ("clients", rows.clients), ("updates", rows.updates), ("losses", rows.losses),
+                ("buffers", rows.buffers)) if v is not None}
+        return out
+
+    def restore(self, state: dict[str, Any]) -> list[Any]:
+        c = state.get("carried")
+        self._carried = None if c is None else ClientRows(
+            c["clients"].numpy(), c["updates"].numpy(), c["losses"].numpy(), 0.0,
+            c["buffers"].numpy() if "buffers" in c else None)
+        return super().restore(state)
