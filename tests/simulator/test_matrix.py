@@ -46,8 +46,9 @@ def _scenario(mode: str, rule: dict[str, Any], privacy: str | None, attack: str 
         "name": "matrix", "rounds": 2, "data": {"dataset": {"name": "digits"}},
         "model": {"name": "logreg"}, "clients": {"total": 12, "per_round": 6},
         "local": {"steps": 1, "batch_size": 8, "lr": 0.1},  # gradient rules take one
-        "server": {"mode": mode}, "evaluation": {"every": 2},
-    }
+        "server": {"mode": mode, **{key: 1.0 for key in MODES[mode].required}},
+        "evaluation": {"every": 2},
+    }  # a mode's required server keys (deadline: seconds) at 1.0
     for key, block in rule.items():
         sc[key] = {**sc[key], **block}
     if privacy is not None:

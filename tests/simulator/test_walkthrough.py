@@ -168,3 +168,38 @@ def test_a_round_protocol_sees_the_engine_through_its_hooks(tmp_path, monkeypatc
     assert calls == ["start", "ready", "round 0", "round 1", "checkpoint", "round 2",
                      "round 3", "final"]
     assert got.metrics == plain.metrics
+
+
+ENGINE = ("simulator", "strategies", "fedray", "dashboards")
+
+
+def _sources_naming(pattern: str) -> set[str]:
+    """The product's source files (not tests or docs) whose text matches ``pattern``."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    return {str(p.relative_to(root)) for top in ENGINE for p in (root / top).rglob("*.py")
+            if re.search(pattern, p.read_text())}
+
+
+def test_a_server_optimizer_with_a_multipart_message_is_one_module(tmp_path):
+    """q-FedAvg (its client half sends the delta and the scalar h, a message of two parts)
+    went in as one module and three entry points: nothing under simulator/ names it, and a
+    run of it steps as its server half says (q = 0, L = 1: FedAvg to the bit)."""
+    assert _sources_naming(r"qfedavg|QFedAvg|strategies\.fairness") == {"strategies/fairness.py"}
+    fedavg = Engine(_point(tmp_path), InlineBackend()).run()
+    q0 = Engine(_point(tmp_path, "server.optimizer={name: qfedavg, q: 0, lipschitz: 1}"),
+                InlineBackend()).run()
+    np.testing.assert_array_equal(q0.final_params, fedavg.final_params)
+    assert q0.metrics[0]["bytes_up"] == fedavg.metrics[0]["bytes_up"] + 4 * 4  # h: 4 clients
+
+
+def test_a_round_protocol_is_two_files(tmp_path):
+    """The semi-synchronous server: its protocol module and its mode's line in the schema
+    (the mode's name, its keys); the engine finds the protocol by name."""
+    assert _sources_naming(r'"deadline"|DeadlineRounds') == \
+        {"simulator/rounds/deadline.py", "simulator/config/schema.py"}
+    res = Engine(_point(tmp_path, "server.mode=deadline", "server.deadline=1e9"),
+                 InlineBackend()).run()
+    plain = Engine(_point(tmp_path), InlineBackend()).run()
+    np.testing.assert_array_equal(res.final_params, plain.final_params)
