@@ -210,7 +210,15 @@ def _loaded(kind: str, name: str) -> type:
         raise BadPlugin(f"{kind.removesuffix('s')} {name!r} ({_origin(ep)}): __call__ must take "
                         "generator=None (the one signature of aggregation rules, "
                         f"{base.__module__}.{base.__qualname__}); a deterministic rule ignores it")
-    weighted = getattr(getattr(cls, "traits", None), "weighted", False)
+    traits = typing.cast(Any, cls).traits  # every contract declares traits
+    protocols = import_module("strategies.protocols")  # torch: a plugin is being loaded
+    stray = protocols.stray_traits(kind, traits)
+    if stray:
+        allowed = sorted(protocols.KIND_TRAITS[kind] | {"context", "path_params"})
+        raise BadPlugin(f"{kind.removesuffix('s')} {name!r} ({_origin(ep)}): traits "
+                        f"{', '.join(stray)} mean nothing to {kind}; remove them (allowed: "
+                        f"{', '.join(allowed)})")
+    weighted = traits.weighted
     if kind in WEIGHTED_KINDS and weighted and \
             "weights" not in inspect.signature(cls.__call__).parameters:
         raise BadPlugin(f"{kind.removesuffix('s')} {name!r} ({_origin(ep)}): traits.weighted, "

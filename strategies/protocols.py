@@ -55,7 +55,7 @@ from __future__ import annotations
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
@@ -102,6 +102,7 @@ __all__ = [
     "check_weights",
     "gather",
     "require_generator",
+    "stray_traits",
 ]
 
 
@@ -257,6 +258,38 @@ class Traits:
     personal: bool = False
     targeted: bool = False
     reference: bool = False
+
+
+# the traits a plugin of each kind may declare: what the engine reads of that kind (any kind
+# may declare ``context`` and ``path_params``); the registry refuses a class that declares
+# another, which would mean nothing (as scikit-learn's tags are per estimator kind)
+KIND_TRAITS: dict[str, frozenset[str]] = {kind: frozenset(names) for kind, names in {
+    "aggregators": ("random", "averaging", "reference", "weighted"),
+    "preaggregators": ("random", "weighted"),
+    "meta": ("random", "weighted"),
+    "attacks": ("omniscient", "data_poisoning", "gossip", "targeted"),
+    "topologies": ("time_varying",),
+    "gossip_defenses": (),
+    "datasets": (),
+    "models": ("tokens",),
+    "optimizers": (),
+    "client_optimizers": ("client_state", "gradient_rule", "personal", "trainer",
+                          "shared_state", "message"),
+    "trainers": ("batched", "buffers", "loop"),
+    "partitioners": ("by_label", "natural"),
+    "privacy": ("privacy_level", "trainer"),
+    "tasks": ("targets",),
+    "codecs": (),
+}.items()}
+
+
+def stray_traits(kind: str, traits: Traits) -> list[str]:
+    """The traits ``traits`` sets away from their defaults that mean nothing to a plugin of
+    ``kind`` (``KIND_TRAITS``)."""
+    default = Traits()
+    allowed = KIND_TRAITS[kind] | {"context", "path_params"}
+    return [f.name for f in fields(Traits) if f.name not in allowed
+            and getattr(traits, f.name) != getattr(default, f.name)]
 
 
 class TraitAlias:

@@ -91,8 +91,8 @@ def test_resume_with_carried_updates_gives_the_uninterrupted_numbers(tmp_path):
     saved: dict[int, dict] = {}
     full = run(sc, on_checkpoint=lambda r, st: saved.__setitem__(r, _roundtrip(st)))
     assert any("carried" in st for st in saved.values())  # a late update held over
-    for r in saved:
-        resumed = run(sc, resume={**saved[r], "round": r})
+    for r, state in saved.items():
+        resumed = run(sc, resume={**state, "round": r})
         assert resumed.metrics == full.metrics
         np.testing.assert_array_equal(resumed.final_params, full.final_params)
 
@@ -101,8 +101,8 @@ def test_resume_with_carried_updates_gives_the_uninterrupted_numbers(tmp_path):
     ("server: {mode: deadline}\n", "server.deadline: required with server.mode deadline"),
     ("server: {deadline: 0.5}\n", "server.deadline: used by server.mode deadline only"),
     ("server: {mode: fedbuff, late: carry}\n", "server.late: used by server.mode deadline"),
-    ("server: {mode: deadline, deadline: 1}\nclients: {total: 12, per_round: 6, stragglers: "
-     "{deadline: 2}}\n", "clients.stragglers: not used by server.mode deadline"),
+    (("server: {mode: deadline, deadline: 1}\nclients: {total: 12, per_round: 6, "
+      "stragglers: {deadline: 2}}\n"), "clients.stragglers: not used by server.mode deadline"),
     ("server: {mode: deadline, deadline: 1}\nasynchrony: {concurrency: 3}\n",
      "asynchrony: used by the asynchronous modes only"),
 ])

@@ -3,6 +3,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from importlib.metadata import EntryPoint
 
 import pytest
 
@@ -143,3 +144,42 @@ def test_a_boolean_is_never_read_as_a_number():
             (list[bool], [True]), (dict[str, Any], {"a": True}), (float | str, "on")]
     assert [bool_for_number(tp, v) for tp, v in refused] == [True] * len(refused)
     assert [bool_for_number(tp, v) for tp, v in kept] == [False] * len(kept)
+
+
+def test_a_trait_meaningless_for_its_kind_is_refused_at_registration(monkeypatch):
+    """For every kind: a class of that contract declaring a trait of another kind (one the
+    engine never reads for it) is refused in one line naming the trait; the traits it may
+    declare pass."""
+    from dataclasses import fields
+
+    from strategies.protocols import CONTRACTS, KIND_TRAITS, Traits, stray_traits
+
+    module = sys.modules[__name__]
+    made: dict[str, dict[str, str]] = {}
+    for kind, base in CONTRACTS.items():
+        stray = next(f.name for f in fields(Traits) if f.name not in KIND_TRAITS[kind]
+                     and f.name not in ("context", "path_params") and f.type == "bool")
+        cls = type(f"Stray_{kind}", (base,), {"traits": Traits(**{stray: True})})
+        monkeypatch.setattr(module, cls.__name__, cls, raising=False)
+        made[kind] = {"stray_one": f"{__name__}:{cls.__name__}"}
+        assert stray_traits(kind, cls.traits) == [stray]
+    real = registry._entry_points.__wrapped__
+
+    def entry_points(kind):
+        out = dict(real(kind))
+        for name, value in made.get(kind, {}).items():
+            out[name] = EntryPoint(name, value, f"fedray.{kind}")
+        return out
+
+    registry.refresh()
+    monkeypatch.setattr(registry, "_entry_points", entry_points)
+    try:
+        for kind in CONTRACTS:
+            with pytest.raises(registry.BadPlugin) as e:
+                registry.get(kind, "stray_one")
+            stray = stray_traits(kind, registry._entry_points(kind)["stray_one"].load().traits)
+            assert len(str(e.value).splitlines()) == 1
+            assert f"traits {stray[0]} mean nothing to {kind}" in str(e.value)
+    finally:
+        monkeypatch.undo()
+        registry.refresh()
