@@ -52,10 +52,9 @@ the built-ins pass the same checks.
 
 from __future__ import annotations
 
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
@@ -290,32 +289,6 @@ def stray_traits(kind: str, traits: Traits) -> list[str]:
     allowed = KIND_TRAITS[kind] | {"context", "path_params"}
     return [f.name for f in fields(Traits) if f.name not in allowed
             and getattr(traits, f.name) != getattr(default, f.name)]
-
-
-class TraitAlias:
-    """A deprecated class attribute (``Model.TOKENS``, ``Task.TARGETS``) that reads
-    ``traits.<name>``, read-only; a subclass that assigns it has the value moved into its
-    traits, with a DeprecationWarning (see :meth:`adopt`)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __set_name__(self, owner: type, attr: str) -> None:
-        self.attr = attr
-
-    def __get__(self, obj: object, owner: type[Plugin]) -> Any:
-        return getattr(owner.traits, self.name)
-
-    def __set__(self, obj: object, value: Any) -> None:
-        raise AttributeError(f"{self.attr} is traits.{self.name}: declare it in traits")
-
-    def adopt(self, cls: type[Plugin]) -> None:
-        """Move a value ``cls`` assigns to the deprecated attribute into ``cls.traits``."""
-        if self.attr in vars(cls):
-            warnings.warn(f"{cls.__name__}.{self.attr} is deprecated: declare "
-                          f"traits = Traits({self.name}=...)", DeprecationWarning, stacklevel=3)
-            cls.traits = replace(cls.traits, **{self.name: vars(cls)[self.attr]})
-            delattr(cls, self.attr)
 
 
 class Plugin:
@@ -891,11 +864,6 @@ class Model(nn.Module, Plugin):
     one flat float32 vector (``parameters()`` order)."""
 
     traits = Traits(context=("input_shape", "num_classes"))
-    TOKENS = TraitAlias("tokens")  # deprecated: read traits.tokens
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        vars(Model)["TOKENS"].adopt(cls)
 
     def chain(self) -> nn.Sequential | None:
         """The layers ``forward`` applies one after another, when it is only that and the
@@ -915,11 +883,6 @@ class Task(Plugin, ABC):
     ``values`` (float32). Metric names (without their ``test_``/``train_`` prefix) are the
     ones the dashboards read: ``loss`` always, ``accuracy`` where it means something."""
 
-    TARGETS = TraitAlias("targets")  # deprecated: read traits.targets
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        vars(Task)["TARGETS"].adopt(cls)
 
     def target(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The batch's target from its inputs and labels (default: the labels)."""
