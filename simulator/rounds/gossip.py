@@ -13,8 +13,8 @@ import numpy as np
 
 from simulator.messages import ClientRows, Ref, RoundReport, stack_rows
 from simulator.rounds import RoundProtocol
-from simulator.runtime.actors import Mixer
 from simulator.runtime.handles import MixerHandle
+from simulator.runtime.mixer import Mixer
 
 
 class GossipRounds(RoundProtocol):

@@ -25,9 +25,10 @@ from simulator.messages import (
 )
 from simulator.plan import build_codecs
 from simulator.rounds import RoundProtocol, RunContext
-from simulator.runtime.actors import Adversary, Server
+from simulator.runtime.adversary import Adversary
 from simulator.runtime.common import personal_accuracy
 from simulator.runtime.handles import AdversaryHandle, ServerHandle
+from simulator.runtime.server import Server
 from simulator.sampling import attacker_ranks, missed_round, sample_clients
 from strategies.codecs import chain_bytes
 

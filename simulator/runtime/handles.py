@@ -22,8 +22,10 @@ from simulator.messages import (
     TrainRequest,
 )
 from simulator.registry import PluginSpec
-from simulator.runtime.actors import Adversary, Mixer, Server
+from simulator.runtime.adversary import Adversary
 from simulator.runtime.backend import Backend
+from simulator.runtime.mixer import Mixer
+from simulator.runtime.server import Server
 from simulator.runtime.worker import ClientWorker
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -18,73 +18,27 @@ import torch
 
 from simulator.data import ClientSource
 from simulator.errors import ClientStateLost, guarded
-from simulator.messages import ClientRows, EvalData, EvalScores, PersonalScores, TrainRequest
+from simulator.messages import ClientRows, TrainRequest
 from simulator.models import build_model
 from simulator.plan import Plan, build_client_rule, build_codecs, build_privacy
 from simulator.registry import PluginSpec, instantiate
 from simulator.runtime.common import (
     buffers_to_vector,
     deterministic_mode,
-    evaluate_model,
     model_input,
     norm_parameter_mask,
     resolve_device,
-    score_spans,
     single_thread,
-    torch_threads,
     vector_to_buffers,
 )
+from simulator.runtime.jobs import EvaluationJobs, PeerModels
+from simulator.runtime.state import ClientStateStore
 from simulator.seeding import torch_generator
 from strategies.codecs import encode_rows
-from strategies.protocols import PERSONAL, Attack, ClientData, Trainer
+from strategies.protocols import Attack, ClientData, Trainer
 
 
-class ClientStateStore:
-    """Per-client state (``{name: (d,) tensor}`` per client) in a few large blocks of rows
-    instead of one allocation per client and round: 10,000 clients' momenta are 10,000 rows
-    of a handful of ``(BLOCK_ROWS, d)`` tensors, written in place, so the allocator does not
-    fragment (measured in benchmarks/scale.py). Rows are kept in ``dtype``."""
-
-    BLOCK_ROWS = 256
-
-    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
-        self.dtype = dtype
-        self.rows: dict[int, int] = {}  # client -> row
-        self.blocks: dict[str, list[torch.Tensor]] = {}
-
-    def __contains__(self, client: int) -> bool:
-        return int(client) in self.rows
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def _row(self, name: str, r: int) -> torch.Tensor:
-        return self.blocks[name][r // self.BLOCK_ROWS][r % self.BLOCK_ROWS]
-
-    def get(self, client: int) -> dict[str, torch.Tensor]:
-        """The client's state as float32 copies ({} for a client without state)."""
-        r = self.rows.get(int(client))
-        return {} if r is None else {k: self._row(k, r).float() for k in self.blocks}
-
-    def set(self, client: int, state: dict[str, torch.Tensor]) -> None:
-        r = self.rows.setdefault(int(client), len(self.rows))
-        for name, value in state.items():
-            blocks = self.blocks.setdefault(name, [])
-            while len(blocks) * self.BLOCK_ROWS <= r:
-                blocks.append(torch.empty((self.BLOCK_ROWS, value.numel()), dtype=self.dtype))
-            self._row(name, r).copy_(value.reshape(-1))
-
-    def items(self) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
-        for c, r in self.rows.items():
-            yield c, {k: self._row(k, r) for k in self.blocks}
-
-    def nbytes(self) -> int:
-        """Bytes of the rows in use."""
-        return sum(self._row(k, 0).numel() * self._row(k, 0).element_size()
-                   for k in self.blocks) * len(self.rows)
-
-
-class ClientWorker:
+class ClientWorker(EvaluationJobs, PeerModels):
     """Trains many virtual clients, one call per round, on one model instance.
 
     A client is its samples (a slice of the partition table, or generated or read from its
@@ -290,75 +244,6 @@ class ClientWorker:
         return ClientRows(ids, encode_rows(self.codecs, updates), losses,
                           time.perf_counter() - t0)
 
-    def evaluate_personal(self, exclude: tuple[int, ...], eval_data: EvalData,
-                          buffers: np.ndarray | None = None,
-                          params: np.ndarray | None = None) -> PersonalScores:
-        """The accuracy of each personal model this worker holds on its client's own test
-        samples, the clients in ``exclude`` (the Byzantine ones) left out, as are clients
-        without test samples. A personal model is a client rule's (``traits.personal``:
-        Ditto), else under ``server.buffers: fedbn`` the global ``params`` with the client's
-        own BatchNorm weights. A model with buffers evaluates with the client's own
-        (``server.buffers: local``, ``fedbn``) or the server's ``buffers``."""
-        c_test = eval_data.test_clients
-        out = set(exclude)
-        if self.plan.personal:
-            held = sorted(c for c, st in self.client_state.items()
-                          if PERSONAL in st and c not in out)
-        else:  # fedbn: the clients holding their own BatchNorm weights
-            held = sorted(c for c, st in self.client_buffers.items()
-                          if "norm" in st and c not in out)
-        if c_test is None or not held:
-            return PersonalScores(np.empty(0, np.int64), np.empty(0))
-        order = np.argsort(c_test, kind="stable")
-        bounds = np.searchsorted(c_test[order], np.stack([held, np.add(held, 1)]))
-        task = instantiate("tasks", self.scenario.task)
-        weights = list(self.model.parameters())
-        ids, accs = [], []
-        for c, lo, hi in zip(held, bounds[0], bounds[1], strict=True):
-            if lo == hi:
-                continue
-            idx = np.sort(order[lo:hi])
-            if self.plan.personal:
-                vec = self.client_state.get(c)[PERSONAL]
-            else:
-                assert params is not None and self.norm_mask is not None
-                vec = torch.from_numpy(np.array(params, dtype=np.float32))
-                vec[self.norm_mask] = self.client_buffers.get(c)["norm"]
-            torch.nn.utils.vector_to_parameters(vec.to(self.device), weights)
-            if self.buffer_dim:
-                own = self.client_buffers.get(c).get("buffers") if self.local_buffers else None
-                assert own is not None or buffers is not None, "a model with buffers needs them"
-                vector_to_buffers(own if own is not None else
-                                  torch.from_numpy(np.array(buffers, np.float32)), self.model)
-            acc, _, _ = evaluate_model(self.model, eval_data.x_test[idx],
-                                       eval_data.y_test[idx], task)
-            if acc is not None:
-                ids.append(c)
-                accs.append(acc)
-        return PersonalScores(np.asarray(ids, np.int64), np.asarray(accs, np.float64))
-
-    def evaluate_spans(self, params: np.ndarray, buffers: np.ndarray | None,
-                       eval_data: EvalData, shares: list[tuple[str, tuple[tuple[int, int], ...]]]
-                       ) -> list[EvalScores]:
-        """This worker's share of a data-parallel evaluation of the global model ``params``
-        (and ``buffers``): for each ``(part, spans)`` of ``shares``, every sample's loss and
-        accuracy, computed as the server computes them (its ``runtime.eval_threads``
-        threads, the same spans), so the combined numbers are the server's own."""
-        torch.nn.utils.vector_to_parameters(
-            torch.from_numpy(np.array(params, dtype=np.float32)).to(self.device),
-            self.model.parameters())
-        if self.buffer_dim:
-            assert buffers is not None, "a model with buffers needs the server's buffers"
-            vector_to_buffers(torch.from_numpy(np.array(buffers, np.float32)), self.model)
-        task = instantiate("tasks", self.scenario.task)
-        out = []
-        with torch_threads(self.scenario.runtime.eval_threads):
-            for part, spans in shares:
-                x, y = ((eval_data.x_test, eval_data.y_test) if part == "test"
-                        else (eval_data.x_train, eval_data.y_train))
-                out.append(EvalScores(part, spans, *score_spans(self.model, x, y, task, spans)))
-        return out
-
     BUFFERS = "model.buffers"  # a client's own buffers in its checkpointed state
     NORM = "model.norm"  # its own BatchNorm weights (server.buffers fedbn)
 
@@ -412,30 +297,3 @@ class ClientWorker:
         if self.device.type != "cuda":
             return 0
         return int(torch.cuda.max_memory_allocated(self.device))
-
-    def peer_step(self, round_: int, peers: list[int], start: np.ndarray,
-                  mixed: ClientRows | None = None, train: bool = True) -> ClientRows:
-        """A D-SGD phase for this worker's ``peers``, whose models live here: take their rows
-        from ``mixed`` (a gossip result; ``start`` at first), then (``train``) run the trainer
-        from each peer's own model. Returns the peers' models as ``updates`` rows."""
-        t0 = time.perf_counter()
-        x0 = torch.from_numpy(np.array(start, dtype=np.float32))
-        for p in peers:  # new here: at the start, or moved off a lost worker
-            self.peer_x.setdefault(int(p), x0)
-        if mixed is not None:
-            pos = {int(c): i for i, c in enumerate(mixed.clients)}
-            for p in peers:
-                self.peer_x[int(p)] = torch.from_numpy(np.array(mixed.updates[pos[int(p)]]))
-        rows = np.empty((len(peers), x0.numel()), dtype=np.float32)
-        losses = np.full(len(peers), np.nan)
-        if train:
-            self.read(peers)
-        for i, p in enumerate(peers):
-            if train:
-                update, loss = self._run(round_, [self.client_data(round_, int(p))],
-                                         self.peer_x[int(p)])
-                losses[i] = loss[0]
-                self.peer_x[int(p)] = self.peer_x[int(p)] + torch.from_numpy(update[0])
-            rows[i] = self.peer_x[int(p)].numpy()
-        return ClientRows(np.asarray(peers, dtype=np.int64), rows, losses,
-                          time.perf_counter() - t0)

@@ -84,16 +84,16 @@ def test_more_threads_per_worker(tmp_path):
 def test_evaluation_threads_leave_training_alone(tmp_path, monkeypatch):
     """runtime.eval_threads: the server evaluates with that many torch threads and goes back
     to one: the model trains bit for bit as with one, and the test metrics agree."""
-    from simulator.runtime import actors
+    from simulator.runtime import evaluation
 
     seen: list[int] = []
-    real = actors.evaluate_model
+    real = evaluation.evaluate_model
 
     def spy(*args, **kwargs):
         seen.append(torch.get_num_threads())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(actors, "evaluate_model", spy)
+    monkeypatch.setattr(evaluation, "evaluate_model", spy)
     one, two = run(tmp_path), run(tmp_path, "runtime.eval_threads=2")
     assert set(seen) == {1, 2} and torch.get_num_threads() == 1
     np.testing.assert_array_equal(two.final_params, one.final_params)

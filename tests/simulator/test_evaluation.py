@@ -121,8 +121,9 @@ def test_workers_shares_combine_to_the_servers_numbers(tmp_path):
     # sample by sample (a sum of a few hundred losses is exact in float64 whatever its
     # order, so the totals alone would not show rows out of place)
     server._load_model()
-    for part, x, y, n in (("test", server.x_test, server.y_test, n_test),
-                          ("train", server.x_tr, server.y_tr, n_train)):
+    held = server.evaluation  # the server's held-out data
+    for part, x, y, n in (("test", held.x_test, held.y_test, n_test),
+                          ("train", held.x_tr, held.y_tr, n_train)):
         losses, part_hits = gather_scores(scores, part)
         own_losses, own_hits = score_spans(server.model, x, y, server.task, eval_spans(n))
         np.testing.assert_array_equal(losses, own_losses)

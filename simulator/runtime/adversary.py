@@ -1,0 +1,67 @@
+"""The Adversary actor: the Byzantine clients' rows of a round, made by the scenario's attack
+(a plain Python class: the ray backend wraps it with ``ray.remote``, the inline backend calls
+it in-process). Its rows go through the message path's client halves, as an honest client's
+do: Byzantine clients speak the protocol."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from simulator.errors import guarded
+from simulator.messages import ByzantineRows, ClientRows, stack_groups
+from simulator.plan import Plan, build_codecs
+from simulator.registry import instantiate
+from simulator.runtime.common import combine_buffers, single_thread
+from simulator.runtime.pipeline import Pipeline
+from simulator.seeding import torch_generator
+from strategies.codecs import encode_rows
+
+
+class Adversary:
+    """Produces the Byzantine rows of a round with the scenario's attack plugin."""
+
+    def __init__(self, plan: Plan) -> None:
+        single_thread()
+        assert plan.attack is not None
+        spec = plan.attack.spec
+        self.seed = plan.seed
+        self._round = 0
+        # Optimal attacks simulate the scenario's pipeline on a copy (stateful rules from the
+        # adversary's own, never-advanced state: it does not see the server's).
+        pipeline = Pipeline.from_plan(plan.pipeline, plan.seed)
+        self.attack = instantiate("attacks", spec,
+                                  aggregate=lambda x: pipeline.simulate(x, self._round))
+        # Byzantine clients poison the model's buffers (BatchNorm statistics) with the same
+        # attack, against the server's buffer rule
+        rule = plan.buffer_rule
+        self.buffer_attack = instantiate("attacks", spec,
+                                         aggregate=lambda x: combine_buffers(x, rule))
+        self.name = spec["name"]
+        self.codecs = build_codecs(plan)  # Byzantine clients send payloads as honest ones do
+
+    def _rows(self, attack: Any, seen: torch.Tensor, f: int, round_: int, purpose: str
+              ) -> np.ndarray:
+        rows = guarded("attack", self.name, attack)(
+            seen, f, torch_generator(self.seed, purpose, round_))
+        if tuple(rows.shape) != (f, seen.shape[1]):
+            raise ValueError(f"attack: returned shape {tuple(rows.shape)}, expected "
+                             f"{(f, seen.shape[1])}")
+        return encode_rows(self.codecs, rows.to(torch.float32).numpy())
+
+    def attack_rows(self, round_: int, f: int, groups: list[tuple[list[int], int]], d: int,
+                    d_buffers: int, *results: ClientRows) -> ByzantineRows:
+        """``f`` Byzantine rows (``rows``) and, for a model with buffers, their ``buffers``
+        rows. ``results`` hold the honest updates of the round (omniscient attack) or the
+        Byzantine clients' own honest updates, stacked by ``groups`` (``stack_groups``:
+        the clients of each train call and its number of results)."""
+        self._round = round_
+        rows = self._rows(self.attack, torch.from_numpy(stack_groups(groups, results, d)), f,
+                          round_, "attack")
+        buffers = None
+        if d_buffers:
+            seen = torch.from_numpy(stack_groups(groups, results, d_buffers, "buffers"))
+            buffers = self._rows(self.buffer_attack, seen, f, round_, "attack-buffers")
+        return ByzantineRows(rows, buffers)
