@@ -37,10 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from simulator.callbacks import MLflowArtifacts, MLflowMetrics, PointRun
-from simulator.config import LoadedScenario, RunPoint, ScenarioError
+from simulator.config import RunPoint, ScenarioError
+from simulator.config.load import LoadedScenario
+from simulator.config.paths import set_path
 from simulator.config.schema import Distribution, Tune, short
 from simulator.config.search import evaluations
-from simulator.config.sweep import expand, set_path
+from simulator.config.sweep import expand
 from simulator.errors import UsageError, brief_text
 from simulator.experiment import Experiment, ExperimentResult, Work
 from simulator.interrupts import raise_received, stopping_ray_tune, trap_sigterm
@@ -418,9 +420,9 @@ class TuneResult(ExperimentResult):
 
 
 def _resources(sc: Any, backend: Any, parallel: int) -> dict[str, float]:
-    from simulator.executors import _task_resources
+    from simulator.executors import task_resources
 
-    r = _task_resources(sc, backend.gpus(), parallel)
+    r = task_resources(sc, backend.gpus(), parallel)
     return {"cpu": r["num_cpus"], **({"gpu": r["num_gpus"]} if "num_gpus" in r else {})}
 
 

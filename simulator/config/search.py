@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from simulator.config.errors import Problem, ScenarioError, pydantic_problems
+from simulator.config.paths import path_problem, set_path, sweep_paths
 from simulator.config.schema import Tune
 from simulator.config.validate import validate_point
 from simulator.errors import brief
@@ -54,8 +55,6 @@ def _metric_problems(text: str, base: Any) -> list[Problem]:
 
 def _key_problems(tune: Tune, sweep: dict[str, list[Any]], base: Any) -> list[Problem]:
     """The searched paths, ``worst_over`` and ``per`` against the sweep."""
-    from simulator.config.sweep import path_problem, sweep_paths
-
     problems: list[Problem] = []
     swept = set(sweep_paths({"sweep": sweep}))
     for key in tune.space:
@@ -101,8 +100,6 @@ def _budget_problems(tune: Tune, base: Any) -> list[Problem]:
 def _corner_problems(tune: Tune, base_raw: dict, grid: list[dict[str, Any]]) -> list[Problem]:
     """Every end of a range and every choice, the other keys at their first end, validated
     at every sweep point; a problem found is reported once, at the searched key."""
-    from simulator.config.sweep import set_path
-
     first = {k: d.extremes[0] for k, d in tune.space.items()}
     seen: set[tuple[str, str]] = set()
     problems: list[Problem] = []
