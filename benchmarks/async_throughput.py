@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2)
     a = ap.parse_args()
-    from simulator.config import load
+    from simulator.config.load import load
     from simulator.engine import Engine
     from simulator.runtime.backend import InlineBackend, RayBackend
 

@@ -106,7 +106,7 @@ def blocks(text: str) -> list[Block]:
 
 def load(scenario: str, sets: Sequence[str]):  # -> LoadedScenario
     from simulator.config import ScenarioError
-    from simulator.config import load as load_scenario
+    from simulator.config.load import load as load_scenario
 
     try:
         return load_scenario(str(ROOT / scenario), list(sets))

@@ -16,7 +16,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from simulator.config import load
+from simulator.config.load import load
 from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
 

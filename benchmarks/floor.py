@@ -107,7 +107,7 @@ def fedray(workers: int, threads: int, rounds: int, backend: str = "ray"
            ) -> tuple[float, float, dict[str, float]]:
     """(steady-state seconds per round, final accuracy, the medians of the engine's round
     timings: the slowest worker's training, the server's step, the whole round)."""
-    from simulator.config import load
+    from simulator.config.load import load
     from simulator.engine import make_engine
     from simulator.runtime.backend import InlineBackend, RayBackend
 

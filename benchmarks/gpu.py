@@ -52,7 +52,7 @@ def write_images(path: Path, n: int, seed: int = 0) -> None:
 
 def run(path: Path, clients: int, workers: int, device: str, precision: str,
         model: str = "resnet18") -> dict:
-    from simulator.config import load
+    from simulator.config.load import load
     from simulator.engine import Engine
     from simulator.runtime.backend import RayBackend
 

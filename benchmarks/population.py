@@ -46,7 +46,7 @@ CONFIGS = [(100_000, 100, "all"), (100_000, 100, "cohort"), (1_000_000, 100, "co
 def one(total: int, per_round: int, load_: str, rounds: int) -> dict:
     import numpy as np
 
-    from simulator.config import load
+    from simulator.config.load import load
     from simulator.engine import Engine
     from simulator.runtime.backend import InlineBackend
 

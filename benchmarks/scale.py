@@ -35,7 +35,7 @@ runtime: {{backend: inline, state_dtype: {dtype}}}
 
 
 def one(per_round: int, dtype: str, rounds: int) -> dict:
-    from simulator.config import load
+    from simulator.config.load import load
     from simulator.engine import Engine
     from simulator.runtime.backend import InlineBackend
 

@@ -40,7 +40,7 @@ runtime: {{backend: ray, workers: {workers}}}
 
 def per_round(backend, rounds: int, per_round: int, hidden: int) -> tuple[float, int]:
     """(steady-state seconds per round, d) of one configuration on ``backend``."""
-    from simulator.config import load
+    from simulator.config.load import load
     from simulator.engine import make_engine
 
     total = max(2 * per_round, 100)

@@ -91,7 +91,7 @@ def main() -> None:
                 rounds=args.rounds, path=tmp, users=vs_pfl.USERS, cohort=vs_pfl.COHORT,
                 workers=args.workers, threads=1).replace("backend: ray", f"backend: {args.backend}"))
         restart_clock()
-        from simulator.config import load
+        from simulator.config.load import load
         from simulator.engine import Engine
         from simulator.runtime.backend import InlineBackend, RayBackend
         mark("imports")

@@ -13,7 +13,7 @@ from tempfile import TemporaryDirectory
 
 import torch
 
-from simulator.config import load
+from simulator.config.load import load
 from simulator.engine import Engine
 from simulator.messages import TrainRequest
 from simulator.runtime.backend import InlineBackend

@@ -101,7 +101,7 @@ def measure(cmd: list[str], env: dict | None = None) -> tuple[dict, float, int]:
 
 def fedray_side(scenario: str) -> None:
     """Run in a subprocess: the fedray simulation; prints one JSON line."""
-    from simulator.config import load
+    from simulator.config.load import load
     from simulator.engine import Engine
     from simulator.runtime.backend import RayBackend
 
@@ -116,7 +116,7 @@ def export(scenario: str, path: Path) -> None:
     """fedray's partition and initial weights, for the Flower side."""
     import torch
 
-    from simulator.config import load
+    from simulator.config.load import load
     from simulator.data import client_arrays
     from simulator.engine import Engine
     from simulator.models import build_model

@@ -58,7 +58,7 @@ runtime: {{backend: ray, workers: {workers}, threads: {threads}}}
 def fedray_side(scenario: str) -> None:
     """Run in a subprocess: the fedray simulation on a fresh local Ray; one JSON line."""
     t0 = time.perf_counter()
-    from simulator.config import load
+    from simulator.config.load import load
     from simulator.engine import make_engine
     from simulator.runtime.backend import RayBackend
 
@@ -76,7 +76,7 @@ def fedray_side(scenario: str) -> None:
 
 def export(scenario: str, path: Path, threads: int) -> None:
     """fedray's partition, test set and initial weights, for the pfl side."""
-    from simulator.config import load
+    from simulator.config.load import load
     from simulator.data import client_arrays
     from simulator.engine import Engine
     from simulator.models import build_model

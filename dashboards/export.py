@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dashboards.formats import latex, markdown
 from dashboards.svg import PALETTE, wants_log
 
 
@@ -230,8 +231,6 @@ def write_figures(exports: Exports, folder: Path) -> list[Path]:
 
 def write_tables(exports: Exports, folder: Path) -> list[Path]:
     """Each table as ``NAME.md`` and ``NAME.tex`` (booktabs) in ``folder``."""
-    from dashboards.tables import latex, markdown
-
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     seen: dict[str, int] = {}

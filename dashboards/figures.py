@@ -13,9 +13,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dashboards.rundata import SIM_TIME
 from dashboards.svg import line_chart
 from simulator.callbacks import Callback, PointRun
+from simulator.metric_names import SIM_TIME
 
 PANELS = [
     ("accuracy", ["test_accuracy", "averaged_test_accuracy"]),

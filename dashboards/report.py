@@ -30,11 +30,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dashboards.robust import NO_ATTACK, Cell, Robust, robust
-from dashboards.rundata import SIM_TIME, RunData
+from dashboards.rundata import RunData
 from dashboards.search import search_section
-from dashboards.stats import Summary, from_mlflow, summarize
-from dashboards.svg import heat_map, line_chart
-from simulator.metric_names import mlflow_name
+from dashboards.stats import Summary, summarize
+from dashboards.svg import MAX_SERIES, heat_map, line_chart, pick_series
+from simulator.metric_names import SIM_TIME, mlflow_name
+from simulator.reductions import from_mlflow
 
 if TYPE_CHECKING:
     from dashboards.export import Exports
@@ -45,7 +46,6 @@ CURVES = [("test_accuracy", "test accuracy"), ("test_loss", "test loss"),
           ("generalization_gap", "generalization gap (test - train loss)"),
           ("consensus_distance", "consensus distance"),
           ("epsilon", "privacy spent: epsilon at the scenario's delta")]
-MAX_SERIES = 10
 
 
 def _group(name: str) -> str:
@@ -219,20 +219,6 @@ def _time_series(groups: dict[str, list[RunData]], key: str,
     return out
 
 
-def _pick(series: list[dict]) -> tuple[list[dict], str]:
-    """Every curve, the MAX_SERIES // 2 best and worst by final value shown and the others
-    faded until their legend entry is clicked: each one is reachable."""
-    if len(series) <= MAX_SERIES:
-        return series, ""
-    ranked = sorted(range(len(series)), key=lambda i: -next(
-        (v for v in reversed(series[i]["mean"]) if math.isfinite(v)), -math.inf))
-    half = MAX_SERIES // 2
-    shown = set(ranked[:half] + ranked[-half:])
-    out = [{**s, "hidden": i not in shown} for i, s in enumerate(series)]
-    return out, (f" ({half} highest and {half} lowest final values of {len(series)} sweep "
-                 "points shown; click a faded legend entry to show its curve)")
-
-
 class SeriesOf(Protocol):
     def __call__(self, groups: dict[str, list[RunData]], key: str,
                  style: dict[str, dict[str, str]] | None = None) -> list[dict]: ...
@@ -280,7 +266,7 @@ def _time_section(page: Page, runs: list[RunData], groups: dict[str, list[RunDat
     if key is None:
         return []
     label = dict(CURVES)[key]
-    series, note = _pick(_time_series(groups, key, style))
+    series, note = pick_series(_time_series(groups, key, style))
     if not series:
         return []
     untimed = [g for g, members in groups.items()
@@ -600,7 +586,7 @@ def render(title: str, runs: list[RunData], exports: Exports | None = None,
     charts = []
     style = styles(runs)
     for key, label in CURVES:
-        series, note = _pick(_series(groups, key, style))
+        series, note = pick_series(_series(groups, key, style))
         if series:
             charts.append(page.chart(label, series, "round", key, note,
                                      _panels(runs, key) if len(series) > MAX_SERIES else None))

@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-SIM_TIME = "sim_time"  # simulated seconds since the start, each step (a run with speeds:)
-
 
 @dataclass
 class RunData:

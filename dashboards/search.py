@@ -12,7 +12,7 @@ a child run per trial (``fedray.kind=trial``, ``fedray.search``, ``fedray.trial_
 searched values as params, ``score`` at each evaluation, ``round`` its round), and a
 grandchild per point of a trial (its rounds, as ``fedray run`` logs them). A point's number
 is reduced from its history by the code ``fedray table`` reduces a run with
-(``dashboards.tables._run_value``: ``final``, ``lastK``, ``mean``, ``time_toX``), then
+(``dashboards.cells.run_value``: ``final``, ``lastK``, ``mean``, ``time_toX``), then
 averaged per seed over the point's other sweep values, and shown as mean ± std over seeds.
 """
 
@@ -27,7 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dashboards.stats import Summary, from_mlflow, summarize
+from dashboards.cells import column, histories, number, reach_cell, run_value
+from dashboards.stats import Summary, summarize
+from dashboards.svg import PALETTE, pick_series
+from simulator.metric_names import SIM_TIME
+from simulator.reductions import TimeTo, from_mlflow, lower_is_better, parse_how, parse_metrics
 
 KIND = "fedray.kind"
 OUTCOMES = ("finished", "stopped by ASHA", "failed", "interrupted", "running")
@@ -112,15 +116,11 @@ class Search:
 
     @property
     def metric(self) -> tuple[str, str]:
-        from dashboards.tables import parse_metrics
-
         ((metric, how),) = parse_metrics([self.tune.get("metric") or "test_accuracy:final"])
         return metric, how
 
     @property
     def maximize(self) -> bool:
-        from dashboards.tables import lower_is_better
-
         mode = self.tune.get("mode")
         return mode == "max" if mode else not lower_is_better(self.metric[0])
 
@@ -283,8 +283,6 @@ class BestRow:
 def _cells(client: Any, search: Search, trial: Trial, metrics: Sequence[tuple[str, str]]
            ) -> dict[str, dict[str, dict[str, float]]]:
     """Condition -> seed -> column -> the mean over the points of that seed and condition."""
-    from dashboards.rundata import SIM_TIME
-    from dashboards.tables import TimeTo, _histories, _run_value, column, parse_how
     from simulator.tracking import child_runs
 
     needs = {m for m, h in metrics if h not in ("final", "param")}
@@ -295,10 +293,10 @@ def _cells(client: Any, search: Search, trial: Trial, metrics: Sequence[tuple[st
                           finished=True):
         cond = condition(run.data.params, search.worst_over, search.scenario.get("sweep") or {})
         seed = run.data.tags.get("seed") or run.data.params.get("seed") or run.info.run_id
-        hist = _histories(client, run, needs)
+        hist = histories(client, run, needs)
         cell = acc.setdefault(cond, {}).setdefault(seed, {})
         for m, h in metrics:
-            cell.setdefault(column(m, h), []).append(_run_value(run, m, h, hist))
+            cell.setdefault(column(m, h), []).append(run_value(run, m, h, hist))
     return {c: {s: {col: statistics.fmean(v) for col, v in cols.items()}
                 for s, cols in seeds.items()} for c, seeds in acc.items()}
 
@@ -329,8 +327,6 @@ def conditions(rows: Sequence[BestRow]) -> list[str]:
 def worst(row: BestRow, search: Search) -> str | None:
     """The condition whose mean (of the search's metric) is the worst at this row's best
     setting (a condition with no number, or a diverged one, is the worst there is)."""
-    from dashboards.tables import column
-
     col = column(*search.metric)
     if not row.by_cond:
         return None
@@ -374,8 +370,6 @@ def best_table(search: Search, rows: Sequence[BestRow],
                ) -> tuple[list[str], list[list[str]]]:
     """(header, cells): per search its best values, score, trials, and per condition the
     mean ± std over seeds of each metric (the worst condition marked ``(worst)``)."""
-    from dashboards.tables import column
-
     cols = [column(*search.metric)] + [column(*m) for m in metrics or []
                                         if m != search.metric]
     conds = conditions(rows)
@@ -390,8 +384,6 @@ def best_table(search: Search, rows: Sequence[BestRow],
 
 def _best_cells(search: Search, row: BestRow, keys: list[str], cols: list[str],
                 conds: list[str]) -> list[str]:
-    from dashboards.tables import _num, reach_cell
-
     t = row.trial
     if t is None:
         return [row.search, *("-" for _ in keys), "no trial ran every evaluation",
@@ -406,7 +398,7 @@ def _best_cells(search: Search, row: BestRow, keys: list[str], cols: list[str],
                 text = reach_cell(row.values(cond, col))
             else:
                 s = row.summary(cond, col)
-                text = _num(s.mean, s.std, s.n)
+                text = number(s.mean, s.std, s.n)
             mark = i == 0 and cond == bad and len(conds) > 1
             cells.append(text + (" (worst)" if mark else ""))
     if search.worst_over:
@@ -450,8 +442,6 @@ def _numeric(values: Sequence[str | None]) -> list[float] | None:
 def _scatter(search: Search, label: str, key: str) -> tuple[list[dict], str] | None:
     """The score of each trial of a search against ``key``: a series per outcome (markers
     only), and the x label (a choice key's values by index)."""
-    from dashboards.svg import PALETTE
-
     trials = [t for t in search.trials if t.search == label and math.isfinite(t.score)]
     raw = [t.values.get(key) for t in trials]
     xs = _numeric(raw)
@@ -494,8 +484,6 @@ def search_section(page: Any, search: Search, head: list[str], body: list[list[s
     searched log-uniformly) and the ASHA rungs (score against evaluation)."""
     import html
 
-    from dashboards.report import _pick
-
     metric, how = search.metric
     out = ["<h2>Search</h2>",
            ('<p class="note">' + html.escape(
@@ -514,7 +502,7 @@ def search_section(page: Any, search: Search, head: list[str], body: list[list[s
             if found is not None:
                 charts.append(page.chart(f"{label}: score against {key}", found[0], found[1],
                                          "score", log_x="log_uniform" in dist))
-        series, note = _pick(_rungs(search, label))
+        series, note = pick_series(_rungs(search, label))
         if series:
             charts.append(page.chart(f"{label}: ASHA rungs, each trial's score at each "
                                      "evaluation (a line ends where its trial stopped)",

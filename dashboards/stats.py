@@ -7,13 +7,7 @@ import statistics
 from collections.abc import Iterable
 from typing import NamedTuple
 
-HUGE = 1e300  # MLflow stores inf as the largest float: read any value this large as inf
-
-
-def from_mlflow(value: float) -> float:
-    """A metric value as logged: MLflow's stores keep +-inf as +-1.797e308, which would read as
-    finite (and overflow any sum); this gives the infinity back."""
-    return math.copysign(math.inf, value) if abs(value) >= HUGE else value
+from simulator.reductions import from_mlflow
 
 
 class Summary(NamedTuple):

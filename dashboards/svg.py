@@ -15,6 +15,7 @@ PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
            "#7f7f7f", "#bcbd22", "#17becf"]
 # viridis at 5 stops, interpolated linearly
 VIRIDIS = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
+MAX_SERIES = 10  # curves shown at once on a line chart; pick_series fades the others
 
 
 def _esc(s: object) -> str:
@@ -178,6 +179,20 @@ def _scales(r: tuple[float, float, float, float], box: tuple[float, float, float
         return top + (1 - (y - y0) / (y1 - y0)) * ph
 
     return sx, sy
+
+
+def pick_series(series: list[dict]) -> tuple[list[dict], str]:
+    """Every curve, the MAX_SERIES // 2 best and worst by final value shown and the others
+    faded until their legend entry is clicked: each one is reachable."""
+    if len(series) <= MAX_SERIES:
+        return series, ""
+    ranked = sorted(range(len(series)), key=lambda i: -next(
+        (v for v in reversed(series[i]["mean"]) if math.isfinite(v)), -math.inf))
+    half = MAX_SERIES // 2
+    shown = set(ranked[:half] + ranked[-half:])
+    out = [{**s, "hidden": i not in shown} for i, s in enumerate(series)]
+    return out, (f" ({half} highest and {half} lowest final values of {len(series)} sweep "
+                 "points shown; click a faded legend entry to show its curve)")
 
 
 def line_chart(title: str, series: Sequence[dict], x_label: str = "round", y_label: str = "",

@@ -42,17 +42,19 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dashboards.rundata import SIM_TIME
-from dashboards.stats import Summary, from_mlflow, summarize
+from dashboards.cells import column, histories, number, reach_cell, run_value
+from dashboards.formats import csv_text, latex, markdown
+from dashboards.search import best_points, find_search, load_search, search_table
+from dashboards.stats import Summary, summarize
 from simulator.errors import FedrayError
 from simulator.log import logger, to_stderr
-from simulator.metric_names import mlflow_name, plain_name
+from simulator.metric_names import SIM_TIME, mlflow_name, plain_name
+from simulator.reductions import TimeTo, parse_how, parse_metrics
 
 DEFAULT: list[tuple[str, str]] = [
     ("test_accuracy", "final"),
@@ -61,145 +63,11 @@ DEFAULT: list[tuple[str, str]] = [
 ]
 
 
-LOWER_IS_BETTER = ("loss", "perplexity", "error", "distance")
-
-
-def lower_is_better(metric: str) -> bool:
-    """Whether a smaller value of ``metric`` is the better one: its name ends in loss,
-    perplexity, error or distance (``test_loss``, ``relative_aggregation_error``,
-    ``consensus_distance``)."""
-    return plain_name(metric).endswith(LOWER_IS_BETTER)
-
-
-@dataclass(frozen=True)
-class TimeTo:
-    """``time_toX``: the simulated time at which a metric first reaches ``threshold``."""
-
-    threshold: float
-
-    @property
-    def how(self) -> str:
-        """The canonical spelling (``time_to0.90`` and ``time_to0.9`` are one column)."""
-        return f"time_to{self.threshold:.12g}"
-
-
-def parse_how(how: str) -> int | str | TimeTo:
-    """``final`` | ``mean`` | ``sum`` | ``param`` | ``lastK`` (K >= 1, returned as int) |
-    ``time_toX`` (X a finite number, also written ``time_to:X``; returned as TimeTo)."""
-    m = re.fullmatch(r"last(\d+)", how)
-    if m and int(m.group(1)) >= 1:
-        return int(m.group(1))
-    if how in ("final", "mean", "sum", "param"):
-        return how
-    if how.startswith("time_to"):
-        text = how.removeprefix("time_to").removeprefix(":")
-        try:
-            x = float(text)
-        except ValueError:
-            x = math.nan
-        if not math.isfinite(x):
-            raise ValueError(f"time_toX needs a number X, the threshold (time_to0.9), got "
-                             f"{how!r}")
-        return TimeTo(x)
-    raise ValueError(f"how must be one of final, mean, sum, param, lastK (K >= 1) or "
-                     f"time_toX (X a number), got {how!r}")
-
-
-def column(metric: str, how: str) -> str:
-    """A column's name: ``test_accuracy (last 5)``, ``test_loss (simulated s to ≤ 0.3)``."""
-    k = parse_how(how)
-    if isinstance(k, TimeTo):
-        sign = "≤" if lower_is_better(metric) else "≥"
-        return f"{metric} (simulated s to {sign} {k.threshold:.12g})"
-    return f"{metric} ({'last ' + str(k) if isinstance(k, int) else k})"
-
-
-def parse_metrics(items: Sequence[str]) -> list[tuple[str, str]]:
-    """``["test_accuracy:last5", ...]`` -> ``[("test_accuracy", "last5"), ...]``; the same
-    metric and how twice is refused (no silent merge). ``time_to:X`` (issue #30's spelling)
-    is ``test_accuracy:time_toX``; a ``time_toX`` how is returned in its canonical form."""
-    out: list[tuple[str, str]] = []
-    for item in items:
-        metric, _, how = item.partition(":")
-        if metric == "time_to":  # time_to:0.9
-            metric, how = "test_accuracy", "time_to" + how
-        if not metric:
-            raise ValueError(f"--metrics {item}: METRIC:HOW")
-        try:
-            k = parse_how(how or "final")
-        except ValueError as e:
-            raise ValueError(f"--metrics {item}: {e}") from None
-        if isinstance(k, TimeTo):
-            how = k.how
-        pair = (plain_name(metric), how or "final")  # eval/test_accuracy or test_accuracy
-        if pair in out:
-            raise ValueError(f"--metrics {item}: given twice")
-        out.append(pair)
-    return out
-
-
 def _value(run: Any, key: str) -> str:
     """A tag (the short form: ``preaggregators`` -> ``nnm``), else a param, of ``run``."""
     if key in run.data.tags:
         return run.data.tags[key]
     return run.data.params.get(key, "?")
-
-
-def run_summary(history: Sequence[float], how: str, final: float = math.nan,
-                param: str | None = None) -> float:
-    """One run's number for ``how`` from its metric ``history`` (values in step order)."""
-    k = parse_how(how)
-    if k == "param":
-        try:
-            return float(param if param is not None else "nan")
-        except ValueError:
-            return math.nan
-    if k == "final":
-        return from_mlflow(final) if not math.isnan(final) else \
-            (from_mlflow(history[-1]) if history else math.nan)
-    values = [from_mlflow(v) for v in history]
-    if not values:
-        return math.nan
-    if isinstance(k, TimeTo):
-        raise TypeError("time_toX needs the steps of the history: see time_to")
-    if isinstance(k, int):
-        return statistics.fmean(values[-k:])
-    return float(sum(values) if k == "sum" else statistics.fmean(values))
-
-
-def time_to(history: Sequence[tuple[int, float]], sim_time: Sequence[tuple[int, float]],
-            threshold: float, lower: bool = False) -> float:
-    """The simulated time at which a metric first reaches ``threshold``: ``sim_time`` at the
-    first step, in step order, whose value is >= ``threshold`` (<= when ``lower``: a loss);
-    inf when no step's is. Both histories are (step, value) pairs in any order, matched by
-    step, never by position (an evaluated metric may be logged every k steps, the clock
-    every step); a reached step without a ``sim_time`` is an error naming the step."""
-    clock = dict(sim_time)
-    for step, raw in sorted(history, key=lambda p: p[0]):
-        v = from_mlflow(raw)
-        if v <= threshold if lower else v >= threshold:  # nan reaches nothing
-            if step not in clock:
-                raise ValueError(f"it reaches {threshold:.12g} at step {step}, where no "
-                                 f"{SIM_TIME} was logged")
-            return from_mlflow(clock[step])
-    return math.inf
-
-
-def reach_cell(values: Sequence[float]) -> str:
-    """A ``time_toX`` cell: mean ± std over the seeds that reached X and how many of the
-    seeds did (``41.200 ± 3.100 (2 of 3 reached; 1 never)``); ``never (0 of 3 reached)`` when
-    none did. A seed that never reached X (inf) is counted, never averaged in as a number;
-    a missing value (nan: the run did not log the metric) is left out."""
-    logged = [v for v in values if not math.isnan(v)]
-    if not logged:
-        return "-"
-    reached = [v for v in logged if math.isfinite(v)]
-    n, k = len(logged), len(reached)
-    if not reached:
-        return f"never (0 of {n} reached)"
-    s = summarize(reached)
-    return _num(s.mean, s.std, k) + f" ({k} of {n} reached" + \
-        (f"; {n - k} never)" if k < n else ")")
 
 
 @dataclass
@@ -211,18 +79,6 @@ class Row:
 
     def summary(self, col: str) -> Summary:
         return summarize(v[col] for v in self.by_seed.values())
-
-
-def _histories(client: Any, run: Any, metrics: set[str]
-               ) -> dict[str, list[tuple[int, float]]]:
-    """Each metric's (step, value) pairs in step order (a step logged twice, by a resumed
-    run: in the order logged)."""
-    out = {}
-    for m in metrics:
-        hist = sorted(client.get_metric_history(run.info.run_id, mlflow_name(m)),
-                      key=lambda x: (x.step, x.timestamp))
-        out[m] = [(int(h.step), h.value) for h in hist]
-    return out
 
 
 def _children(client: Any, experiment: str, parent_run_id: str | None,
@@ -262,8 +118,6 @@ def _search_points(client: Any, experiment_id: str, parent_run_id: str | None
     """When the run to show (``parent_run_id``, default: the experiment's newest parent) is
     a search's (``fedray tune``): the FINISHED points of each search's best trial; None
     otherwise."""
-    from dashboards.search import best_points, find_search, load_search
-
     parent = find_search(client, experiment_id, parent_run_id)
     if parent is None:
         return None
@@ -334,27 +188,9 @@ def collect_rows(experiment: str, by: Sequence[str], metrics: Sequence[tuple[str
         other = seen.setdefault((key, seed), run)
         if other is not run:
             raise ValueError(_mixed(by, key, seed, other, run))
-        hist = _histories(client, run, needs)
-        row.by_seed[seed] = {column(m, h): _run_value(run, m, h, hist) for m, h in metrics}
+        hist = histories(client, run, needs)
+        row.by_seed[seed] = {column(m, h): run_value(run, m, h, hist) for m, h in metrics}
     return list(rows.values())
-
-
-def _run_value(run: Any, metric: str, how: str,
-               hist: dict[str, list[tuple[int, float]]]) -> float:
-    """One run's number for the column (metric, how)."""
-    k = parse_how(how)
-    if isinstance(k, TimeTo):
-        if not hist.get(metric):
-            return math.nan  # this run did not log the metric: a missing value
-        try:
-            return time_to(hist[metric], hist.get(SIM_TIME, []), k.threshold,
-                           lower_is_better(metric))
-        except ValueError as e:
-            raise ValueError(f"--metrics {metric}:{how}: run {run.info.run_name} "
-                             f"({run.info.run_id}): {metric} {e}") from None
-    return run_summary([v for _, v in hist.get(metric, [])], how,
-                       float(run.data.metrics.get(mlflow_name(metric), math.nan)),
-                       run.data.params.get(metric))
 
 
 def _mixed(by: Sequence[str], key: tuple[str, ...], seed: str, a: Any, b: Any) -> str:
@@ -408,18 +244,6 @@ def baseline_of(rows: Sequence[Row], row: Row, key: str, value: str) -> Row | No
     return next((r for r in rows if r.key == want), None)
 
 
-def _num(mean: float, std: float, n: int) -> str:
-    """``mean ± std`` over ``n`` values; one value has no spread, so none is shown (it read
-    ``± 0.000``, as if the seeds agreed)."""
-    if math.isnan(mean):
-        return "-"
-    wide = abs(mean) >= 1e4 or (0 < abs(mean) < 1e-3)
-    text = f"{mean:.3g}" if wide else f"{mean:.3f}"
-    if n < 2:
-        return text
-    return text + (f" ± {std:.2g}" if wide else f" ± {std:.3f}")
-
-
 def table(rows: Sequence[Row], by: Sequence[str], metrics: Sequence[tuple[str, str]],
           paired: tuple[str, str] | None = None) -> tuple[list[str], list[list[str]]]:
     """(header, cells): the ``by`` keys, seeds, each column as mean ± std, and with
@@ -443,7 +267,7 @@ def table(rows: Sequence[Row], by: Sequence[str], metrics: Sequence[tuple[str, s
                 else:
                     d = paired_difference(r, base, c)
                     why = "never reached" if reach[c] else "not finite"
-                    cells.append(_num(d.mean, d.std, d.n) + f" ({d.n} pairs"
+                    cells.append(number(d.mean, d.std, d.n) + f" ({d.n} pairs"
                                  + (f", {d.unpaired} unpaired" if d.unpaired else "")
                                  + (f"; {d.infinite} left out: {why}" if d.infinite else "")
                                  + ")")
@@ -455,46 +279,7 @@ def _cell(row: Row, col: str, reach: bool) -> str:
     """A row's cell: mean ± std over seeds, or for a ``time_toX`` column ``reach_cell``."""
     if reach:
         return reach_cell([v.get(col, math.nan) for v in row.by_seed.values()])
-    return _num(*row.summary(col)[:3])
-
-
-def markdown(head: Sequence[str], body: Sequence[Sequence[str]], keys: int) -> str:
-    lines = ["| " + " | ".join(head) + " |",
-             "|" + "---|" * keys + "---:|" * (len(head) - keys)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in body]
-    return "\n".join(lines)
-
-
-TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
-       "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
-       "^": r"\textasciicircum{}", "±": r"$\pm$", "Δ": r"$\Delta$", "≥": r"$\geq$",
-       "≤": r"$\leq$"}
-
-
-def _tex(text: str) -> str:
-    """``text`` with LaTeX's special characters escaped."""
-    return "".join(TEX.get(ch, ch) for ch in text)
-
-
-def latex(head: Sequence[str], body: Sequence[Sequence[str]], keys: int) -> str:
-    """A booktabs table (``\\usepackage{booktabs}``)."""
-    spec = "l" * keys + "r" * (len(head) - keys)
-    lines = [rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
-             " & ".join(_tex(h) for h in head) + r" \\", r"\midrule"]
-    lines += [" & ".join(_tex(c) for c in cells) + r" \\" for cells in body]
-    lines += [r"\bottomrule", r"\end{tabular}"]
-    return "\n".join(lines)
-
-
-def csv_text(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
-    import csv
-    import io
-
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(head)
-    writer.writerows(body)
-    return buf.getvalue().rstrip("\n")
+    return number(*row.summary(col)[:3])
 
 
 def pivot_markdown(rows: Sequence[Row], by: Sequence[str], column_key: str, col: str,
@@ -552,8 +337,6 @@ def _print(head: Sequence[str], body: Sequence[Sequence[str]], keys: int, fmt: s
 def search_main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """``fedray table`` without ``--by``: the search's best settings (dashboards/search.py);
     a sweep needs ``--by``."""
-    from dashboards.search import search_table
-
     if args.paired or args.pivot:
         p.error("--paired and --pivot need --by")
     try:

@@ -18,7 +18,8 @@ from pathlib import Path
 import simulator
 from simulator import registry
 from simulator.checkpoint import WorkingDirectoryGone
-from simulator.config import LoadedScenario, ScenarioError, load
+from simulator.config import ScenarioError
+from simulator.config.load import LoadedScenario, load
 from simulator.errors import (
     ClientStateLost,
     DataError,
@@ -327,7 +328,7 @@ def _table(argv: list[str]) -> int:
 def cmd_fetch(args: argparse.Namespace) -> int:
     """Fetch and check the published files a scenario needs (``download: true``), and say
     which were fetched now and which were there already; nothing else runs."""
-    from simulator.data import fetch
+    from simulator.data.prepare import fetch
 
     loaded = _load(args)
     if loaded is None:

@@ -92,7 +92,7 @@ def _simulate(scenario: Scenario, label: str = "", resume: dict[str, Any] | None
         return engine.run(bar.update if bar is not None else None, None, resume)
 
 
-def _task_resources(sc: Scenario, gpus: float, parallel: int) -> dict[str, float]:
+def task_resources(sc: Scenario, gpus: float, parallel: int) -> dict[str, float]:
     """A sweep point's Ray task: ``runtime.num_cpus`` CPUs and, for a point on a GPU, its
     ``num_gpus`` or the cluster's GPUs shared out among the points run at once."""
     from simulator.runtime.backend import gpu_share
@@ -127,7 +127,7 @@ class TaskExecutor:
                 while todo and len(pending) < self.cap:
                     token, work = todo.pop(0)
                     self.live[token] = exp.start(work, self.backend, tmp / str(token))
-                    resources = _task_resources(work.point.scenario, self.backend.gpus(),
+                    resources = task_resources(work.point.scenario, self.backend.gpus(),
                                                 self.cap)
                     logger.debug("%s: a Ray task with %s%s", work.label, resources,
                                  f", from round {work.state['round'] + 2}" if work.state else "")

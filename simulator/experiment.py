@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from simulator.callbacks import Callback, PointRun
-from simulator.config import LoadedScenario, RunPoint
+from simulator.config import RunPoint
+from simulator.config.load import LoadedScenario
 from simulator.interrupts import Unfinished, carry_unfinished, end_status
 from simulator.layout import Opening, point_key, sweep_key
 from simulator.log import logger

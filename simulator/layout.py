@@ -14,7 +14,8 @@ from typing import Any
 import yaml
 
 import simulator
-from simulator.config import LoadedScenario, RunPoint
+from simulator.config import RunPoint
+from simulator.config.load import LoadedScenario
 from simulator.config.schema import Tracking
 from simulator.tracking import Tracker, check_uri, flatten, git_commit
 

@@ -32,6 +32,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 }
 MLFLOW = {name: f"{section}/{name}" for section, names in SECTIONS.items() for name in names}
 PLAIN = {v: k for k, v in MLFLOW.items()}
+SIM_TIME = "sim_time"  # simulated seconds since the start, each step (a run with speeds:)
 
 
 def mlflow_name(name: str) -> str:

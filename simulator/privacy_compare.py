@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from simulator.config import load
+from simulator.config.load import load
 from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
 from strategies.privacy import advantage, delta_divergence, excess_bayes_vulnerability

@@ -11,7 +11,8 @@ from typing import Any
 import yaml
 
 from simulator.callbacks import Callback, default_callbacks
-from simulator.config import RunPoint, Scenario, expand
+from simulator.config import RunPoint, Scenario
+from simulator.config.sweep import expand
 from simulator.errors import FedrayError
 from simulator.executors import PoolExecutor
 from simulator.experiment import Experiment, ExperimentResult, Work
@@ -73,8 +74,8 @@ def resume_run(run_id: str, tracking_uri: str | None = None, backend_name: str |
 
 def _fetch_data(tracker: Tracker, point: str | None, parent: str | None) -> None:
     """The published files the resumed point and its parent's points need, fetched and
-    checked (``simulator.data.fetch``) before any run is opened again."""
-    from simulator.data import fetch
+    checked (``simulator.data.prepare.fetch``) before any run is opened again."""
+    from simulator.data.prepare import fetch
 
     with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
         scenarios = [_logged_scenario(tracker, point, Path(tmp))] if point else []

@@ -13,8 +13,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from simulator.callbacks import Callback, default_callbacks
-from simulator.config import LoadedScenario
-from simulator.data import fetch
+from simulator.config.load import LoadedScenario
+from simulator.data.prepare import fetch
 from simulator.errors import UsageError
 from simulator.executors import PoolExecutor, TaskExecutor
 from simulator.experiment import Experiment, ExperimentResult, Work, final_text, summary

@@ -37,15 +37,25 @@ from pathlib import Path
 from typing import Any
 
 from simulator.callbacks import MLflowArtifacts, MLflowMetrics, PointRun
-from simulator.config import LoadedScenario, RunPoint, ScenarioError
+from simulator.config import RunPoint, ScenarioError
+from simulator.config.load import LoadedScenario
+from simulator.config.paths import set_path
 from simulator.config.schema import Distribution, Tune, short
 from simulator.config.search import evaluations
-from simulator.config.sweep import expand, set_path
+from simulator.config.sweep import expand
 from simulator.errors import UsageError, brief_text
 from simulator.experiment import Experiment, ExperimentResult, Work
 from simulator.interrupts import raise_received, stopping_ray_tune, trap_sigterm
 from simulator.layout import Opening, sweep_key
 from simulator.log import logger
+from simulator.reductions import (
+    TimeTo,
+    lower_is_better,
+    parse_how,
+    parse_metrics,
+    run_summary,
+    time_to,
+)
 from simulator.tracking import Tracker, default_uri, flatten
 
 # the Tune loggers fedray does not use (its results go to MLflow), before Ray Tune is imported
@@ -95,14 +105,12 @@ def trial_points(raw: dict, group: dict[str, Any], config: dict[str, Any]) -> li
 
 class Score:
     """A trial's score from its points' rounds: ``metric`` reduced per point (``HOW`` as
-    ``fedray table`` reduces a run's history, ``dashboards.tables``), then the mean over
+    ``fedray table`` reduces a run's history, ``simulator.reductions``), then the mean over
     the points, or with ``worst_over`` the worst over those keys' values of the mean over
     the rest (ByzFL's worst case). A point with no number (a diverged run: nan) counts as
     the worst number there is (-inf when maximizing)."""
 
     def __init__(self, tune: Tune, points: list[RunPoint]) -> None:
-        from dashboards.tables import parse_metrics
-
         ((self.metric, self.how),) = parse_metrics([tune.metric])
         self.maximize = tune.mode == "max"
         cells: dict[str, list[int]] = {}
@@ -113,8 +121,6 @@ class Score:
 
     def point_value(self, rows: list[dict[str, float]]) -> float:
         """One point's number from its rows so far."""
-        from dashboards.tables import TimeTo, lower_is_better, parse_how, run_summary, time_to
-
         k = parse_how(self.how)
         if isinstance(k, TimeTo):
             hist = [(r, row[self.metric]) for r, row in enumerate(rows) if self.metric in row]
@@ -414,9 +420,9 @@ class TuneResult(ExperimentResult):
 
 
 def _resources(sc: Any, backend: Any, parallel: int) -> dict[str, float]:
-    from simulator.executors import _task_resources
+    from simulator.executors import task_resources
 
-    r = _task_resources(sc, backend.gpus(), parallel)
+    r = task_resources(sc, backend.gpus(), parallel)
     return {"cpu": r["num_cpus"], **({"gpu": r["num_gpus"]} if "num_gpus" in r else {})}
 
 

@@ -11,10 +11,14 @@ Validation runs in three passes, each collecting every error it finds:
 
 Every error is one line, ``file:line: dotted.path: message`` (``errors``); ``sweep`` expands
 a grid x seeds into run points and ``load`` reads a file with its ``--set`` overrides.
+
+This package hands on only the scenario's types (``schema``) and its errors (``errors``),
+which import nothing else of the package: ``simulator.plan`` and the clock import the schema,
+and the checks import them, so handing on ``load`` or ``validate`` here would close a cycle.
+Import those from their modules (``from simulator.config.load import load``).
 """
 
 from simulator.config.errors import Problem, ScenarioError
-from simulator.config.load import LoadedScenario, json_schema, load, parse_override, read_yaml
 from simulator.config.schema import (
     DSGD,
     BHat,
@@ -28,11 +32,8 @@ from simulator.config.schema import (
     ServerSettings,
     Stragglers,
 )
-from simulator.config.sweep import expand, set_path
-from simulator.config.validate import validate_point
 
 __all__ = [
-    "DSGD", "BHat", "Clients", "Data", "Evaluation", "LoadedScenario", "Local", "Problem",
-    "RunPoint", "Runtime", "Scenario", "ScenarioError", "ServerSettings", "Stragglers", "expand",
-    "json_schema", "load", "parse_override", "read_yaml", "set_path", "validate_point",
+    "DSGD", "BHat", "Clients", "Data", "Evaluation", "Local", "Problem", "RunPoint", "Runtime",
+    "Scenario", "ScenarioError", "ServerSettings", "Stragglers",
 ]

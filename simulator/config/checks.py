@@ -9,24 +9,15 @@ import functools
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from simulator import registry
 from simulator.config.errors import Problem, problem
 from simulator.config.schema import MODES, Scenario, default_at
 from simulator.errors import DataError, brief_text
+from simulator.plan import Plan, resolve
 from simulator.registry import instantiate
 from simulator.sampling import byzantine_clients
-
-if TYPE_CHECKING:  # simulator.plan imports the schema, whose package imports this module
-    from simulator.plan import Plan
-
-
-def resolve(sc: Scenario) -> Plan:
-    """The Plan the run of ``sc`` will follow (``simulator.plan.resolve``)."""
-    from simulator.plan import resolve as plan_of
-
-    return plan_of(sc)
 
 
 def cross_field(sc: Scenario, problems: list[Problem]) -> None:
@@ -229,7 +220,7 @@ def _check_cohort(sc: Scenario, problems: list[Problem]) -> None:
 
 
 @functools.lru_cache(maxsize=16)
-def _describe(dataset: str, total: int, seed: int, test_fraction: float) -> Any:
+def describe_dataset(dataset: str, total: int, seed: int, test_fraction: float) -> Any:
     """The dataset's DatasetInfo (cached: every sweep point of a file asks for the same)."""
     return instantiate("datasets", json.loads(dataset)).describe(total, seed, test_fraction)
 
@@ -242,8 +233,8 @@ def _check_data_and_model(sc: Scenario, plan: Plan, problems: list[Problem]) -> 
     c = sc.clients
     try:
         seed = sc.seeds[0] if sc.seeds else 0  # no seeds: reported by cross_field
-        info = _describe(json.dumps(sc.data.dataset, sort_keys=True), c.total, seed,
-                         sc.data.test_fraction)
+        info = describe_dataset(json.dumps(sc.data.dataset, sort_keys=True), c.total, seed,
+                                sc.data.test_fraction)
     except (DataError, ValueError) as e:
         problems.append(problem(("data", "dataset"), e))
         return

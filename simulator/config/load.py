@@ -10,8 +10,9 @@ from typing import Any
 import yaml
 
 from simulator.config.errors import Loc, Problem, ScenarioError
+from simulator.config.paths import MAX_DEPTH, path_problem, set_path, sweep_paths
 from simulator.config.schema import RunPoint, Scenario
-from simulator.config.sweep import MAX_DEPTH, expand, path_problem, set_path, sweep_paths
+from simulator.config.sweep import expand
 from simulator.config.validate import PLUGIN_FIELDS, get_path, plugin_class
 from simulator.errors import brief, brief_text
 

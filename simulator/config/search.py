@@ -15,10 +15,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from simulator.config.errors import Problem, ScenarioError, pydantic_problems
+from simulator.config.paths import path_problem, set_path, sweep_paths
 from simulator.config.schema import Tune
 from simulator.config.validate import validate_point
 from simulator.errors import brief
 from simulator.metric_names import MLFLOW
+from simulator.reductions import TimeTo, lower_is_better, parse_how, parse_metrics
 
 # paths a search cannot set: the scenario's identity and its blocks of points
 UNSEARCHABLE = ("name", "description", "seeds", "sweep", "tune")
@@ -33,8 +35,6 @@ def evaluations(rounds: int, every: int) -> int:
 def _metric_problems(text: str, base: Any) -> list[Problem]:
     """The metric: a name a round logs, a HOW a trial can score (``time_toX`` needs the
     simulated clock)."""
-    from dashboards.tables import TimeTo, parse_metrics
-
     loc = ("tune", "metric")
     try:
         ((metric, how),) = parse_metrics([text])
@@ -43,8 +43,6 @@ def _metric_problems(text: str, base: Any) -> list[Problem]:
     if metric not in MLFLOW:
         names = ", ".join(sorted(MLFLOW))
         return [Problem(loc, f"{brief(metric)} is not a metric a round logs; one of {names}")]
-    from dashboards.tables import parse_how
-
     k = parse_how(how)
     if k in ("sum", "param"):
         return [Problem(loc, f"HOW must be one of {HOWS}, got {how!r}")]
@@ -57,8 +55,6 @@ def _metric_problems(text: str, base: Any) -> list[Problem]:
 
 def _key_problems(tune: Tune, sweep: dict[str, list[Any]], base: Any) -> list[Problem]:
     """The searched paths, ``worst_over`` and ``per`` against the sweep."""
-    from simulator.config.sweep import path_problem, sweep_paths
-
     problems: list[Problem] = []
     swept = set(sweep_paths({"sweep": sweep}))
     for key in tune.space:
@@ -104,8 +100,6 @@ def _budget_problems(tune: Tune, base: Any) -> list[Problem]:
 def _corner_problems(tune: Tune, base_raw: dict, grid: list[dict[str, Any]]) -> list[Problem]:
     """Every end of a range and every choice, the other keys at their first end, validated
     at every sweep point; a problem found is reported once, at the searched key."""
-    from simulator.config.sweep import set_path
-
     first = {k: d.extremes[0] for k, d in tune.space.items()}
     seen: set[tuple[str, str]] = set()
     problems: list[Problem] = []
@@ -149,8 +143,6 @@ def check_tune(raw: Any, base_raw: dict, base: Any, sweep: dict[str, list[Any]],
     if problems:
         raise ScenarioError(problems)
     if tune.mode is None:
-        from dashboards.tables import lower_is_better, parse_metrics
-
         ((metric, _),) = parse_metrics([tune.metric])
         tune = tune.model_copy(update={"mode": "min" if lower_is_better(metric) else "max"})
     return tune

@@ -9,42 +9,13 @@ import math
 from typing import Any
 
 from simulator.config.errors import Loc, Problem, ScenarioError
+from simulator.config.paths import path_problem, set_path, sweep_parts
 from simulator.config.schema import MAX_RUN_NAME, RunPoint, Scenario, check_name, short
+from simulator.config.search import check_tune
 from simulator.config.validate import validate_point
 from simulator.errors import brief
 
-
-def set_path(d: dict, dotted: str, value: Any) -> None:
-    """Set ``d[a][b][c] = value`` for ``dotted = "a.b.c"``, creating mappings as needed."""
-    parts = dotted.split(".")
-    cur = d
-    for p in parts[:-1]:
-        if not isinstance(cur.get(p), dict):
-            cur[p] = {}
-        cur = cur[p]
-    cur[parts[-1]] = value
-
-
 MAX_POINTS = 10_000  # sweep points of one scenario file
-# levels of nesting of a scenario (a plugin block's list of lists is 4 or 5 deep), and parts
-# of a dotted path; PyYAML's composer and every walk after it recurse once per level
-MAX_DEPTH = 32
-
-
-def path_problem(dotted: str) -> str | None:
-    """What is wrong with a dotted path (``--set`` or a sweep key), or None."""
-    parts = dotted.split(".")
-    if len(parts) > MAX_DEPTH:
-        return f"a path of {len(parts)} parts; a scenario is at most {MAX_DEPTH} levels deep"
-    if not all(parts):
-        return "an empty part in a dotted path"
-    return None
-
-
-def _sweep_parts(key: str) -> list[str]:
-    """The dotted paths of a sweep key: ``"local.steps, local.lr"`` zips two paths (each value
-    of that key is a list with one value per path); a plain key is one path."""
-    return [part.strip() for part in key.split(",")]
 
 
 def _check_sweep(raw: dict) -> dict[str, list[Any]]:
@@ -60,11 +31,11 @@ def _check_sweep(raw: dict) -> dict[str, list[Any]]:
         if not isinstance(v, list) or not v:
             problems.append(Problem(("sweep", k), f"must be a non-empty list of values, got {brief(v)}"))
             continue
-        bad_path = next((m for part in _sweep_parts(k) if (m := path_problem(part))), None)
+        bad_path = next((m for part in sweep_parts(k) if (m := path_problem(part))), None)
         if bad_path:
             problems.append(Problem(("sweep", k), bad_path))
             continue
-        width = len(_sweep_parts(k))
+        width = len(sweep_parts(k))
         bad = [e for e in v if width > 1 and (not isinstance(e, list) or len(e) != width)]
         if bad:
             problems.append(Problem(("sweep", k), f"zips {width} paths: each value must be a "
@@ -78,17 +49,10 @@ def _check_sweep(raw: dict) -> dict[str, list[Any]]:
     return sweep
 
 
-def sweep_paths(raw: Any) -> list[str]:
-    """The dotted paths a mapping's ``sweep`` sets (zipped keys split into their paths)."""
-    sweep = raw.get("sweep") if isinstance(raw, dict) else None
-    return [part for k in sweep for part in _sweep_parts(str(k))] \
-        if isinstance(sweep, dict) else []
-
-
 def _sweep_key_of(problem: Problem, keys: list[str]) -> str | None:
     """The sweep key whose paths reach the problem's location, if any."""
     dotted = ".".join(map(str, problem.loc))
-    return next((k for k in keys for part in _sweep_parts(k)
+    return next((k for k in keys for part in sweep_parts(k)
                  if dotted == part or dotted.startswith(part + ".")
                  or part.startswith(dotted + ".")), None)
 
@@ -100,7 +64,7 @@ def _grid(sweep: dict[str, list[Any]]) -> list[dict[str, Any]]:
     for combo in itertools.product(*(sweep[k] for k in keys)) if keys else [()]:
         values: dict[str, Any] = {}
         for k, v in zip(keys, combo):
-            parts = _sweep_parts(k)
+            parts = sweep_parts(k)
             values.update(zip(parts, v) if len(parts) > 1 else {k: v})
         out.append(values)
     return out
@@ -164,8 +128,6 @@ def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
     assert base is not None
     tune = None
     if raw.get("tune") is not None:
-        from simulator.config.search import check_tune
-
         tune = check_tune(raw["tune"], base_raw, base, sweep, grid).model_dump(mode="json")
     full = Scenario.model_validate({**base.model_dump(mode="json"), "sweep": sweep,
                                     "tune": tune})

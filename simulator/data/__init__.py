@@ -21,13 +21,11 @@ import pyarrow as pa
 
 from simulator import registry
 from simulator.data.datasets import DataError, DatasetSplit
-from simulator.data.prepare import FetchedFile, fetch
 from simulator.errors import UsageError
 from simulator.messages import EvalData
 from strategies.protocols import Population, PopulationDataset, gather
 
-__all__ = ["DataError", "DatasetSplit", "FederatedData", "FetchedFile", "TableSource", "build",
-           "client_arrays", "fetch"]
+__all__ = ["DataError", "DatasetSplit", "FederatedData", "TableSource", "build", "client_arrays"]
 
 TRAIN_EVAL_MAX = 10_000
 TEST_MAX = 10_000  # data.load cohort: held-out samples of the evaluation clients, at most
@@ -112,9 +110,9 @@ def client_table(flat: np.ndarray, y: np.ndarray, sizes: np.ndarray) -> tuple[pa
     """The table over ``flat`` (``(rows, width)``, in client order, stored dtypes) and
     ``y`` without a copy, ``sizes[k]`` rows of client ``k``; and the row offsets."""
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    xs = pa.FixedSizeListArray.from_arrays(_arrow(flat.reshape(-1)), flat.shape[1])
+    xs = pa.FixedSizeListArray.from_arrays(arrow_view(flat.reshape(-1)), flat.shape[1])
     client = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
-    return pa.table({"client": _arrow(client), "x": xs, "y": _arrow(y)}), offsets
+    return pa.table({"client": arrow_view(client), "x": xs, "y": arrow_view(y)}), offsets
 
 
 CHUNK = 4096  # clients generated or read at a time when a population is loaded whole
@@ -158,7 +156,7 @@ def _whole(pop: Population, seed: int) -> FederatedData:
     )
 
 
-def _arrow(a: np.ndarray) -> pa.Array:
+def arrow_view(a: np.ndarray) -> pa.Array:
     """A contiguous 1-D numeric array as an Arrow array over the same memory. ``pa.array``
     would do the same, but its first call imports pandas (0.4 s) to ask whether ``a`` is a
     pandas object."""

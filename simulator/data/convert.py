@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from simulator import registry
-from simulator.data import _arrow
+from simulator.data import arrow_view
 from simulator.errors import DataError
 
 ROW_GROUP = 256  # rows (about 1.3 FEMNIST writers): a cohort of k clients reads ~1.3k groups
@@ -61,10 +61,11 @@ def _table(x: np.ndarray, y: np.ndarray, clients: np.ndarray) -> pa.Table:
     # pixels as fixed-size bytes: Parquet decodes them 4-8x faster than a list of uint8
     xs = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(flat),
                                               [None, pa.py_buffer(flat)]) \
-        if dtype == np.uint8 else pa.FixedSizeListArray.from_arrays(_arrow(flat.reshape(-1)), width)
+        if dtype == np.uint8 else \
+        pa.FixedSizeListArray.from_arrays(arrow_view(flat.reshape(-1)), width)
     return pa.table({"x": xs,
-                     "label": _arrow(np.ascontiguousarray(y[order], dtype=np.int64)),
-                     "client": _arrow(np.ascontiguousarray(clients[order], dtype=np.int64))})
+                     "label": arrow_view(np.ascontiguousarray(y[order], dtype=np.int64)),
+                     "client": arrow_view(np.ascontiguousarray(clients[order], dtype=np.int64))})
 
 
 def convert(dataset: dict, partitioner: dict, num_clients: int, seed: int,

@@ -7,7 +7,7 @@ Every transfer is bounded: ``http``/``https`` mirrors only (redirects too), at m
 ``DEADLINE`` seconds for all the files of a data set, from the first byte asked to the last
 one received (a server that drips a byte now and then is cut off), and at most each file's
 published size plus ``SIZE_MARGIN`` bytes
-(an endless body never fills the disk). ``simulator.data.fetch`` does all of it for a
+(an endless body never fills the disk). ``simulator.data.prepare.fetch`` does all of it for a
 scenario before any MLflow run exists.
 """
 

@@ -1,4 +1,4 @@
-"""``simulator.data.fetch``: every published file a scenario's data needs, fetched and checked
+"""``fetch``: every published file a scenario's data needs, fetched and checked
 before any MLflow run exists (``fedray run``, ``sweep`` and ``resume`` call it first, and
 ``fedray fetch`` alone). A data set with ``download: true`` has its files fetched into its
 ``root`` (each checked by MD5, within its published size and the download deadline, http(s)
@@ -18,7 +18,8 @@ from simulator.data.download import FetchedFile
 from simulator.errors import DataError
 
 if TYPE_CHECKING:
-    from simulator.config import LoadedScenario, Scenario
+    from simulator.config import Scenario
+    from simulator.config.load import LoadedScenario
 
 __all__ = ["FetchedFile", "fetch"]
 
@@ -66,10 +67,11 @@ def _validate_again(loaded: Any) -> None:
     """The scenario validated again, its data now on disk: the checks of the data and the
     model that validation skipped while the files were not fetched. Its problems in one
     line."""
-    from simulator.config import ScenarioError, expand
-    from simulator.config.checks import _describe
+    from simulator.config import ScenarioError
+    from simulator.config.checks import describe_dataset
+    from simulator.config.sweep import expand
 
-    _describe.cache_clear()  # it remembers that the data could not describe itself yet
+    describe_dataset.cache_clear()  # it remembers that the data could not describe itself yet
     try:
         expand(copy.deepcopy(loaded.raw))
     except ScenarioError as e:

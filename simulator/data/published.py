@@ -144,7 +144,7 @@ class MNIST(Dataset):
 
             check_mirror(self.mirror)
         if self._pending():
-            return  # fetched before the run starts (simulator.data.fetch)
+            return  # fetched before the run starts (simulator.data.prepare.fetch)
         for split in ("train", "test"):
             images, labels = self._files(split)
             itype, dims = idx_header(images)
@@ -167,7 +167,7 @@ class MNIST(Dataset):
 
     def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo | None:
         if self._pending():
-            return None  # not fetched yet: simulator.data.fetch checks it once fetched
+            return None  # not fetched yet: simulator.data.prepare.fetch checks it once fetched
         self.check(num_clients)
         files = [*self._files("train"), *self._files("test")]
         _once((self.NAME, self.CLASSES), files, self._verify)
@@ -350,7 +350,7 @@ class CIFAR10(Dataset):
 
             check_mirror(self.mirror)
         if self._pending():
-            return  # fetched before the run starts (simulator.data.fetch)
+            return  # fetched before the run starts (simulator.data.prepare.fetch)
         self._paths(self.TRAIN + self.TEST)
 
     def _read(self, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -380,7 +380,7 @@ class CIFAR10(Dataset):
 
     def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo | None:
         if self._pending():
-            return None  # not fetched yet: simulator.data.fetch checks it once fetched
+            return None  # not fetched yet: simulator.data.prepare.fetch checks it once fetched
         self.check(num_clients)
         n = _once((type(self).__name__, self.LABELS), self._paths(self.TRAIN + self.TEST),
                   self._verify)

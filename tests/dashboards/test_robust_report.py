@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from dashboards.report import RunData, build_report, render
-from simulator.config import load
+from simulator.config.load import load
 from simulator.runner import run_loaded
 
 AGGREGATORS = ["mean", "median", "cwtm", "krum", "geomed", "cc"]

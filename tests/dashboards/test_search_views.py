@@ -49,7 +49,7 @@ ACC = "eval/test_accuracy"
 def searched(_mlflow_template, tmp_path_factory, ray_backend):
     """A real ``fedray tune`` of two searches (cwtm, median) x 3 trials x 2 attacks x 2
     seeds into a fresh store; its tracking URI."""
-    from simulator.config import load
+    from simulator.config.load import load
     from simulator.tuning import run_tune
 
     tmp = tmp_path_factory.mktemp("tune-views")

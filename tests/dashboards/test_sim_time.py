@@ -15,16 +15,11 @@ import pytest
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from dashboards.tables import (
-    collect_rows,
-    paired_difference,
-    parse_metrics,
-    reach_cell,
-    table,
-    time_to,
-)
+from dashboards.cells import reach_cell
+from dashboards.tables import collect_rows, paired_difference, table
 from fedray.cli import main
 from simulator.metric_names import mlflow_name
+from simulator.reductions import parse_metrics, time_to
 from tests.conftest import own_lines
 
 ACC, LOSS = "test_accuracy", "test_loss"
@@ -300,7 +295,7 @@ def test_a_run_with_speeds_end_to_end(tmp_path, _mlflow_template):
     time_to is each run's logged sim_time at the step its logged accuracy first reaches X,
     and the report draws both points against simulated time."""
     from dashboards.report import build_report
-    from simulator.config import load
+    from simulator.config.load import load
     from simulator.runner import run_loaded
 
     shutil.copy(_mlflow_template, tmp_path / "mlflow.db")

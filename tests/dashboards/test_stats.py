@@ -6,7 +6,8 @@ import re
 import pytest
 
 from dashboards.report import RunData, render
-from dashboards.stats import from_mlflow, summarize
+from dashboards.stats import summarize
+from simulator.reductions import from_mlflow
 
 
 def test_summarize_mean_std_missing_and_diverged():

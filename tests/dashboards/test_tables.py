@@ -10,10 +10,11 @@ import statistics
 import pytest
 from mlflow.tracking import MlflowClient
 
-from dashboards.tables import collect_rows, paired_difference, parse_metrics, table
+from dashboards.tables import collect_rows, paired_difference, table
 from fedray.cli import main
-from simulator.config import load
+from simulator.config.load import load
 from simulator.metric_names import mlflow_name
+from simulator.reductions import parse_metrics
 from simulator.runner import run_loaded
 from tests.conftest import own_lines
 

@@ -16,7 +16,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import ray
 from ray.cluster_utils import Cluster
 
-from simulator.config import load
+from simulator.config.load import load
 from simulator.engine import Engine
 from simulator.runtime.backend import RayBackend
 

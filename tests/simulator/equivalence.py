@@ -44,7 +44,7 @@ CASES: dict[str, list[str]] = {
 
 
 def scenario(case: str, folder: Path):
-    from simulator.config import load
+    from simulator.config.load import load
 
     p = folder / f"{case}.yaml"
     p.write_text(BASE)

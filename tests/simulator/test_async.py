@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from simulator.clock import Rule, Schedule, staleness_scale
-from simulator.config import ScenarioError, load
+from simulator.config import ScenarioError
+from simulator.config.load import load
 from simulator.engine import Engine
 from simulator.messages import TrainRequest
 from simulator.runtime.backend import InlineBackend

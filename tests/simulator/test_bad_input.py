@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.config import ScenarioError, load
+from simulator.config import ScenarioError
+from simulator.config.load import load
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from simulator.config import ScenarioError, load
+from simulator.config import ScenarioError
+from simulator.config.load import load
 from simulator.data import client_arrays
 from simulator.engine import Engine
 from simulator.models import build_model

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from simulator import checkpoint
-from simulator.config import load
+from simulator.config.load import load
 from simulator.engine import make_engine
 from simulator.metric_names import mlflow_name
 from simulator.runtime.backend import InlineBackend

@@ -166,7 +166,7 @@ def _listening_addresses(port: int) -> set[str]:
 def test_fedray_ui_serves_on_127_0_0_1_only(mlflow_uri, tmp_path):
     """``fedray ui`` binds the loopback only and prints each experiment's link to MLflow's
     ML view, where a browser sees the runs table (MLflow 3 opens on its GenAI view)."""
-    from simulator.config import load
+    from simulator.config.load import load
     from simulator.runner import run_loaded
 
     run_loaded(load(ROOT / "scenarios" / "quickstart.yaml", ["rounds=1"]), "inline",
@@ -255,7 +255,7 @@ def test_progress_shows_elapsed_time_left_and_the_pace_after_the_first_round():
 def test_a_sweep_point_reports_its_progress(tmp_path, capsys):
     """The Ray task of a sweep point prints its progress lines (Ray forwards them to the
     driver's terminal, prefixed with the task's pid)."""
-    from simulator.config import load
+    from simulator.config.load import load
     from simulator.executors import _simulate
 
     p = tmp_path / "s.yaml"
@@ -306,7 +306,7 @@ def test_counts_and_ports_out_of_range_are_one_line_exit_2(args, line, tmp_path,
 
 
 def test_the_api_refuses_worker_and_parallel_counts_below_one(tmp_path):
-    from simulator.config import load
+    from simulator.config.load import load
     from simulator.engine import Engine
     from simulator.errors import UsageError
     from simulator.runner import run_sweep

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.config import load
+from simulator.config.load import load
 from simulator.engine import Engine, make_engine
 from simulator.runtime.backend import InlineBackend
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from simulator.config import ScenarioError, load
+from simulator.config import ScenarioError
+from simulator.config.load import load
 from simulator.engine import Engine
 from simulator.errors import DeviceUnavailable
 from simulator.runtime.backend import InlineBackend, RayBackend
@@ -147,11 +148,11 @@ def test_ray_workers_hold_the_resources_asked_for(tmp_path, shared_ray):
 
 
 def test_sweep_tasks_take_the_points_resources(tmp_path):
-    from simulator.executors import _task_resources
+    from simulator.executors import task_resources
 
-    assert _task_resources(point(tmp_path), 2.0, 4) == {"num_cpus": 1.0}
-    assert _task_resources(point(tmp_path, "runtime.device=auto"), 2.0, 4) == \
+    assert task_resources(point(tmp_path), 2.0, 4) == {"num_cpus": 1.0}
+    assert task_resources(point(tmp_path, "runtime.device=auto"), 2.0, 4) == \
         {"num_cpus": 1.0, "num_gpus": 0.5}
-    assert _task_resources(point(tmp_path, "runtime.device=cuda", "runtime.num_gpus=0.25",
+    assert task_resources(point(tmp_path, "runtime.device=cuda", "runtime.num_gpus=0.25",
                                  "runtime.num_cpus=2"), 1.0, 8) == \
         {"num_cpus": 2.0, "num_gpus": 0.25}

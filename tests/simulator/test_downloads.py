@@ -1,7 +1,7 @@
 """``download: true`` is bounded and happens before any MLflow run exists: http(s) mirrors
 only (a ``file://`` or malformed mirror is one line at validation), an overall deadline (a
 server that drips bytes cannot hang the run), the published size as a cap (an endless body
-cannot fill the disk), and ``simulator.data.fetch`` fetches and checks everything before the
+cannot fill the disk), and ``simulator.data.prepare.fetch`` fetches and checks everything before the
 runner opens a run. Every server here is on 127.0.0.1, started by the test."""
 
 from __future__ import annotations
@@ -198,9 +198,9 @@ def test_downloads_and_their_checks_come_before_any_run(tmp_path, mlflow_uri, ca
     fit the downloaded data: each one line before any run (they came after runs existed,
     since the files were fetched when the engine loaded them). ``fetch`` returns the files,
     downloaded once."""
-    from simulator.config import load
-    from simulator.data import fetch
+    from simulator.config.load import load
     from simulator.data.download import md5
+    from simulator.data.prepare import fetch
 
     served, url = server
     written = formats.write_mnist(served)
@@ -237,7 +237,7 @@ def test_a_sweep_fetches_before_its_store_or_ray(tmp_path, mlflow_uri, server, m
     store is opened and before Ray starts."""
     from mlflow.tracking import MlflowClient
 
-    from simulator.config import load
+    from simulator.config.load import load
     from simulator.errors import DataError
     from simulator.runner import run_sweep
 
@@ -269,7 +269,7 @@ def test_resume_fetches_before_it_opens_a_run_again(tmp_path, mlflow_uri, server
 
     from mlflow.tracking import MlflowClient
 
-    from simulator.config import load
+    from simulator.config.load import load
     from simulator.data.download import md5
     from simulator.errors import DataError
     from simulator.resume import resume_run

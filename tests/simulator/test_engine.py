@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from simulator.config import ScenarioError, load
+from simulator.config import ScenarioError
+from simulator.config.load import load
 from simulator.engine import Engine
 from simulator.messages import TrainRequest
 from simulator.runtime.backend import InlineBackend

@@ -41,7 +41,7 @@ def test_a_one_round_run_on_ray_ends_cleanly_while_ray_shuts_down(tmp_path, _mlf
 
 
 def _scenario(**sets: object):
-    from simulator.config import load
+    from simulator.config.load import load
 
     return load(ROOT / "scenarios" / "quickstart.yaml",
                 [f"{k}={v}" for k, v in sets.items()]).points[0].scenario

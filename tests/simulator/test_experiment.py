@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from fedray.cli import main
 from simulator import checkpoint
 from simulator.callbacks import Callback
-from simulator.config import load
+from simulator.config.load import load
 from simulator.engine import make_engine
 from simulator.interrupts import unfinished_of
 from simulator.metric_names import mlflow_name

@@ -22,7 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from fedray.cli import main
 from simulator import tracking
-from simulator.config import load
+from simulator.config.load import load
 from simulator.engine import make_engine
 from simulator.metric_names import mlflow_name
 from simulator.resume import resume_run

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from simulator.config import load
+from simulator.config.load import load
 from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
 from strategies.subsampling import hypergeometric_tail

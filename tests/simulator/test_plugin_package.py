@@ -14,7 +14,8 @@ import pytest
 
 from fedray.testing import check_plugin
 from simulator import registry
-from simulator.config import ScenarioError, load
+from simulator.config import ScenarioError
+from simulator.config.load import load
 from simulator.engine import make_engine
 from simulator.runtime.backend import InlineBackend
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from simulator.config import ScenarioError, load
+from simulator.config import ScenarioError
+from simulator.config.load import load
 from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
 

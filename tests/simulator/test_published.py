@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from simulator import registry
-from simulator.config import ScenarioError, load
+from simulator.config import ScenarioError
+from simulator.config.load import load
 from simulator.data import build
 from simulator.engine import make_engine
 from simulator.errors import DataError

@@ -8,7 +8,8 @@ from importlib.metadata import EntryPoint
 import pytest
 
 from simulator import registry
-from simulator.config import ScenarioError, load
+from simulator.config import ScenarioError
+from simulator.config.load import load
 from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
 

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from simulator import config as scenario
 from simulator import registry
-from simulator.config import ScenarioError, load
+from simulator.config import ScenarioError
+from simulator.config.load import json_schema, load
 
 ROOT = Path(__file__).resolve().parents[2]
 INVALID = sorted((ROOT / "tests" / "scenarios" / "invalid").glob("*.yaml"))
@@ -151,7 +151,7 @@ def test_plugin_params_model_from_signature():
 
 
 def test_json_schema_lists_top_level_fields():
-    schema = scenario.json_schema()
+    schema = json_schema()
     for key in ("rounds", "data", "clients", "aggregator", "sweep", "seeds"):
         assert key in schema["properties"]
 

@@ -6,7 +6,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from dashboards.figures import RunFigure
-from simulator.config import load
+from simulator.config.load import load
 from simulator.engine import Engine
 from simulator.metric_names import mlflow_name
 from simulator.runner import point_key, run_sweep

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from simulator.config import ScenarioError, load
+from simulator.config import ScenarioError
+from simulator.config.load import load
 from simulator.engine import make_engine
 from simulator.runtime.backend import InlineBackend, RayBackend
 from strategies.tasks import Classification, NextToken, Regression

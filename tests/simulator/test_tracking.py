@@ -8,7 +8,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from simulator.config import load
+from simulator.config.load import load
 from simulator.log import to_stderr
 from simulator.metric_names import mlflow_name
 from simulator.runner import run_loaded

@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from simulator.config import ScenarioError, load
+from simulator.config import ScenarioError
+from simulator.config.load import load
 from simulator.config.schema import Tune
 from simulator.tuning import Score, domain, run_tune, scheduler, searcher
 

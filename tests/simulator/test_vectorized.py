@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from simulator.config import load
+from simulator.config.load import load
 from simulator.engine import Engine
 from simulator.messages import TrainRequest
 from simulator.runtime.backend import InlineBackend

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from simulator import registry
-from simulator.config import load
+from simulator.config.load import load
 from simulator.engine import Engine
 from simulator.rounds.server import ServerRounds
 from simulator.runtime.backend import InlineBackend

@@ -196,7 +196,7 @@ def test_robust_aggregators_stay_near_the_honest_mean_under_huge_rows(name):
 
 
 def test_mean_divergence_is_reported_by_the_server_metric(tmp_path):
-    from simulator.config import load
+    from simulator.config.load import load
     from simulator.engine import Engine
     from simulator.runtime.backend import InlineBackend
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from simulator.config import load
+from simulator.config.load import load
 from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
 from simulator.runtime.pipeline import Pipeline
