@@ -31,7 +31,7 @@ from vs_flower import SCENARIO, WORKLOADS
 CHILD = """
 import json, sys, tempfile
 from pathlib import Path
-from simulator.config import load
+from simulator.config.load import load
 from simulator.engine import Engine
 from simulator.runtime.backend import RayBackend
 text, skip = sys.argv[1], int(sys.argv[2])

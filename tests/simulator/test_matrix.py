@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from simulator import registry
-from simulator.config import ScenarioError, validate_point
+from simulator.config import ScenarioError
 from simulator.config.schema import MODES
+from simulator.config.validate import validate_point
 from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
 
