@@ -344,7 +344,7 @@ def test_a_sqlite_store_in_a_missing_folder_is_refused(tmp_path):
     for cmd in ("run", "sweep"):
         r = fedray(cmd, str(p), "--tracking-uri", uri, cwd=tmp_path)
         assert (r.returncode, r.stderr.splitlines()) == (2, [
-            (f"fedray {cmd}: tracking store {uri}: the folder {tmp_path}/nonexistent/dir does "
+            (f"fedray {cmd}: --tracking-uri {uri}: the folder {tmp_path}/nonexistent/dir does "
             "not exist; create it, or give a path in an existing folder (fedray creates the "
             "database file, not its folder)")])
     assert not (tmp_path / "nonexistent").exists()
