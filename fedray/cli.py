@@ -64,8 +64,6 @@ def _before_anything(loaded: LoadedScenario | None, args: argparse.Namespace) ->
     from simulator.store_uri import default_uri
 
     _lasting_store(args.tracking_uri or default_uri())
-    if args.address is not None:  # before any store or run exists
-        check_address(args.address)
     workers = getattr(args, "workers", None)
     backend = getattr(args, "backend", None) or (loaded.scenario.runtime.backend if loaded
                                                   else None)
@@ -79,6 +77,10 @@ def _before_anything(loaded: LoadedScenario | None, args: argparse.Namespace) ->
     elif workers is not None and workers > MAX_WORKERS:  # runtime.workers' bound
         raise UsageError(f"--workers: must be <= {MAX_WORKERS} (as runtime.workers), got "
                          f"{workers}")
+    if args.address is not None:  # the network last, before any store or run exists
+        if backend == "inline":
+            raise UsageError("--address: only with --backend ray")
+        check_address(args.address)
 
 
 def _lasting_store(uri: str) -> None:
@@ -481,8 +483,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
     base = f"http://{args.host}:{args.port}"
     shown = " ".join(cmd) + ("" if "--backend-store-uri" in cmd else
                              f"  with MLFLOW_BACKEND_STORE_URI={redact(uri)}")
+    links = ui_links(uri, base)  # a store that does not answer: one line, before the rest
     print(f"MLflow UI on {base}  ({shown})", file=sys.stderr)
-    links = ui_links(uri, base)
     for name, link in links:
         print(f"  {name}: {link}", file=sys.stderr)
     print(f"(the runs view; its {ML_VIEW[1:]} switches MLflow 3 from its GenAI view, "

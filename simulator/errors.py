@@ -138,7 +138,9 @@ def _mask_userinfo(m: re.Match[str]) -> str:
     if colon and "/" not in user:
         _remember(secret)
         return f"{m['scheme']}{user}:***{rest[at:]}"
-    return f"{m['scheme']}***{rest[at:]}"  # a bare token as user name is a credential too
+    if "/" not in user and not m["scheme"].lower().startswith("http"):
+        return m[0]  # a database's user without a password (it authenticates otherwise)
+    return f"{m['scheme']}***{rest[at:]}"  # a web URI's bare user is a token
 
 
 def _remember(secret: str) -> None:

@@ -209,10 +209,10 @@ class Tracker:
 
     def create_run(self, name: str, tags: dict[str, str], parent_id: str | None = None,
                    description: str = "") -> str:
-        tags = {k: str(v) for k, v in tags.items()}
+        tags = {k: redact(str(v)) for k, v in tags.items()}  # no credential in a tag
         tags["mlflow.runName"] = name
         if description:
-            tags["mlflow.note.content"] = description
+            tags["mlflow.note.content"] = redact(description)
         if parent_id:
             tags["mlflow.parentRunId"] = parent_id
         run = self.client.create_run(self.experiment_id, tags=tags, run_name=name)
@@ -221,7 +221,7 @@ class Tracker:
     def log_params(self, run_id: str, params: dict[str, str]) -> None:
         from mlflow.entities import Param
 
-        items = [Param(k[:250], v) for k, v in params.items()]
+        items = [Param(k[:250], redact(v)) for k, v in params.items()]  # nor in a param
         for i in range(0, len(items), PARAMS_PER_BATCH):
             self.client.log_batch(run_id, params=items[i : i + PARAMS_PER_BATCH])
 
