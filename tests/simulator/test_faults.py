@@ -142,7 +142,7 @@ def test_a_store_broken_by_an_interrupted_migration_is_one_line(tmp_path, capsys
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with sqlite3.connect(tmp_path / "mlflow.db") as conn:
         conn.execute("CREATE TABLE _alembic_tmp_runs (x INTEGER)")
-    assert main(["run", QUICK, "--backend", "inline", "--set", "rounds=1", "--quiet"]) == 1
+    assert main(["run", QUICK, "--backend", "inline", "--set", "rounds=1", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is broken" in err[0] and "_alembic_tmp_runs" in err[0]
 
@@ -151,7 +151,7 @@ def test_a_tracking_server_down_at_start_is_one_line(tmp_path, capsys, monkeypat
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
     uri = f"http://127.0.0.1:{_free_port()}"
-    assert main(["run", QUICK, "--set", "rounds=1", "--quiet", "--tracking-uri", uri]) == 1
+    assert main(["run", QUICK, "--set", "rounds=1", "--quiet", "--tracking-uri", uri]) == 2
     # MLflow opens while Ray starts (start-up overlapped): Ray's own start line may come first
     err = [line for line in capsys.readouterr().err.strip().splitlines()
            if "Started a local Ray instance" not in line]
@@ -285,7 +285,7 @@ def test_resume_of_one_point_finishes_the_parent_and_refuses_a_finished_run(
         assert [m.step for m in hist] == list(range(6))
         assert [m.value for m in hist] == [row["test_accuracy"] for row in full.metrics]
 
-    assert main(["resume", child.info.run_id]) == 1  # FINISHED: refused in one line
+    assert main(["resume", child.info.run_id]) == 2  # FINISHED: refused in one line
     for run_id in (child.info.run_id, parent):
         from simulator.resume import ResumeRefused
 
