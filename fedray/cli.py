@@ -696,10 +696,13 @@ def main(argv: list[str] | None = None) -> int:
 def _check_tracking_uri(args: argparse.Namespace) -> None:
     """The tracking URI of every command that takes --tracking-uri (run, sweep, tune, resume,
     sync, report, ui; ``fedray table`` calls the same check), or the default one, checked by
-    class before anything else (``simulator.store_uri``)."""
+    class before anything else (``simulator.store_uri``); ``fedray sync`` checks only the one
+    it is given."""
     if "tracking_uri" in vars(args):
         from simulator.store_uri import check_command_uri
 
+        if args.command == "sync" and args.tracking_uri is None:
+            return  # each journal names its own store; nothing else is opened
         check_command_uri(args.tracking_uri)
 
 
