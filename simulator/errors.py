@@ -124,7 +124,7 @@ def brief_text(text: str, limit: int = 300) -> str:
 
 # scheme://userinfo@ (userinfo up to the last @ of the token: a password may hold / ? # @)
 _URI = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<rest>[^\s'\"<>]*)")
-_KEY_VALUE = re.compile(r"(?i)\b(?P<key>password|passwd|pwd|token|secret)(?P<sep>\s*[=:]\s*)"
+_KEY_VALUE = re.compile(r"(?i)\b(?P<key>password|passwd|pwd|token|secret)(?P<sep>\s*=\s*)"
                         r"(?P<value>[^\s&;,'\")]+)")
 _SECRETS: set[str] = set()  # passwords seen in URIs this process was given (see redact)
 
@@ -147,7 +147,7 @@ def _remember(secret: str) -> None:
     from urllib.parse import unquote
 
     for s in (secret, unquote(secret)):
-        if len(s) >= 4:  # shorter ones are masked where they sit in a URI only
+        if len(s) >= 8:  # shorter ones (a word) are masked where they sit in a URI only
             _SECRETS.add(s)
 
 

@@ -51,15 +51,18 @@ def _split(uri: str) -> SplitResult:
                       "brackets)") from None
 
 
-def _host_port(parts: SplitResult) -> None:
-    """A host that is an IP address or a DNS name, and a port in 1-65535 when given."""
+def _host_port(parts: SplitResult, need_host: bool = True) -> None:
+    """A host that is an IP address or a DNS name (none: a database's local socket, where
+    ``need_host`` is False), and a port in 1-65535 when given."""
     try:
         port = parts.port
     except ValueError:
         raise Refused("its port is not a number from 1 to 65535") from None
     host = parts.hostname
     if not host:
-        raise Refused("it names no host (scheme://HOST:PORT)")
+        if need_host:
+            raise Refused("it names no host (scheme://HOST:PORT)")
+        return
     try:
         ipaddress.ip_address(host)
     except ValueError:
@@ -83,7 +86,7 @@ def _database(uri: str) -> None:
     except (ArgumentError, ValueError):
         raise Refused("SQLAlchemy cannot parse it (DIALECT[+DRIVER]://USER:PASSWORD@HOST:PORT/"
                       "DATABASE)") from None
-    _host_port(_split(uri))
+    _host_port(_split(uri), need_host=False)
     try:  # NoSuchModuleError is an ArgumentError: a driver SQLAlchemy does not know
         dialect = url.get_dialect()
     except ArgumentError:
@@ -189,9 +192,9 @@ def check_store_uri(uri: str, source: str = "tracking store") -> None:
     class's check finds wrong; ``source`` names where it came from (``--tracking-uri``,
     ``MLFLOW_TRACKING_URI``)."""
     shown = redact(uri)  # first: it also remembers the password, for any later message
-    if not uri.strip() or any(c.isspace() or not c.isprintable() for c in uri):
-        raise UsageError(f"{source} {shown!r}: a URI holds no spaces or control characters; "
-                         f"give one of {KNOWN}")
+    if not uri.strip() or not uri.isprintable():  # a path may hold spaces, not control chars
+        raise UsageError(f"{source} {shown!r}: empty or holding control characters; give a "
+                         f"URI of one of {KNOWN}")
     scheme = scheme_of(uri)
     check = SCHEMES.get(scheme)
     if check is None:

@@ -19,8 +19,9 @@ from simulator.store_uri import SCHEMES, check_store_uri
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = str(ROOT / "scenarios" / "quickstart.yaml")
-KNOWN = ("MLflow opens http, https, sqlite, postgresql, mysql, mssql, databricks, file (e.g. "
-         "sqlite:////ABSOLUTE/PATH/mlflow.db or http://HOST:5000)")
+SCHEME_LIST = "http, https, sqlite, postgresql, mysql, mssql, databricks, file"
+KNOWN = (f"MLflow opens {SCHEME_LIST} (e.g. sqlite:////ABSOLUTE/PATH/mlflow.db or "
+         "http://HOST:5000)")
 
 
 def _free_port() -> int:
@@ -67,7 +68,8 @@ def test_an_unknown_scheme_is_refused_naming_the_known_ones(clean_env, uri):
 @pytest.mark.parametrize("uri, module", [
     ("postgresql://u@127.0.0.1:1/db", "psycopg"), ("postgresql+psycopg2://h/db", "psycopg2"),
     ("mysql://h/db", "MySQLdb"), ("mysql+pymysql://h:3306/db", "pymysql"),
-    ("mssql://h/db", "pyodbc"), ("mssql+pymssql://h/db", "pymssql")])
+    ("mssql://h/db", "pyodbc"), ("mssql+pymssql://h/db", "pymssql"),
+    ("postgresql:///mlflow?host=/run/postgresql", "psycopg")])  # a local socket: no host
 def test_a_database_uri_needs_its_driver(clean_env, uri, module):
     import importlib.util
 
@@ -99,15 +101,18 @@ def test_a_driver_sqlalchemy_does_not_know_is_refused(clean_env, uri):
     ("http://h:99999", "its port is not a number from 1 to 65535"),
     ("https://h:abc", "its port is not a number from 1 to 65535"),
     ("http://h!st:5000", "its host 'h!st' is neither an IP address nor a host name"),
+    ("http://bad host:5000", "its host 'bad host' is neither an IP address nor a host name"),
     ("postgresql://u@h:70000/db", "its port is not a number from 1 to 65535"),
 ])
 def test_a_host_or_port_that_does_not_parse_is_one_line(clean_env, uri, why):
     assert _refused(uri) == f"--tracking-uri {uri}: {why}"
 
 
-@pytest.mark.parametrize("uri", ["http://bad host:5000", "sqlite:///a\nb.db", " ", ""])
-def test_spaces_and_control_characters_are_refused(clean_env, uri):
-    assert "a URI holds no spaces or control characters" in _refused(uri)
+@pytest.mark.parametrize("uri", ["sqlite:///a\nb.db", "http://h\t:5000", "bogus://\x1b[2J",
+                                 " ", ""])
+def test_control_characters_and_empty_uris_are_refused(clean_env, uri):
+    assert _refused(uri) == (f"--tracking-uri {uri!r}: empty or holding control characters; "
+                             f"give a URI of one of {SCHEME_LIST}")
 
 
 def _special_files(tmp: Path) -> dict[str, tuple[Path, str]]:
@@ -192,7 +197,9 @@ def test_databricks_without_a_workspace_is_one_line(clean_env, monkeypatch, uri,
 
 def test_good_uris_of_each_class_pass(clean_env):
     (clean_env / "there.db").write_bytes(b"")
+    (clean_env / "with space").mkdir()
     for uri in (f"sqlite:///{clean_env}/m.db", f"sqlite:///{clean_env}/there.db",
+                f"sqlite:///{clean_env}/with space/m.db",
                 "sqlite:///relative.db", "http://127.0.0.1:5000", "https://example.org",
                 "http://[::1]:5000/prefix", "http://mlflow-server.lab.example:80"):
         check_store_uri(uri)
