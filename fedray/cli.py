@@ -396,7 +396,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def ui_command(tracking_uri: str, host: str, port: int) -> list[str]:
     """The ``mlflow ui`` command line ``fedray ui`` runs. A store URI that carries
     credentials is not on it (a command line is visible to every user of the machine): it
-    goes in the environment, MLFLOW_BACKEND_STORE_URI (``ui_environment``)."""
+    goes in the environment, MLFLOW_BACKEND_STORE_URI (``cmd_ui`` sets it)."""
     from simulator.tracking import artifact_root
 
     mlflow = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
