@@ -51,10 +51,11 @@ from dashboards.cells import column, histories, number, reach_cell, run_value
 from dashboards.formats import csv_text, latex, markdown
 from dashboards.search import best_points, find_search, load_search, search_table
 from dashboards.stats import Summary, summarize
-from simulator.errors import FedrayError
+from simulator.errors import FedrayError, UsageError
 from simulator.log import logger, to_stderr
 from simulator.metric_names import SIM_TIME, mlflow_name, plain_name
 from simulator.reductions import TimeTo, parse_how, parse_metrics
+from simulator.usage import OneLineParser
 
 DEFAULT: list[tuple[str, str]] = [
     ("test_accuracy", "final"),
@@ -301,7 +302,7 @@ def pivot_markdown(rows: Sequence[Row], by: Sequence[str], column_key: str, col:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedray table", description=__doc__,
+    p = OneLineParser(prog="fedray table", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment")
     p.add_argument("--by", nargs="+", default=None,
@@ -344,7 +345,7 @@ def search_main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         found = search_table(args.experiment, metrics, args.tracking_uri, args.parent)
     except (ValueError, FedrayError) as e:
         logger.error("fedray table: %s", e)
-        return 2 if isinstance(e, ValueError) else 1
+        return 2 if isinstance(e, (ValueError, UsageError)) else 1
     if found is None:
         p.error("the following arguments are required for a sweep: --by (only a search, "
                 "fedray tune, has a table without it)")
@@ -354,8 +355,15 @@ def search_main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from simulator.store_uri import check_command_uri
+
     p = build_parser()
     args = p.parse_args(argv)
+    try:  # the check every command that takes --tracking-uri makes first
+        check_command_uri(args.tracking_uri)
+    except UsageError as e:
+        logger.error("fedray table: %s", e)
+        return 2
     if args.by is None:
         return search_main(p, args)
     try:
@@ -376,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
                             user_metrics=bool(args.metrics))
     except (ValueError, FedrayError) as e:  # a store that cannot be used: FedrayError
         logger.error("fedray table: %s", e)
-        return 2 if isinstance(e, ValueError) else 1
+        return 2 if isinstance(e, (ValueError, UsageError)) else 1
     if paired and not any(r.key[paired[0]] == paired[1] for r in rows):
         values = sorted({r.key[paired[0]] for r in rows})
         p.error(f"--paired: no run has {paired[0]}={paired[1]}; values: {', '.join(values)}")

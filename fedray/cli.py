@@ -28,9 +28,11 @@ from simulator.errors import (
     UsageError,
     WorkerLost,
     printable,
+    redact,
 )
 from simulator.interrupts import SIGNALS, Unfinished, trap_sigterm, unfinished_of
 from simulator.log import to_stderr
+from simulator.usage import OneLineParser
 
 EXIT_INVALID = 2
 
@@ -52,18 +54,17 @@ def _load(args: argparse.Namespace) -> LoadedScenario | None:
 
 
 def _before_anything(loaded: LoadedScenario | None, args: argparse.Namespace) -> None:
-    """What a run command can refuse before Ray starts and before MLflow is opened: the
-    tracking store's location, and more ClientWorkers than a local Ray instance (whose CPUs
-    are this machine's) could ever place, or than runtime.workers allows anywhere."""
+    """What a run command can refuse before Ray starts and before MLflow is opened (its
+    tracking URI's class was checked already, ``_check_tracking_uri``): a tracking store in
+    Ray's temporary files, an ``--address`` where nothing answers, and more ClientWorkers than
+    a local Ray instance (whose CPUs are this machine's) could ever place, or than
+    runtime.workers allows anywhere."""
     from simulator.config.checks import check_local_workers
     from simulator.config.schema import MAX_WORKERS
-    from simulator.runtime.backend import refuse_local_instance_in_job
-    from simulator.tracking import check_target, default_uri
+    from simulator.runtime.backend import check_address, refuse_local_instance_in_job
+    from simulator.store_uri import default_uri
 
-    uri = args.tracking_uri or default_uri()
-    _lasting_store(uri)
-    if args.command != "resume":  # resume reads a store that exists (require_store)
-        check_target(uri)
+    _lasting_store(args.tracking_uri or default_uri())
     workers = getattr(args, "workers", None)
     backend = getattr(args, "backend", None) or (loaded.scenario.runtime.backend if loaded
                                                   else None)
@@ -77,6 +78,10 @@ def _before_anything(loaded: LoadedScenario | None, args: argparse.Namespace) ->
     elif workers is not None and workers > MAX_WORKERS:  # runtime.workers' bound
         raise UsageError(f"--workers: must be <= {MAX_WORKERS} (as runtime.workers), got "
                          f"{workers}")
+    if args.address is not None:  # the network last, before any store or run exists
+        if backend == "inline":
+            raise UsageError("--address: only with --backend ray")
+        check_address(args.address)
 
 
 def _lasting_store(uri: str) -> None:
@@ -85,10 +90,12 @@ def _lasting_store(uri: str) -> None:
     `fedray report` could not find them). Refused rather than moved elsewhere: no folder of
     the node that runs the driver is sure to last or to be found again (docs/cluster.md)."""
     from simulator.runtime.backend import ray_temporary_folder
+    from simulator.store_uri import sqlite_path
 
-    if not uri.startswith("sqlite:///"):
+    path = sqlite_path(uri)
+    if path is None:
         return
-    db = Path(uri[len("sqlite:///"):]).absolute()
+    db = path.absolute()
     folder = ray_temporary_folder(db)
     if folder is not None:
         raise UsageError(
@@ -110,7 +117,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for r in out["runs"]:
         print(f"{r['label']}: {final_text(r)}  (run {r['run_id']})")
     print(f"MLflow parent run: {out['parent_run_id']}  experiment: {loaded.scenario.name}")
-    print(f"tracking URI: {out['tracking_uri']}")
+    print(f"tracking URI: {redact(out['tracking_uri'])}")
     _closing(args, loaded.scenario.name, out["tracking_uri"])
     return 0
 
@@ -118,7 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _closing(args: argparse.Namespace, experiment: str, uri: str) -> None:
     """What to do next: the report of the runs, and the MLflow UI."""
     given = args.tracking_uri is not None or "MLFLOW_TRACKING_URI" in os.environ
-    where = f" --tracking-uri {uri}" if given else ""
+    where = f" --tracking-uri {redact(uri)}" if given else ""
     name = experiment if experiment.replace("-", "").replace("_", "").isalnum() else \
         repr(experiment)
     print(f"figures and tables: fedray report {name}{where}")
@@ -228,7 +235,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         path = build_report(args.target, out, args.tracking_uri)
     except ValueError as e:
-        print(printable(f"fedray report: {e}"), file=sys.stderr)
+        print(printable(redact(f"fedray report: {e}")), file=sys.stderr)
         return EXIT_INVALID
     print(f"report: {path.resolve()}")
     return 0
@@ -388,12 +395,14 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def ui_command(tracking_uri: str, host: str, port: int) -> list[str]:
-    """The ``mlflow ui`` command line ``fedray ui`` runs."""
+    """The ``mlflow ui`` command line ``fedray ui`` runs. A store URI that carries
+    credentials is not on it (a command line is visible to every user of the machine): it
+    goes in the environment, MLFLOW_BACKEND_STORE_URI (``cmd_ui`` sets it)."""
     from simulator.tracking import artifact_root
 
     mlflow = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
-    cmd = [mlflow, "ui", "--backend-store-uri", tracking_uri, "--host", host, "--port", str(port),
-           "--workers", "1"]
+    store = [] if redact(tracking_uri) != tracking_uri else ["--backend-store-uri", tracking_uri]
+    cmd = [mlflow, "ui", *store, "--host", host, "--port", str(port), "--workers", "1"]
     root = artifact_root(tracking_uri)
     if root:
         cmd += ["--default-artifact-root", root]
@@ -438,14 +447,45 @@ def _open_when_up(base: str, link: str) -> None:
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def _bindable(host: str, port: int) -> None:
+    """``fedray ui --host HOST --port PORT``: a socket is bound there first, so that a host
+    this machine cannot listen on, or a port in use, is one line before MLflow starts (MLflow
+    printed about 15 lines and kept running)."""
+    import errno
+    import socket
+
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except OSError as e:  # socket.gaierror: a host name that does not resolve
+        raise UsageError(f"--host {host}: not an address of this machine ({e.strerror}); give "
+                         "one it can listen on (default 127.0.0.1, this machine only)") from None
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(where)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise UsageError(f"--port {port}: in use on {host} (another MLflow UI?); give "
+                                 "a free port") from None
+            raise UsageError(f"--host {host}: this machine cannot listen there "
+                             f"({e.strerror}); give one of its addresses (default 127.0.0.1, "
+                             "this machine only)") from None
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from simulator.tracking import default_uri
 
+    _bindable(args.host, args.port)
     uri = args.tracking_uri or default_uri()
     cmd = ui_command(uri, args.host, args.port)
+    if "--backend-store-uri" not in cmd:
+        os.environ["MLFLOW_BACKEND_STORE_URI"] = uri  # not on the command line (ui_command)
     base = f"http://{args.host}:{args.port}"
-    print(f"MLflow UI on {base}  ({' '.join(cmd)})", file=sys.stderr)
-    links = ui_links(uri, base)
+    shown = " ".join(cmd) + ("" if "--backend-store-uri" in cmd else
+                             f"  with MLFLOW_BACKEND_STORE_URI={redact(uri)}")
+    links = ui_links(uri, base)  # a store that does not answer: one line, before the rest
+    print(f"MLflow UI on {base}  ({shown})", file=sys.stderr)
     for name, link in links:
         print(f"  {name}: {link}", file=sys.stderr)
     print(f"(the runs view; its {ML_VIEW[1:]} switches MLflow 3 from its GenAI view, "
@@ -479,7 +519,7 @@ def _verbose(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedray", description=__doc__)
+    p = OneLineParser(prog="fedray", description=__doc__)
     p.add_argument("--version", action="version", version=f"fedray {simulator.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -654,12 +694,28 @@ def main(argv: list[str] | None = None) -> int:
         return _command(args, tracked, start)
 
 
+def _check_tracking_uri(args: argparse.Namespace) -> None:
+    """The tracking URI of every command that takes --tracking-uri (run, sweep, tune, resume,
+    sync, report, ui; ``fedray table`` calls the same check), or the default one, checked by
+    class before anything else (``simulator.store_uri``); ``fedray sync`` checks only the one
+    it is given."""
+    if "tracking_uri" in vars(args):
+        from simulator.store_uri import check_command_uri
+
+        if args.command == "sync" and args.tracking_uri is None:
+            return  # each journal names its own store; nothing else is opened
+        check_command_uri(args.tracking_uri)
+
+
 def _command(args: argparse.Namespace, tracked: bool, start: Path) -> int:
-    """``args.func``, its failures reported in one line with the runs they left unfinished."""
+    """``args.func``, its failures reported in one line with the runs they left unfinished:
+    exit 2 for a user's mistake (UsageError, DataError: a scenario, an argument, a file, a
+    URI, an address), 1 for a fault during a run, 128 + the signal for an interrupt."""
     if tracked:
         trap_sigterm()
     note = tracked  # the journal's note at the end
     try:
+        _check_tracking_uri(args)
         return int(args.func(args) or 0)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM through trap_sigterm
         signum = e.signum if isinstance(e, Terminated) else \
@@ -671,8 +727,8 @@ def _command(args: argparse.Namespace, tracked: bool, start: Path) -> int:
         resumable = isinstance(e, (WorkerLost, ClientStateLost))
         note = note and not isinstance(e, WorkingDirectoryGone)  # this line says it all
         # user text in the message (a run id, a path) never reaches the terminal raw
-        print(printable(f"fedray {args.command}: {e}"
-                        f"{_unfinished(args.command, resumable, unfinished_of(e))}"),
+        print(printable(redact(f"fedray {args.command}: {e}"
+                               f"{_unfinished(args.command, resumable, unfinished_of(e))}")),
               file=sys.stderr)
         return EXIT_INVALID if isinstance(e, (DataError, UsageError)) else 1
     except Exception as e:

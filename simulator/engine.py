@@ -141,7 +141,8 @@ class Engine:
 
     def run(self, on_round: RoundCallback | None = None,
             on_checkpoint: CheckpointCallback | None = None,
-            resume: dict[str, Any] | None = None) -> RunResult:
+            resume: dict[str, Any] | None = None,
+            before_rounds: Callable[[], None] | None = None) -> RunResult:
         """Every round (from the one after ``resume["round"]`` when resuming a checkpoint),
         then the final model; every ``runtime.checkpoint_every`` rounds ``on_checkpoint``
         gets the run's whole state. The actors are released whatever happens.
@@ -149,8 +150,10 @@ class Engine:
         Per-client state that dies with a worker (worker momentum, mu2-SGD) is not lost for
         the run: it goes back to the newest state it holds in memory (the last checkpoint
         round, or the start) and computes the rounds since then again, on the live workers,
-        with the same numbers; ``on_round`` is not called again for rounds it has seen."""
-        steps = self.steps(on_round, on_checkpoint, resume)
+        with the same numbers; ``on_round`` is not called again for rounds it has seen.
+        ``before_rounds`` is called once the actors are up, before the first round (the
+        run's tracking store must have answered by then)."""
+        steps = self.steps(on_round, on_checkpoint, resume, before_rounds)
         while True:
             try:
                 next(steps)
@@ -159,7 +162,9 @@ class Engine:
 
     def steps(self, on_round: RoundCallback | None = None,
               on_checkpoint: CheckpointCallback | None = None,
-              resume: dict[str, Any] | None = None) -> Generator[int, None, RunResult]:
+              resume: dict[str, Any] | None = None,
+              before_rounds: Callable[[], None] | None = None
+              ) -> Generator[int, None, RunResult]:
         """``run`` one round at a time: yields the next round to compute after each step
         (a step that went back yields an earlier one) and returns the RunResult. Several
         engines in one process advance in lockstep this way (a trial of ``fedray tune``
@@ -167,6 +172,8 @@ class Engine:
         generator ends or is closed."""
         try:
             self.start()
+            if before_rounds is not None:
+                before_rounds()
             p = self._begin(resume)
             while p.round_ < self.sc.rounds:
                 self._step(p, on_round, on_checkpoint)

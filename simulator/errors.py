@@ -7,6 +7,7 @@ FAILED and named first).
 
 from __future__ import annotations
 
+import re
 import reprlib
 from typing import Any
 
@@ -74,8 +75,10 @@ class DeviceUnavailable(FedrayError):
     """The scenario asks for a device this process does not have."""
 
 
-class TrackingUnavailable(FedrayError):
-    """The tracking store cannot be reached or opened before the run starts."""
+class TrackingUnavailable(UsageError):
+    """The tracking store cannot be reached or opened before the run starts (its first
+    answer, awaited before round 0): a URI or a store to fix, exit 2 like any user error. An
+    outage later in a run is no error: what cannot be sent is journaled."""
 
 
 class CheckpointUnreadable(FedrayError):
@@ -117,3 +120,45 @@ def brief_text(text: str, limit: int = 300) -> str:
     characters."""
     text = printable(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# scheme://userinfo@ (userinfo up to the last @ of the token: a password may hold / ? # @)
+_URI = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<rest>[^\s'\"<>]*)")
+_KEY_VALUE = re.compile(r"(?i)\b(?P<key>password|passwd|pwd|token|secret)(?P<sep>\s*=\s*)"
+                        r"(?P<value>[^\s&;,'\")]+)")
+_SECRETS: set[str] = set()  # passwords seen in URIs this process was given (see redact)
+
+
+def _mask_userinfo(m: re.Match[str]) -> str:
+    rest = m["rest"]
+    at = rest.rfind("@")
+    if at < 0:
+        return m[0]
+    user, colon, secret = rest[:at].partition(":")
+    if colon and "/" not in user:
+        _remember(secret)
+        return f"{m['scheme']}{user}:***{rest[at:]}"
+    if "/" not in user and not m["scheme"].lower().startswith("http"):
+        return m[0]  # a database's user without a password (it authenticates otherwise)
+    return f"{m['scheme']}***{rest[at:]}"  # a web URI's bare user is a token
+
+
+def _remember(secret: str) -> None:
+    from urllib.parse import unquote
+
+    for s in (secret, unquote(secret)):
+        if len(s) >= 8:  # shorter ones (a word) are masked where they sit in a URI only
+            _SECRETS.add(s)
+
+
+def redact(text: str) -> str:
+    """``text`` with every credential it carries replaced by ``***``: the password (or the
+    bare token) of each URI's user info (``postgresql://u:***@host/db``), ``password=...``
+    and ``token=...`` pairs, and any password already seen in a URI anywhere else in the text
+    (a library that echoes it decoded). Every message, log line, tag and param that may carry
+    a tracking URI goes through it."""
+    text = _URI.sub(_mask_userinfo, text)
+    text = _KEY_VALUE.sub(lambda m: f"{m['key']}{m['sep']}***", text)
+    for secret in sorted(_SECRETS, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text

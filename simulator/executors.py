@@ -53,7 +53,7 @@ class PoolExecutor:
         try:
             engine = make_engine(run.point.scenario, self.backend, self.workers)
             result = engine.run(partial(exp.on_round, run), partial(exp.on_checkpoint, run),
-                                state)
+                                state, exp.store_answered)
             status, workers = "FINISHED", engine.n_workers
             # the engine's actor handles go now, not while Ray shuts down on engine_done's
             # thread: a handle released during the shutdown made Ray's core worker end the

@@ -123,6 +123,13 @@ class Experiment:
     def tracker(self) -> Tracker:
         return self.opening.tracker.result()
 
+    def store_answered(self) -> None:
+        """Wait for the tracking store's first answer (the tracker, opening on its own thread
+        while the engine started), raising its error: called before a point's first round, so
+        that nothing trains for a store that cannot take it (TrackingUnavailable, one line).
+        The parent and child runs may still be opening; the rounds wait in their backlog."""
+        self.opening.tracker.result()
+
     # ------------------------------------------------------------------ the parent
 
     def new_parent(self, loaded: LoadedScenario, backend: Any, tmp: Path,

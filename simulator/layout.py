@@ -187,8 +187,10 @@ class Opening:
     starts: MLflow's import and store set-up (about 2 s here, 3.7 s for a new store) go on
     while Ray starts, the data loads and the first rounds run, not before them. The tracker,
     the parent run and each point's child run are opened in that order; a store that cannot
-    be used fails each of them with its one-line error, which the run raises where it first
-    needs its MLflow run (``PointRun``)."""
+    be used fails each of them with its one-line error. The tracker is the store's first
+    answer: a point waits for it before its first round (``Experiment.store_answered``), so
+    nothing trains for a store that cannot take it; the parent and child runs may still be
+    opening while the first rounds run (their rounds wait in ``PointRun.backlog``)."""
 
     def __init__(self, uri: str, experiment: str) -> None:
         check_uri(uri)  # what can be refused without opening the store, before anything runs

@@ -9,16 +9,18 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from simulator.errors import redact
+
 logger = logging.getLogger("fedray")
 
 
 class StderrHandler(logging.Handler):
     """Each message as it was written, one line per message, on whatever ``sys.stderr`` is
-    when it is emitted (a test's capture, a redirected stream)."""
+    when it is emitted (a test's capture, a redirected stream); credentials redacted."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.write(redact(self.format(record)) + "\n")
             sys.stderr.flush()
         except Exception:  # noqa: BLE001 - logging's own contract: never raise from emit
             self.handleError(record)

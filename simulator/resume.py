@@ -13,7 +13,7 @@ import yaml
 from simulator.callbacks import Callback, default_callbacks
 from simulator.config import RunPoint, Scenario
 from simulator.config.sweep import expand
-from simulator.errors import FedrayError
+from simulator.errors import UsageError
 from simulator.executors import PoolExecutor
 from simulator.experiment import Experiment, ExperimentResult, Work
 from simulator.interrupts import trap_sigterm
@@ -22,8 +22,9 @@ from simulator.log import logger
 from simulator.tracking import Tracker, default_uri, sync
 
 
-class ResumeRefused(FedrayError):
-    """``fedray resume`` of a run that cannot be resumed."""
+class ResumeRefused(UsageError):
+    """``fedray resume`` of a run that cannot be resumed (not fedray's, or FINISHED): a user
+    error, exit 2."""
 
 
 def resume_run(run_id: str, tracking_uri: str | None = None, backend_name: str | None = None,

@@ -34,9 +34,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import simulator
-from simulator.errors import TrackingUnavailable, UsageError, brief_text, printable
+from simulator import store_uri
+from simulator.errors import TrackingUnavailable, UsageError, brief_text, printable, redact
 from simulator.log import logger
 from simulator.metric_names import mlflow_name
+from simulator.store_uri import check_store_uri, sqlite_path
 
 PENDING = Path(".fedray") / "pending"
 PARAMS_PER_BATCH = 100
@@ -54,48 +56,24 @@ END_WAIT_SECONDS = 15.0  # what the end of a run waits for metrics still being s
 
 
 def default_uri(cwd: Path | None = None) -> str:
-    """``MLFLOW_TRACKING_URI`` if set, else the embedded store ``sqlite:///<cwd>/mlflow.db``."""
-    env = os.environ.get("MLFLOW_TRACKING_URI")
-    if env:
-        return env
-    return f"sqlite:///{(cwd or Path.cwd()).resolve() / 'mlflow.db'}"
+    """``MLFLOW_TRACKING_URI`` if set, else the embedded store ``sqlite:///<cwd>/mlflow.db``
+    (``simulator.store_uri.default_uri``)."""
+    return store_uri.default_uri(cwd)
 
 
 def artifact_root(uri: str) -> str | None:
     """Artifacts of an embedded SQLite store go beside the DB file (``mlartifacts/``)."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
-    return None
-
-
-def _sqlite_path(uri: str) -> Path | None:
-    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+    db = sqlite_path(uri)
+    return (db.parent / "mlartifacts").resolve().as_uri() if db is not None else None
 
 
 def check_uri(uri: str) -> None:
-    """What a tracking URI says without opening it: a file store (a path, or ``file:``) is
-    refused by MLflow 3 unless MLFLOW_ALLOW_FILE_STORE is set, which MLflow said in a long
-    exception (and ``fedray run`` learnt after its first round, as "cannot be reached")."""
-    from urllib.parse import urlparse
-
-    allowed = os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() in ("true", "1")
-    if urlparse(uri).scheme in ("", "file") and not allowed:
-        raise TrackingUnavailable(
-            f"tracking store {uri}: a file store (a path or file:), which MLflow 3 no longer "
-            "opens; use sqlite:///PATH/mlflow.db (`mlflow migrate-filestore` moves its runs "
-            "there), or set MLFLOW_ALLOW_FILE_STORE=true")
+    """The tracking URI checked by its class, without opening the store
+    (``simulator.store_uri.check_store_uri``; UsageError in one line)."""
+    check_store_uri(uri)
 
 
-def check_target(uri: str) -> None:
-    """``check_uri``, and an embedded SQLite store's folder exists: checked by the commands
-    before anything starts (nothing is created by the check)."""
-    check_uri(uri)
-    db = _sqlite_path(uri)
-    if db is not None and not db.parent.is_dir():
-        # MLflow (and fedray) would create every missing folder of a mistyped path
-        raise UsageError(
-            f"tracking store {uri}: the folder {db.parent} does not exist; create it, or give "
-            "a path in an existing folder (fedray creates the database file, not its folder)")
+check_target = check_uri  # the commands' name for it (nothing is created by the check)
 
 
 def ensure_store(uri: str) -> None:
@@ -110,15 +88,15 @@ def ensure_store(uri: str) -> None:
         for k, v in HTTP_DEFAULTS.items():
             os.environ.setdefault(k, v)
 
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is None:
         try:
             MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
         except Exception as e:  # noqa: BLE001 - MLflow/requests errors, reported in one line
-            raise TrackingUnavailable(
+            raise TrackingUnavailable(redact(
                 f"tracking store {uri} cannot be reached ({type(e).__name__}: "
                 f"{brief_text(str(e).splitlines()[0] if str(e) else '', 160)}); start it, or "
-                "leave out --tracking-uri and MLFLOW_TRACKING_URI for the embedded store") from None
+                "leave out --tracking-uri and MLFLOW_TRACKING_URI for the embedded store")) from None
         return
     with open(db.with_name(db.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
@@ -137,10 +115,10 @@ def require_store(uri: str, what: str) -> None:
     exist holds nothing, and is not created by looking (UsageError naming ``what`` is
     missing)."""
     check_uri(uri)
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is not None and not db.is_file():
-        raise UsageError(f"{what} in {uri}: there is no tracking store there (no {db.name} in "
-                         f"{db.parent}); pass --tracking-uri, or run the command where the "
+        raise UsageError(f"{what} in {redact(uri)}: there is no tracking store there (no "
+                         f"{db.name} in {db.parent}); pass --tracking-uri, or run the command where the "
                          "runs were made")
 
 
@@ -226,15 +204,15 @@ class Tracker:
         try:
             run = MlflowClient(tracking_uri=uri).get_run(run_id)
         except Exception:  # noqa: BLE001 - MLflow raises its own exception types
-            raise UsageError(f"no run {run_id!r} in {uri}") from None
+            raise UsageError(f"no run {run_id!r} in {redact(uri)}") from None
         return cls(uri, MlflowClient(tracking_uri=uri).get_experiment(run.info.experiment_id).name)
 
     def create_run(self, name: str, tags: dict[str, str], parent_id: str | None = None,
                    description: str = "") -> str:
-        tags = {k: str(v) for k, v in tags.items()}
+        tags = {k: redact(str(v)) for k, v in tags.items()}  # no credential in a tag
         tags["mlflow.runName"] = name
         if description:
-            tags["mlflow.note.content"] = description
+            tags["mlflow.note.content"] = redact(description)
         if parent_id:
             tags["mlflow.parentRunId"] = parent_id
         run = self.client.create_run(self.experiment_id, tags=tags, run_name=name)
@@ -243,7 +221,7 @@ class Tracker:
     def log_params(self, run_id: str, params: dict[str, str]) -> None:
         from mlflow.entities import Param
 
-        items = [Param(k[:250], v) for k, v in params.items()]
+        items = [Param(k[:250], redact(v)) for k, v in params.items()]  # nor in a param
         for i in range(0, len(items), PARAMS_PER_BATCH):
             self.client.log_batch(run_id, params=items[i : i + PARAMS_PER_BATCH])
 
@@ -284,7 +262,7 @@ class Tracker:
         self._down_until = time.monotonic() + RETRY_SECONDS
         if self.failures <= 3:
             logger.warning("fedray: MLflow %s failed (%s: %s); kept in %s and sent later (or "
-                           "by `fedray sync`)", what, type(e).__name__, str(e)[:200],
+                           "by `fedray sync`)", what, type(e).__name__, redact(str(e)[:200]),
                            self.journal)
 
     def _journal_pending(self, run_id: str) -> None:
@@ -360,7 +338,7 @@ class Tracker:
             dest = self.journal / run_id / "artifacts" / (artifact_path or "") / Path(path).name
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, dest)
-            (self.journal / run_id / "tracking_uri").write_text(self.uri)
+            _keep_uri(self.journal / run_id, self.uri)
 
     def end(self, run_id: str, status: str = "FINISHED") -> None:
         """Flush (waiting at most END_WAIT_SECONDS for a send in flight) and set the final
@@ -377,7 +355,7 @@ class Tracker:
             d = self.journal / run_id
             d.mkdir(parents=True, exist_ok=True)
             (d / "status").write_text(status)
-            (d / "tracking_uri").write_text(self.uri)
+            _keep_uri(d, self.uri)
             return
         _remove_if_empty(self.journal / run_id)
 
@@ -420,7 +398,15 @@ def _write_journal(path: Path, metrics: list[Any], uri: str) -> None:
     tmp = path.with_suffix(".tmp")
     pq.write_table(table, tmp)
     os.replace(tmp, path)
-    (path.parent / "tracking_uri").write_text(uri)
+    _keep_uri(path.parent, uri)
+
+
+def _keep_uri(folder: Path, uri: str) -> None:
+    """Where a journal folder's runs are to be sent (``fedray sync`` reads it): the URI whole,
+    credentials included, so the file is readable by its owner only."""
+    target = folder / "tracking_uri"
+    target.touch(mode=0o600, exist_ok=True)
+    target.write_text(uri)
 
 
 def _remove_if_empty(d: Path) -> None:
@@ -496,7 +482,8 @@ def sync(base: Path | None = None, uri: str | None = None,
                 out["statuses"] += 1
                 (d / "status").unlink()
         except Exception as e:  # noqa: BLE001 - still unreachable: keep it for next time
-            logger.warning("fedray sync: run %s: %s: %s", run_id, type(e).__name__, str(e)[:200])
+            logger.warning("fedray sync: run %s: %s: %s", run_id, type(e).__name__,
+                           redact(str(e)[:200]))
             out["failed_runs"] += 1
             continue
         out["runs"] += 1

@@ -33,8 +33,9 @@ ROLE_OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
-class ClusterUnreachable(FedrayError):
-    """``--address`` names a Ray cluster this process cannot join."""
+class ClusterUnreachable(UsageError):
+    """``--address`` names a Ray cluster this process cannot join (its head answers, but Ray
+    cannot join it: its token, its version): an address to fix, exit 2."""
 
 
 PLACE_TIMEOUT = 120.0  # seconds a new worker may wait for a CPU before the run stops
@@ -225,6 +226,38 @@ class RayBackend:
 CONNECT_TIMEOUT = 10.0  # seconds to open a TCP connection to a cluster's head
 
 
+ADDRESS_TIMEOUT = 2.0  # seconds the command line waits for a head to accept a connection
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[IPv6]:PORT``) of an ``--address``, else a UsageError."""
+    host, sep, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+        raise UsageError(f"--address {address}: expected HOST:PORT (the head's port, 6379 "
+                         "unless `ray start --port` said otherwise), auto, or ray://HOST:PORT")
+    return host, int(port)
+
+
+def check_address(address: str) -> None:
+    """``--address`` as the user gave it, checked before anything is created (a tracking
+    store, a run): its form, then a TCP connection to ``HOST:PORT`` (also of a
+    ``ray://HOST:PORT``), within ADDRESS_TIMEOUT seconds; nothing that answers is a UsageError
+    naming the address given. ``auto`` and ``local`` are left to Ray."""
+    if address in ("auto", "local"):
+        return
+    host, port = _host_port(address.removeprefix("ray://"))
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=ADDRESS_TIMEOUT).close()
+    except OSError as e:  # refused, unreachable, a name that does not resolve, the timeout
+        why = e.strerror or f"no answer within {ADDRESS_TIMEOUT:g} s"
+        raise UsageError(f"--address {address}: nothing answers there ({why}); start the "
+                         "cluster (`ray start --head`), or give the address `ray start` "
+                         "printed (`ray status` on the head shows whether it runs)") from None
+
+
 def _check_listening(address: str) -> None:
     """Raise ConnectionError unless something accepts connections at a ``host:port`` address,
     where ``ray.init`` would connect. Against a head that is not there, ``ray.init`` retries
@@ -235,11 +268,8 @@ def _check_listening(address: str) -> None:
     ValueError with its traceback)."""
     if address in ("auto", "local") or address.startswith("ray://"):
         return
-    host, sep, port = address.rpartition(":")
-    host = host.strip("[]")
-    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
-        raise UsageError(f"--address {address}: expected HOST:PORT (the head's port, 6379 "
-                         "unless `ray start --port` said otherwise), auto, or ray://HOST:PORT")
+    host, port_number = _host_port(address)
+    port = str(port_number)
     import socket
 
     ray = import_ray()

@@ -273,12 +273,12 @@ def test_control_characters_in_error_lines_are_escaped(tmp_path):
     line, = _refused(p)
     assert line.startswith(f"{p}:7: \\x1b[2J\\x07\\u202e: unknown key; allowed: name, ")
     assert line.isprintable()
-    r = fedray("resume", "ab\x1b[2Jc\x07", "--tracking-uri", "sqlite:////nonexistent/m.db",
+    r = fedray("resume", "ab\x1b[2Jc\x07", "--tracking-uri", f"sqlite:///{tmp_path}/m.db",
                cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.isprintable() is False  # its one newline
     assert r.stderr.splitlines() == [
-        ("fedray resume: no run 'ab\\x1b[2Jc\\x07' in sqlite:////nonexistent/m.db: there is no "
-        "tracking store there (no m.db in /nonexistent); pass --tracking-uri, or run the "
+        (f"fedray resume: no run 'ab\\x1b[2Jc\\x07' in sqlite:///{tmp_path}/m.db: there is no "
+        f"tracking store there (no m.db in {tmp_path}); pass --tracking-uri, or run the "
         "command where the runs were made")]
 
 
@@ -345,7 +345,7 @@ def test_a_sqlite_store_in_a_missing_folder_is_refused(tmp_path):
     for cmd in ("run", "sweep"):
         r = fedray(cmd, str(p), "--tracking-uri", uri, cwd=tmp_path)
         assert (r.returncode, r.stderr.splitlines()) == (2, [
-            (f"fedray {cmd}: tracking store {uri}: the folder {tmp_path}/nonexistent/dir does "
+            (f"fedray {cmd}: --tracking-uri {uri}: the folder {tmp_path}/nonexistent/dir does "
             "not exist; create it, or give a path in an existing folder (fedray creates the "
             "database file, not its folder)")])
     assert not (tmp_path / "nonexistent").exists()

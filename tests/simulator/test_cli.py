@@ -301,8 +301,9 @@ def test_counts_and_ports_out_of_range_are_one_line_exit_2(args, line, tmp_path,
     with pytest.raises(SystemExit) as e:
         main([quick if a == "Q" else a for a in args])
     assert e.value.code == 2
-    expected = "fedray " + line.format(n="an integer >= 1", port="an integer from 1 to 65535")
-    assert capsys.readouterr().err.strip().splitlines()[-1] == expected
+    expected = "fedray " + line.format(n="an integer >= 1", port="an integer from 1 to 65535") \
+        + f"; see `fedray {args[0]} --help`"
+    assert capsys.readouterr().err.strip().splitlines() == [expected]  # one line
 
 
 def test_the_api_refuses_worker_and_parallel_counts_below_one(tmp_path):

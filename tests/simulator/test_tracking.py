@@ -263,21 +263,32 @@ def test_a_model_torch_export_cannot_capture_keeps_its_state_dict(tmp_path, mlfl
 
 def test_mlflow_opens_while_the_first_rounds_run_and_loses_none(tmp_path, mlflow_uri,
                                                                  monkeypatch):
-    """The tracker, parent and child runs open on a background thread: with a store that
-    takes 1.5 s to open, the first rounds end before it is open, and MLflow still gets every
-    round once, in order."""
+    """The tracker, parent and child runs open on a background thread while the engine
+    starts. The store's first answer (the tracker) is awaited before round 0: with a store
+    that takes 1.5 s to answer, no round ends before it has. The parent and child runs may
+    still be opening while the first rounds run (here their opening takes 1.5 s more): those
+    rounds wait in the backlog, and MLflow still gets every round once, in order."""
     import time
 
     import simulator.layout as cb
     from simulator.callbacks import Callback
 
     opened: list[float] = []
+    parents: list[float] = []
 
     class SlowTracker(Tracker):
         def __init__(self, *args, **kwargs):
             time.sleep(1.5)
             super().__init__(*args, **kwargs)
             opened.append(time.perf_counter())
+
+    real_parent = cb.open_parent
+
+    def slow_parent(*args, **kwargs):
+        time.sleep(1.5)
+        parent = real_parent(*args, **kwargs)
+        parents.append(time.perf_counter())
+        return parent
 
     ends: list[float] = []
 
@@ -286,11 +297,12 @@ def test_mlflow_opens_while_the_first_rounds_run_and_loses_none(tmp_path, mlflow
             ends.append(time.perf_counter())
 
     monkeypatch.setattr(cb, "Tracker", SlowTracker)
+    monkeypatch.setattr(cb, "open_parent", slow_parent)
     p = tmp_path / "one.yaml"
     p.write_text(SWEEP.replace("seeds: [0, 1]", "seeds: [0]").replace(
         "sweep:\n  aggregator.name: [mean, median]\n", "").replace("rounds: 3", "rounds: 12"))
     out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True, callbacks=[Clock()])
-    assert len(opened) == 1 and len(ends) == 12 and ends[0] < opened[0]
+    assert len(opened) == 1 and len(ends) == 12 and opened[0] < ends[0] < parents[0]
     history = MlflowClient(mlflow_uri).get_metric_history(out["runs"][0]["run_id"],
                                                           mlflow_name("client_loss"))
     assert sorted(m.step for m in history) == list(range(12))
@@ -396,16 +408,16 @@ def test_a_store_that_cannot_be_used_is_one_line_before_anything_runs(tmp_path, 
     import socket
 
     from fedray.cli import main
-    from simulator.errors import TrackingUnavailable
+    from simulator.errors import UsageError
     from simulator.tracking import HTTP_DEFAULTS, check_uri
 
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     for k in HTTP_DEFAULTS:  # restored after the test: ensure_store sets them for http
         monkeypatch.delenv(k, raising=False)
     for uri in ("file:///tmp/mlruns", "./mlruns", "/abs/mlruns"):
-        with pytest.raises(TrackingUnavailable, match="a file store .* MLFLOW_ALLOW_FILE_STORE"):
+        with pytest.raises(UsageError, match="a file store .* MLFLOW_ALLOW_FILE_STORE"):
             check_uri(uri)
-    for uri in ("sqlite:///x/mlflow.db", "http://127.0.0.1:5000", "https://example.org"):
+    for uri in (f"sqlite:///{tmp_path}/mlflow.db", "http://127.0.0.1:5000", "https://example.org"):
         check_uri(uri)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     check_uri("./mlruns")
@@ -414,21 +426,21 @@ def test_a_store_that_cannot_be_used_is_one_line_before_anything_runs(tmp_path, 
     monkeypatch.chdir(tmp_path)
     quick = str(ROOT / "scenarios" / "quickstart.yaml")
     assert main(["run", quick, "--backend", "inline", "--quiet", "--set", "rounds=2",
-                 "--tracking-uri", "./mlruns"]) == 1
+                 "--tracking-uri", "./mlruns"]) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
-        ("fedray run: tracking store ./mlruns: a file store (a path or file:), which MLflow 3 no "
+        ("fedray run: --tracking-uri ./mlruns: a file store (a path or file:), which MLflow 3 no "
         "longer opens; use sqlite:///PATH/mlflow.db (`mlflow migrate-filestore` moves its runs "
         "there), or set MLFLOW_ALLOW_FILE_STORE=true")]
     assert not (tmp_path / "mlruns").exists()
-    assert main(["table", "quickstart", "--by", "seed", "--tracking-uri", "file:///x"]) == 1
-    assert capsys.readouterr().err.startswith("fedray table: tracking store file:///x: a file")
+    assert main(["table", "quickstart", "--by", "seed", "--tracking-uri", "file:///x"]) == 2
+    assert capsys.readouterr().err.startswith("fedray table: --tracking-uri file:///x: a file")
 
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     dead = f"http://127.0.0.1:{port}"
     for args in (["report", "quickstart"], ["table", "quickstart", "--by", "seed"]):
-        assert main([*args, "--tracking-uri", dead]) == 1
+        assert main([*args, "--tracking-uri", dead]) == 2
         (line,) = capsys.readouterr().err.strip().splitlines()
         assert line.startswith(f"fedray {args[0]}: tracking store {dead} cannot be reached")
