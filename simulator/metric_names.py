@@ -1,6 +1,6 @@
 """The names fedray's per-round metrics have in MLflow: grouped by a prefix, so MLflow's
 chart view folds them into sections (``eval``, ``robust``, ``round``, ``dsgd``, ``time``,
-``privacy``)
+``privacy``, ``comm``)
 instead of listing seventeen names alphabetically with the constant counters first.
 
 Inside fedray (the engine's rows, ``metrics.parquet``, the CLI's lines) a metric keeps its
@@ -23,12 +23,15 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                "byzantine_sampled", "byzantine_exceeded", "b_hat", "buffer_aggregation_error",
                "attack_success_rate"),
     # who took part in the round and how local training went
-    "round": ("sampled", "participants", "dropped", "stragglers", "partial_work", "client_loss"),
+    "round": ("sampled", "participants", "dropped", "stragglers", "partial_work", "client_loss",
+              "late", "carried"),
     "dsgd": ("consensus_distance", "byzantine_peers"),
     # the simulated clock (speeds; the asynchronous modes)
     "time": ("sim_time", "staleness_mean", "staleness_max", "dropped_stale", "started",
              "clients_applied"),
     "privacy": ("epsilon",),
+    # the message path: bytes each round (or step) sent up and down, and their totals
+    "comm": ("bytes_up", "bytes_down", "bytes_up_total", "bytes_down_total"),
 }
 MLFLOW = {name: f"{section}/{name}" for section, names in SECTIONS.items() for name in names}
 PLAIN = {v: k for k, v in MLFLOW.items()}

@@ -4,11 +4,20 @@
 point by one more `--set sweep=...`, run into a fresh store, then `fedray table`) and must
 equal what the page says. The points run inline, one after another (the engine gives the
 same numbers as `fedray sweep`'s Ray tasks); a script's output block is recomputed whole.
+
+On the machine that ran `make docs-tables` a cell comes back to the last digit. On another
+x86 machine the kernels torch picks (MKL's and oneDNN's paths for its instruction set and
+vendor) round differently, a robust rule's selection can flip, and a `mean ± std` cell may
+move: it then counts as reproduced when its mean is within the spread the seeds show,
+``|m1 - m2| <= sqrt(s1^2 + s2^2)``, with the same trailing text (pairs, seeds that reached
+a target); a cell without a spread must be equal.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
+import re
 import sys
 from pathlib import Path
 
@@ -47,6 +56,30 @@ def block_of(page: str, block_id: str):
     assert block_id in found, f"{page} has no block {block_id}; it has {sorted(found)}"
     b = found[block_id]
     return b, text[b.start:b.end]
+
+
+SPREAD = re.compile(r"^(-?[0-9.]+(?:e[-+]?[0-9]+)?) ± ([0-9.]+(?:e[-+]?[0-9]+)?)(.*)$")
+
+
+def reproduced(documented: str, recomputed: str) -> bool:
+    """Whether a recomputed cell reproduces a documented one (module docstring): equal, or
+    two ``mean ± std`` cells whose means are within their combined spread."""
+    if documented == recomputed:
+        return True
+    a, b = SPREAD.match(documented), SPREAD.match(recomputed)
+    if a is None or b is None or a.group(3) != b.group(3):
+        return False
+    (m1, s1), (m2, s2) = (map(float, a.group(1, 2)), map(float, b.group(1, 2)))
+    return abs(m1 - m2) <= math.hypot(s1, s2)
+
+
+def test_a_cell_reproduces_exactly_or_within_the_seeds_spread():
+    assert reproduced("0.911 ± 0.017", "0.911 ± 0.016")
+    assert reproduced("0.557 ± 0.092", "0.657 ± 0.050")  # a Krum selection flipped
+    assert reproduced("-0.000194 ± 0.00061 (5 pairs)", "-0.000196 ± 0.00061 (5 pairs)")
+    assert not reproduced("0.557 ± 0.012", "0.657 ± 0.010")  # beyond the seeds' spread
+    assert not reproduced("41.2 ± 3.1 (2 of 2)", "41.2 ± 3.1 (1 of 2)")
+    assert not reproduced("0.911", "0.912") and reproduced("0.911", "0.911")
 
 
 def the_row(rows: list[dict[str, str]], where: dict[str, str]) -> dict[str, str]:
@@ -145,7 +178,7 @@ def test_a_cell_of_each_docs_table_is_what_its_command_gives(page, block_id, cel
     recomputed = the_row(markdown_rows(docs_tables.block_table(
         block, uri, runner="inline", extra_sets=[cell])), where)
     for col in columns:
-        assert recomputed[col] == documented[col], (
+        assert reproduced(documented[col], recomputed[col]), (
             f"{page} {block_id} {where} {col}: documented {documented[col]}, "
             f"recomputed {recomputed[col]}")
 
@@ -191,7 +224,10 @@ def test_the_dsgd_topologies_tables_one_topology_and_its_difference_from_complet
         documented = the_row(markdown_rows(body), where)
         recomputed = the_row(markdown_rows(docs_tables.block_table(
             block, uri, runner="inline", extra_sets=[cell], run=run)), where)
-        assert recomputed == documented, f"docs/dsgd.md {block_id}"
+        assert recomputed.keys() == documented.keys()
+        bad = {k: (documented[k], recomputed[k]) for k in documented
+               if not reproduced(documented[k], recomputed[k])}
+        assert not bad, f"docs/dsgd.md {block_id}: {bad}"
 
 
 def test_the_backdoor_tables_norm_bounding_against_the_distributed_backdoor(tmp_path,
@@ -211,4 +247,5 @@ def test_the_backdoor_tables_norm_bounding_against_the_distributed_backdoor(tmp_
         recomputed = the_row(markdown_rows(docs_tables.block_table(
             block, uri, runner="inline", extra_sets=[cell], run=run)), where)
         col = "attack=backdoor_dba"
-        assert recomputed[col] == documented[col], f"docs/backdoor.md {block_id}"
+        assert reproduced(documented[col], recomputed[col]), \
+            f"docs/backdoor.md {block_id}: {documented[col]} against {recomputed[col]}"

@@ -66,7 +66,7 @@ def test_sweep_leaves_one_parent_and_four_children(tmp_path, mlflow_uri):
         assert r.data.params["seed"] == r.data.tags["seed"]  # the seed is a param too
         # metric names grouped by prefix, so the MLflow UI folds them into sections
         sections = {k.split("/")[0] for k in r.data.metrics}
-        assert sections == {"eval", "robust", "round"}, sorted(r.data.metrics)
+        assert sections == {"eval", "robust", "round", "comm"}, sorted(r.data.metrics)
         assert "eval/test_accuracy" in r.data.metrics and "test_accuracy" not in r.data.metrics
         # the data set as an MLflow input: name, a digest of the clients' data, the partition
         (inp,) = client.get_run(r.info.run_id).inputs.dataset_inputs
