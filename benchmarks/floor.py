@@ -108,7 +108,7 @@ def fedray(workers: int, threads: int, rounds: int, backend: str = "ray"
     """(steady-state seconds per round, final accuracy, the medians of the engine's round
     timings: the slowest worker's training, the server's step, the whole round)."""
     from simulator.config.load import load
-    from simulator.engine import make_engine
+    from simulator.engine import Engine
     from simulator.runtime.backend import InlineBackend, RayBackend
 
     with tempfile.TemporaryDirectory() as d:
@@ -119,7 +119,7 @@ def fedray(workers: int, threads: int, rounds: int, backend: str = "ray"
         else InlineBackend()
     ends: list[float] = []
     try:
-        res = make_engine(sc, be).run(lambda r, m: ends.append(time.perf_counter()))
+        res = Engine(sc, be).run(lambda r, m: ends.append(time.perf_counter()))
     finally:
         be.shutdown()
     gaps = [b - a for a, b in itertools.pairwise(ends[3:-1])]  # no eval, no start

@@ -41,7 +41,7 @@ runtime: {{backend: ray, workers: {workers}}}
 def per_round(backend, rounds: int, per_round: int, hidden: int) -> tuple[float, int]:
     """(steady-state seconds per round, d) of one configuration on ``backend``."""
     from simulator.config.load import load
-    from simulator.engine import make_engine
+    from simulator.engine import Engine
 
     total = max(2 * per_round, 100)
     with tempfile.TemporaryDirectory() as d:
@@ -51,7 +51,7 @@ def per_round(backend, rounds: int, per_round: int, hidden: int) -> tuple[float,
                                         workers=os.cpu_count() or 1))
         sc = load(path).points[0].scenario
     ends: list[float] = []
-    eng = make_engine(sc, backend)
+    eng = Engine(sc, backend)
     eng.run(lambda r, m: ends.append(time.perf_counter()))
     return statistics.median(b - a for a, b in itertools.pairwise(ends[3:-1])), eng.protocol.dim
 

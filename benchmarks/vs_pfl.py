@@ -59,13 +59,13 @@ def fedray_side(scenario: str) -> None:
     """Run in a subprocess: the fedray simulation on a fresh local Ray; one JSON line."""
     t0 = time.perf_counter()
     from simulator.config.load import load
-    from simulator.engine import make_engine
+    from simulator.engine import Engine
     from simulator.runtime.backend import RayBackend
 
     backend = RayBackend(include_dashboard=False, num_cpus=os.cpu_count())
     ends: list[float] = []
     try:
-        res = make_engine(load(scenario).points[0].scenario, backend).run(
+        res = Engine(load(scenario).points[0].scenario, backend).run(
             lambda r, m: ends.append(time.perf_counter()))
     finally:
         backend.shutdown()

@@ -290,8 +290,3 @@ class Engine:
     def privacy_mechanism(self, rounds: int) -> Any:
         """The run's DP mechanism after ``rounds`` rounds (``PrivacyAccountant.mechanism``)."""
         return self.accountant.mechanism(rounds)
-
-
-def make_engine(scenario: Scenario, backend: Backend, workers: int | None = None) -> Engine:
-    """The engine of a run point (its Plan names the round protocol)."""
-    return Engine(scenario, backend, workers)

@@ -47,11 +47,11 @@ class PoolExecutor:
                 engine_done: Callable[[], None] | None = None) -> dict[str, Any]:
         """Run one point into its child run (from ``state``, a checkpoint, when given), then
         its end; a failure keeps what was computed."""
-        from simulator.engine import make_engine
+        from simulator.engine import Engine
 
         status, error, result = "FAILED", None, None
         try:
-            engine = make_engine(run.point.scenario, self.backend, self.workers)
+            engine = Engine(run.point.scenario, self.backend, self.workers)
             result = engine.run(partial(exp.on_round, run), partial(exp.on_checkpoint, run),
                                 state, exp.store_answered)
             status, workers = "FINISHED", engine.n_workers
@@ -79,12 +79,12 @@ def _simulate(scenario: Scenario, label: str = "", resume: dict[str, Any] | None
     metrics and each checkpoint go to the driver as ``(kind, token, round, payload)``, and
     the driver shows the progress; alone, it prints its own progress lines. The engine's
     messages are printed on the task's stderr, which Ray forwards to the driver's terminal."""
-    from simulator.engine import make_engine
+    from simulator.engine import Engine
     from simulator.progress import Progress
     from simulator.runtime.backend import InlineBackend
 
     with to_stderr():
-        engine = make_engine(scenario, InlineBackend())
+        engine = Engine(scenario, InlineBackend())
         if events is not None:
             return engine.run(lambda r, m: events.put(("round", token, r, m)),
                               lambda r, s: events.put(("checkpoint", token, r, s)), resume)

@@ -142,7 +142,7 @@ def run_trial(config: dict[str, Any], raw: dict, group: dict[str, Any], tune: di
     the last report (the driver logs them to MLflow)."""
     from ray import tune as rt
 
-    from simulator.engine import make_engine
+    from simulator.engine import Engine
     from simulator.log import to_stderr
     from simulator.runtime.backend import InlineBackend
 
@@ -157,7 +157,7 @@ def run_trial(config: dict[str, Any], raw: dict, group: dict[str, Any], tune: di
         fresh[str(i)].append([r, metrics])
 
     with to_stderr():
-        steps = [make_engine(p.scenario, InlineBackend()).steps(partial(keep, i))
+        steps = [Engine(p.scenario, InlineBackend()).steps(partial(keep, i))
                  for i, p in enumerate(points)]
         done = [False] * len(points)
         for r in range(max(p.scenario.rounds for p in points)):

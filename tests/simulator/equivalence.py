@@ -56,13 +56,13 @@ def digest(params) -> str:
 
 
 def main(out: str) -> None:
-    from simulator.engine import make_engine
+    from simulator.engine import Engine
     from simulator.runtime.backend import InlineBackend
 
     got = {}
     with tempfile.TemporaryDirectory() as tmp:
         for case in CASES:
-            res = make_engine(scenario(case, Path(tmp)), InlineBackend(), workers=2).run()
+            res = Engine(scenario(case, Path(tmp)), InlineBackend(), workers=2).run()
             got[case] = {"metrics": res.metrics, "final": digest(res.final_params)}
             print(case, res.final("test_accuracy"), got[case]["final"], flush=True)
     Path(out).write_text(json.dumps(got, sort_keys=True))

@@ -12,7 +12,7 @@ import torch
 
 from simulator import checkpoint
 from simulator.config.load import load
-from simulator.engine import make_engine
+from simulator.engine import Engine
 from simulator.metric_names import mlflow_name
 from simulator.runtime.backend import InlineBackend
 
@@ -66,13 +66,13 @@ def _roundtrip(state):
 def test_resume_from_a_checkpoint_gives_the_uninterrupted_numbers(tmp_path, over):
     sc = _point(tmp_path, FL, *over)
     saved: dict[int, dict] = {}
-    full = make_engine(sc, InlineBackend(), workers=2).run(
+    full = Engine(sc, InlineBackend(), workers=2).run(
         on_checkpoint=lambda r, st: saved.__setitem__(r, _roundtrip(st)))
     if "ditto" in str(over):
         assert full.metrics[-1]["personal_clients"] > 0
     assert sorted(saved) == [2, 5]  # after rounds 3 and 6 of 7
     for r in (2, 5):
-        resumed = make_engine(sc, InlineBackend(), workers=2).run(resume={**saved[r], "round": r})
+        resumed = Engine(sc, InlineBackend(), workers=2).run(resume={**saved[r], "round": r})
         assert resumed.metrics == full.metrics
         np.testing.assert_array_equal(resumed.final_params, full.final_params)
 
@@ -90,8 +90,8 @@ def test_dsgd_resumes_in_both_orders(tmp_path):
         def keep(r, st, saved=saved):
             saved[r] = _roundtrip(st)
 
-        full = make_engine(sc, InlineBackend()).run(on_checkpoint=keep)
-        resumed = make_engine(sc, InlineBackend()).run(resume={**saved[2], "round": 2})
+        full = Engine(sc, InlineBackend()).run(on_checkpoint=keep)
+        resumed = Engine(sc, InlineBackend()).run(resume={**saved[2], "round": 2})
         assert resumed.metrics == full.metrics
         np.testing.assert_array_equal(resumed.final_params, full.final_params)
 
@@ -180,7 +180,7 @@ def test_kill_9_of_the_driver_then_resume_gives_the_uninterrupted_metrics(tmp_pa
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
     assert client.get_run(run.data.tags["mlflow.parentRunId"]).info.status == "FINISHED"
-    full = make_engine(_point(tmp_path, text), InlineBackend()).run()
+    full = Engine(_point(tmp_path, text), InlineBackend()).run()
     keys = ["test_accuracy", "test_loss", "aggregation_error", "aggregate_norm"]
     for key in keys + (["sim_time", "staleness_mean"] if text is ASYNC_KILL else []) + \
             (["personal_test_accuracy_mean", "personal_test_accuracy_p10"]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from simulator.config.load import load
-from simulator.engine import Engine, make_engine
+from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
 
 HERE = Path(__file__).resolve().parent
@@ -200,9 +200,9 @@ def test_dsgd_peers_of_a_lost_worker_move_and_the_round_is_recomputed(tmp_path, 
                                   f"clients: {{total: 8}}\ntopology: {{name: ring}}\n"
                                   f"dsgd: {{order: {order}}}\n"))
     sc = load(p).points[0].scenario
-    reference = make_engine(sc, InlineBackend()).run()
+    reference = Engine(sc, InlineBackend()).run()
     backend = KillDuringPeerStep(shared_ray)
-    faulty = make_engine(sc, backend, workers=2).run()
+    faulty = Engine(sc, backend, workers=2).run()
     assert backend.killed == 1
     assert faulty.metrics == reference.metrics
     np.testing.assert_array_equal(faulty.final_params, reference.final_params)

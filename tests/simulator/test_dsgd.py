@@ -8,7 +8,7 @@ import pytest
 
 from simulator.config import ScenarioError
 from simulator.config.load import load
-from simulator.engine import Engine, make_engine
+from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
 
 DSGD = """\
@@ -51,7 +51,7 @@ def test_same_numbers_on_any_number_of_workers_and_on_ray(tmp_path, shared_ray):
     one = Engine(sc, InlineBackend(), workers=1).run()
     three = Engine(sc, InlineBackend(), workers=3).run()
     assert one.metrics == three.metrics
-    on_ray = make_engine(sc, shared_ray, workers=2).run()
+    on_ray = Engine(sc, shared_ray, workers=2).run()
     assert on_ray.metrics == one.metrics
     np.testing.assert_array_equal(on_ray.final_params, one.final_params)
 

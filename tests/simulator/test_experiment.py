@@ -17,7 +17,7 @@ from fedray.cli import main
 from simulator import checkpoint
 from simulator.callbacks import Callback
 from simulator.config.load import load
-from simulator.engine import make_engine
+from simulator.engine import Engine
 from simulator.interrupts import unfinished_of
 from simulator.metric_names import mlflow_name
 from simulator.runner import run_loaded, run_sweep
@@ -62,7 +62,7 @@ class Seen(Callback):
 
 def _alone(loaded, label):
     point = next(p for p in loaded.points if p.label == label)
-    return make_engine(point.scenario, InlineBackend()).run()
+    return Engine(point.scenario, InlineBackend()).run()
 
 
 def _history(client, run_id, key):

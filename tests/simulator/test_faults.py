@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 from fedray.cli import main
 from simulator import tracking
 from simulator.config.load import load
-from simulator.engine import make_engine
+from simulator.engine import Engine
 from simulator.metric_names import mlflow_name
 from simulator.resume import resume_run
 from simulator.runner import run_loaded
@@ -227,7 +227,7 @@ def test_too_few_rows_still_skips_the_round(tmp_path):
                  .replace("clients: {total: 8, per_round: 5}",
                           "clients: {total: 8, per_round: 8, dropout: 0.45}")
                  + "aggregator: {name: cwtm, f: 2}\n")
-    result = make_engine(load(p).points[0].scenario, InlineBackend()).run()
+    result = Engine(load(p).points[0].scenario, InlineBackend()).run()
     skipped = [m["aggregation_skipped"] for m in result.metrics]
     assert 0 < sum(skipped) < len(skipped)
 
@@ -279,7 +279,7 @@ def test_resume_of_one_point_finishes_the_parent_and_refuses_a_finished_run(
     assert sorted(c.info.status for c in children) == ["FINISHED", "FINISHED"]
     for point in loaded.points:  # every round exactly once, the uninterrupted numbers
         run = next(c for c in children if c.info.run_name == point.label)
-        full = make_engine(point.scenario, InlineBackend()).run()
+        full = Engine(point.scenario, InlineBackend()).run()
         hist = sorted(client.get_metric_history(run.info.run_id, mlflow_name("test_accuracy")),
                       key=lambda m: m.step)
         assert [m.step for m in hist] == list(range(6))
@@ -329,7 +329,7 @@ def test_resume_sends_the_journal_first_so_every_step_is_logged_once(
         assert sent == set()
 
     resume_run(run_id)
-    full = make_engine(loaded.points[0].scenario, InlineBackend()).run()
+    full = Engine(loaded.points[0].scenario, InlineBackend()).run()
     for key in ("test_accuracy", "sampled"):
         hist = sorted(client.get_metric_history(run_id, mlflow_name(key)), key=lambda m: m.step)
         assert [m.step for m in hist] == list(range(6)), key

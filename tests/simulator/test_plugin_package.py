@@ -16,7 +16,7 @@ from fedray.testing import check_plugin
 from simulator import registry
 from simulator.config import ScenarioError
 from simulator.config.load import load
-from simulator.engine import make_engine
+from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
 
 PACKAGE = Path(__file__).parent.parent / "plugin_package"
@@ -61,7 +61,7 @@ def test_every_plugin_of_the_package_passes_the_shipped_checks(plugin_site, kind
 def _run(tmp_path: Path, text: str) -> object:
     p = tmp_path / "s.yaml"
     p.write_text(textwrap.dedent(text))
-    return make_engine(load(p).points[0].scenario, InlineBackend()).run()
+    return Engine(load(p).points[0].scenario, InlineBackend()).run()
 
 
 def test_the_package_runs_from_scenarios(plugin_site, tmp_path):

@@ -17,7 +17,7 @@ from simulator import registry
 from simulator.config import ScenarioError
 from simulator.config.load import load
 from simulator.data import build
-from simulator.engine import make_engine
+from simulator.engine import Engine
 from simulator.errors import DataError
 from simulator.runtime.backend import InlineBackend
 from tests import formats
@@ -156,14 +156,14 @@ def test_the_data_sets_run_from_scenarios_with_relative_roots(tmp_path):
                          ("{name: cifar10, root: cifar}", None),
                          ("{name: femnist, root: leaf}", None)]:
         sc = load(_scenario(tmp_path, block)).points[0].scenario
-        res = make_engine(sc, InlineBackend()).run()
+        res = Engine(sc, InlineBackend()).run()
         assert all(np.isfinite(r["client_loss"]) for r in res.metrics)
         assert 0.0 <= res.final("test_accuracy") <= 1.0
     # the fixture is learnable (each class lights its own band of pixels): the uint8 images
     # reach the model scaled to [0, 1] and a linear model learns them
     sc = load(_scenario(tmp_path, "{name: mnist, root: mnist}", "{name: logreg}")
               ).points[0].scenario.model_copy(update={"rounds": 10})
-    assert make_engine(sc, InlineBackend()).run().final("test_accuracy") == 1.0
+    assert Engine(sc, InlineBackend()).run().final("test_accuracy") == 1.0
 
 
 def test_a_missing_file_is_named_with_the_layout_before_anything_runs(tmp_path):
@@ -230,7 +230,7 @@ def test_uint8_pixels_in_parquet_are_images_as_the_built_in_readers_give_them(tm
         p.write_text(f"rounds: 4\ndata: {{dataset: {data}, partitioner: {{name: iid}}}}\n"
                      "model: {name: logreg}\nclients: {total: 4}\n"
                      "local: {steps: 3, batch_size: 16, lr: 0.5}\n")
-        runs.append(make_engine(load(p).points[0].scenario, InlineBackend()).run())
+        runs.append(Engine(load(p).points[0].scenario, InlineBackend()).run())
     assert runs[0].metrics == runs[1].metrics
     assert runs[1].final("test_accuracy") > 0.8  # pixels in [0, 1]: learnt in 4 rounds
     mixed = pa.table({"pixels": pa.array(list(written["x"][:8].reshape(8, -1)),
@@ -256,7 +256,7 @@ def test_the_mnist5k_benchmark_scenario_runs_and_learns():
     assert split.x_train.shape == (4000, 1, 28, 28) and split.x_train.dtype == np.uint8
     assert np.bincount(split.y_train).min() > 300  # ten real classes
     point = next(p for p in loaded.points if p.label == "mean attack=alie seed=0")
-    res = make_engine(point.scenario, InlineBackend()).run()
+    res = Engine(point.scenario, InlineBackend()).run()
     assert res.final("test_accuracy") > 0.7
 
 
@@ -406,7 +406,7 @@ def test_huggingface_parquet_folder_and_hub_cache(tmp_path, monkeypatch):
         clients: {total: 3}
         local: {steps: 2, batch_size: 4}
     """))
-    res = make_engine(load(p).points[0].scenario, InlineBackend()).run()
+    res = Engine(load(p).points[0].scenario, InlineBackend()).run()
     assert np.isfinite(res.final("test_loss"))
 
 
@@ -433,7 +433,7 @@ def test_shakespeare_tokens_roles_and_a_char_lstm(tmp_path):
         clients: {{total: 4}}
         local: {{steps: 2, batch_size: 4, lr: 0.5}}
     """))
-    res = make_engine(load(p).points[0].scenario, InlineBackend()).run()
+    res = Engine(load(p).points[0].scenario, InlineBackend()).run()
     assert np.isfinite(res.final("test_loss")) and np.isfinite(res.final("client_loss"))
     # a values model on tokens, and a token model on images, are refused before anything runs
     p.write_text(p.read_text().replace("{name: char_lstm, hidden: 16, layers: 1}", "{name: mlp}"))
@@ -486,7 +486,7 @@ def test_per_client_test_accuracy_on_natural_partitions(tmp_path):
             clients: {{total: 6}}
             local: {{steps: 2, batch_size: 4}}
         """))
-        res = make_engine(load(p).points[0].scenario, InlineBackend()).run()
+        res = Engine(load(p).points[0].scenario, InlineBackend()).run()
         last = res.metrics[-1]
         assert ("client_test_accuracy_mean" in last) == expected
         if expected:
@@ -521,7 +521,7 @@ def test_huggingface_text_becomes_byte_tokens_for_a_token_model(tmp_path):
         clients: {{total: 3}}
         local: {{steps: 4, batch_size: 8, lr: 0.5}}
     """))
-    res = make_engine(load(p).points[0].scenario, InlineBackend()).run()
+    res = Engine(load(p).points[0].scenario, InlineBackend()).run()
     assert np.isfinite(res.final("test_loss")) and 0 <= res.final("test_accuracy") <= 1
 
 

@@ -231,7 +231,7 @@ def test_inf_is_kept_where_it_means_something_and_survives_json(tmp_path):
     (it used to turn into null on its way through JSON)."""
     import json
 
-    from simulator.engine import make_engine
+    from simulator.engine import Engine
     from simulator.runtime.backend import InlineBackend
     from simulator.tracking import flatten
 
@@ -246,8 +246,8 @@ def test_inf_is_kept_where_it_means_something_and_survives_json(tmp_path):
     # no clipping at all: the run is the plain mean's (cc with tau = inf moves to the mean)
     plain = tmp_path / "plain.yaml"
     plain.write_text(BASE)
-    a = make_engine(sc.model_copy(update={"rounds": 2}), InlineBackend()).run()
-    b = make_engine(load(plain).points[0].scenario.model_copy(update={"rounds": 2}),
+    a = Engine(sc.model_copy(update={"rounds": 2}), InlineBackend()).run()
+    b = Engine(load(plain).points[0].scenario.model_copy(update={"rounds": 2}),
                     InlineBackend()).run()
     assert [m["test_accuracy"] for m in a.metrics] == pytest.approx(
         [m["test_accuracy"] for m in b.metrics], abs=1e-6)

@@ -17,7 +17,7 @@ import torch
 
 from simulator.config import ScenarioError
 from simulator.config.load import load
-from simulator.engine import make_engine
+from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend, RayBackend
 from strategies.tasks import Classification, NextToken, Regression
 from tests import formats
@@ -72,10 +72,10 @@ def test_next_character_model_learns_below_the_unigram_baseline_on_both_backends
         tmp_path, shared_ray):
     p = _shakespeare(tmp_path)
     sc = load(p).points[0].scenario
-    inline = make_engine(sc, InlineBackend(), workers=2).run()
-    ray_run = make_engine(sc, RayBackend(), workers=2).run()
+    inline = Engine(sc, InlineBackend(), workers=2).run()
+    ray_run = Engine(sc, RayBackend(), workers=2).run()
     assert inline.metrics == ray_run.metrics  # identical metrics on both backends
-    eng = make_engine(sc, InlineBackend())
+    eng = Engine(sc, InlineBackend())
     tokens = np.concatenate([eng.data.source.table.column("y").to_numpy(),
                              np.asarray(eng.data.source.table.column("x").combine_chunks().values)])
     freq = np.array(list(collections.Counter(tokens.tolist()).values()), dtype=float)
@@ -104,7 +104,7 @@ def test_regression_beats_the_mean_predictor(tmp_path):
         local: {epochs: 1, batch_size: 16, lr: 0.05}
     """))
     sc = load(p).points[0].scenario
-    eng = make_engine(sc, InlineBackend())
+    eng = Engine(sc, InlineBackend())
     res = eng.run()
     y_test = np.asarray(eng.data.y_test)
     assert y_test.dtype == np.float32

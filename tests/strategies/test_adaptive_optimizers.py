@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from simulator.config import ScenarioError
-from simulator.engine import make_engine
+from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
 from strategies.optimizers import FedAdagrad, FedAdam, FedYogi, adagrad_step, adam_step, yogi_step
 from tests.simulator.test_engine import point
@@ -136,7 +136,7 @@ def test_engine_runs_fedyogi_and_fedadagrad_apart_from_fedadam(tmp_path):
     for name in ("fedadam", "fedyogi", "fedadagrad"):
         sc = point(tmp_path, BASE, [f"server.optimizer={{name: {name}, lr: 0.05}}"])
         assert sc.server.optimizer["name"] == name
-        runs[name] = make_engine(sc, InlineBackend(), workers=2).run()
+        runs[name] = Engine(sc, InlineBackend(), workers=2).run()
     for name, res in runs.items():
         acc = res.final("test_accuracy")
         assert isinstance(acc, float) and 0.0 <= acc <= 1.0, (name, acc)
@@ -147,7 +147,7 @@ def test_engine_runs_fedyogi_and_fedadagrad_apart_from_fedadam(tmp_path):
         assert not np.array_equal(runs[name].final_params, runs["fedadam"].final_params), name
     assert not np.array_equal(runs["fedyogi"].final_params, runs["fedadagrad"].final_params)
     # and the run is seeded: the same scenario gives the same numbers
-    again = make_engine(point(tmp_path, BASE, ["server.optimizer={name: fedyogi, lr: 0.05}"]),
+    again = Engine(point(tmp_path, BASE, ["server.optimizer={name: fedyogi, lr: 0.05}"]),
                         InlineBackend(), workers=1).run()
     assert again.metrics == runs["fedyogi"].metrics
 
