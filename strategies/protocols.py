@@ -63,6 +63,7 @@ import torch
 from torch import nn
 
 from strategies.kinds import KINDS
+from strategies.paths import PathKind
 
 __all__ = [
     "CONTRACTS",
@@ -118,7 +119,10 @@ class Traits:
     ``privacy_level``: ``sample`` (DP-SGD inside each client) or ``client`` (the server
     clips and noises the mean).
     ``context``: constructor arguments the engine supplies (not scenario keys).
-    ``path_params``: keys holding file paths, resolved relative to the scenario file.
+    ``path_params``: keys holding file paths, resolved relative to the scenario file and
+    checked before anything reads them (``strategies.paths.guard``): a regular file, unless
+    the key is also in ``folder_params`` (a folder) or ``file_or_folder_params`` (either);
+    see :meth:`path_kind`.
     ``by_label``: a partitioner that splits by class label (refused for value targets).
     ``natural``: a partitioner that keeps the data set's own clients, client ``k`` the
     ``k``-th (what ``data.load: cohort`` reads a :class:`Population` by).
@@ -169,6 +173,8 @@ class Traits:
     privacy_level: Literal["none", "sample", "client"] = "none"
     context: tuple[str, ...] = ()
     path_params: tuple[str, ...] = ()
+    folder_params: tuple[str, ...] = ()
+    file_or_folder_params: tuple[str, ...] = ()
     buffers: bool = False
     by_label: bool = False
     natural: bool = False
@@ -185,6 +191,13 @@ class Traits:
     personal: bool = False
     targeted: bool = False
     reference: bool = False
+
+    def path_kind(self, key: str) -> PathKind:
+        """What the path key ``key`` (one of ``path_params``) names: ``file``, ``folder``
+        or ``either``."""
+        if key in self.folder_params:
+            return "folder"
+        return "either" if key in self.file_or_folder_params else "file"
 
 
 class TraitAlias:

@@ -201,6 +201,11 @@ def validate_point(raw: dict) -> Scenario:
     problems += b_hat_problems
     if problems:
         raise ScenarioError(problems)
+    from simulator.config.paths import check_paths  # it walks this module's plugin blocks
+
+    problems += check_paths(resolved)  # before anything reads a path: nothing blocks
+    if problems:
+        raise ScenarioError(problems)
     sc = Scenario.model_validate(resolved)
     cross_field(sc, problems)
     if problems:

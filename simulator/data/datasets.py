@@ -18,6 +18,7 @@ from annotated_types import Ge, Gt
 
 from simulator.data.partitioners import as_many_clients
 from simulator.errors import DataError
+from strategies.paths import PathRefused, guard
 from strategies.protocols import (
     Dataset,
     DatasetInfo,
@@ -308,7 +309,6 @@ def _digits_table() -> np.ndarray:
     file scikit-learn ships without importing scikit-learn (0.7 s of imports, scipy's among
     them, for a 60 KB file); through ``load_digits`` where the file is not where it was."""
     import importlib.util
-    from pathlib import Path
 
     spec = importlib.util.find_spec("sklearn")
     roots = spec.submodule_search_locations if spec is not None else None
@@ -366,7 +366,8 @@ class ParquetDataset(PopulationDataset):
     (``fedray data convert`` writes them so) let the filter skip every row group but the
     cohort's."""
 
-    traits = Traits(path_params=("path", "test_path"))
+    traits = Traits(path_params=("path", "test_path"),
+                    file_or_folder_params=("path", "test_path"))
     whole_is_gathered = False  # its own load: a hold-out drawn over the whole file
 
     def __init__(
@@ -411,8 +412,10 @@ class ParquetDataset(PopulationDataset):
             p = getattr(self, key)
             if p is None:
                 continue
-            if not (Path(p).is_file() or Path(p).is_dir()):
-                raise DataError(f"{key}: {'not a regular file' if Path(p).exists() else 'file not found'}: {p}")
+            try:
+                guard(p, "either")
+            except PathRefused as e:
+                raise DataError(f"{key}: {e}") from None
             try:
                 schema = parquet_data(p).schema
             except (pa.ArrowInvalid, OSError):

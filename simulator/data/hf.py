@@ -27,6 +27,7 @@ from annotated_types import Ge
 from simulator.data.datasets import feature_block, feature_matrix, holdout
 from simulator.data.formats import load_json
 from simulator.errors import DataError
+from strategies.paths import PathRefused, guard
 from strategies.protocols import Dataset, DatasetInfo, DatasetSplit, Traits
 
 TEXT_VOCABULARY = 257  # a UTF-8 byte + 1, and 0 for padding
@@ -68,7 +69,7 @@ class HuggingFace(Dataset):
     ``test_split`` names (without a test split, ``test_fraction`` is held out); ``shape``
     for a list column's samples."""
 
-    traits = Traits(path_params=("path",))
+    traits = Traits(path_params=("path",), folder_params=("path",))
 
     def __init__(
         self,
@@ -93,11 +94,10 @@ class HuggingFace(Dataset):
         if (self.path is None) == (self.hub is None):
             raise DataError("path: give path (a folder) or hub (owner/name), one of them")
         if self.path is not None:
-            folder = Path(self.path)
-            if not folder.is_dir():
-                raise DataError(f"path: {'not a folder' if folder.exists() else 'no such folder'}"
-                                f": {self.path}")
-            return folder
+            try:
+                return guard(self.path, "folder")
+            except PathRefused as e:
+                raise DataError(f"path: {e}") from None
         owner, _, name = str(self.hub).partition("/")
         repo = hub_cache() / f"datasets--{owner}--{name}"
         ref = repo / "refs" / "main"

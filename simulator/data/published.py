@@ -28,6 +28,7 @@ from simulator.data.formats import (
     read_leaf,
 )
 from simulator.errors import DataError, brief
+from strategies.paths import PathRefused, guard
 from strategies.protocols import Dataset, DatasetInfo, DatasetSplit, Traits
 
 T = TypeVar("T")
@@ -51,10 +52,10 @@ def _once(what: tuple[Any, ...], paths: list[Path], check: Callable[[], T]) -> T
 
 
 def _root(root: str) -> Path:
-    path = Path(root)
-    if not path.is_dir():
-        raise DataError(f"root: {'not a folder' if path.exists() else 'no such folder'}: {root}")
-    return path
+    try:
+        return guard(root, "folder")
+    except PathRefused as e:
+        raise DataError(f"root: {e}") from None
 
 
 # ---------------------------------------------------------------------------- IDX
@@ -82,7 +83,7 @@ class MNIST(Dataset):
     reads every file through: unsigned-byte images of 28x28 as long as their headers say,
     one label per image, each label one of the format's classes."""
 
-    traits = Traits(path_params=("root",))
+    traits = Traits(path_params=("root",), folder_params=("root",))
     LAYOUT = ("train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and "
               "t10k-labels-idx1-ubyte (optionally .gz), as published")
     PREFIX: ClassVar[dict[str, str]] = {"train": "train", "test": "t10k"}
@@ -296,7 +297,7 @@ class CIFAR10(Dataset):
     10 classes, from the python batches ``data_batch_1`` .. ``data_batch_5`` and
     ``test_batch`` in ``root`` or in ``root/cifar-10-batches-py``."""
 
-    traits = Traits(path_params=("root",))
+    traits = Traits(path_params=("root",), folder_params=("root",))
     FOLDER = "cifar-10-batches-py"
     TRAIN: tuple[str, ...] = tuple(f"data_batch_{i}" for i in range(1, 6))
     TEST: tuple[str, ...] = ("test_batch",)
@@ -435,7 +436,7 @@ class _Leaf(Dataset):
     kept (``test_fraction`` is not used). ``min_samples`` drops users with fewer training
     samples."""
 
-    traits = Traits(path_params=("root",))
+    traits = Traits(path_params=("root",), folder_params=("root",))
     SHAPE: tuple[int, ...] = ()
     CLASSES = 0
     VOCABULARY: int | None = None  # token data: the number of token ids

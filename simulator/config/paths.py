@@ -1,0 +1,123 @@
+"""Every key of a scenario that holds a path, found by walking the schema (keys marked
+``PathKey``) and every plugin block's ``traits.path_params``, and each one checked by the
+one guard (``strategies.paths.guard``: what the key expects, no FIFO, device, socket or
+symbolic-link loop) before any check or run reads it. A new path key is covered the moment
+it is declared."""
+
+from __future__ import annotations
+
+import typing
+from typing import Annotated, Any
+
+from pydantic import BaseModel
+
+from simulator.config.errors import Loc, Problem
+from simulator.config.schema import PathKey, Scenario
+from simulator.config.validate import PLUGIN_FIELDS, get_path, plugin_class
+from strategies.paths import PathKind, PathRefused, guard
+
+ANY = "*"  # a list's or a mapping's every entry, in a location
+
+
+def _marker(annotation: Any, metadata: list[Any]) -> PathKey | None:
+    """The PathKey a field's annotation carries (at its top, or inside Optional)."""
+    for m in metadata:
+        if isinstance(m, PathKey):
+            return m
+    if typing.get_origin(annotation) is Annotated:
+        return _marker(None, list(annotation.__metadata__))
+    for arg in typing.get_args(annotation) if typing.get_origin(annotation) else ():
+        found = _marker(arg, [])
+        if found is not None:
+            return found
+    return None
+
+
+def _models(annotation: Any) -> list[tuple[tuple[str, ...], type[BaseModel]]]:
+    """The pydantic models inside ``annotation``, each with the location steps that reach
+    it (``()`` directly or through Optional, ``("*",)`` through a list or a mapping)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [((), annotation)]
+    origin = typing.get_origin(annotation)
+    if origin is None:
+        return []
+    step: tuple[str, ...] = (ANY,) if origin in (list, dict, tuple, set) else ()
+    args = typing.get_args(annotation)
+    if origin is dict:
+        args = args[1:]
+    elif origin is Annotated:
+        args = args[:1]
+    return [(step + s, m) for a in args for s, m in _models(a)]
+
+
+def schema_path_keys(model: type[BaseModel] = Scenario, prefix: Loc = ()
+                     ) -> list[tuple[Loc, PathKind]]:
+    """Every schema key marked ``PathKey`` under ``model``, with what it names."""
+    out: list[tuple[Loc, PathKind]] = []
+    for name, f in model.model_fields.items():
+        key = _marker(f.annotation, list(f.metadata))
+        if key is not None:
+            out.append(((*prefix, name), key.kind))
+            continue
+        for steps, sub in _models(f.annotation):
+            out += schema_path_keys(sub, (*prefix, name, *steps))
+    return out
+
+
+def _at(doc: Any, loc: Loc) -> list[tuple[Loc, Any]]:
+    """The values at ``loc`` in ``doc`` (``*`` steps expanded), with their locations."""
+    found: list[tuple[Loc, Any]] = [((), doc)]
+    for part in loc:
+        nxt: list[tuple[Loc, Any]] = []
+        for where, d in found:
+            if part == ANY:
+                items = d.items() if isinstance(d, dict) else \
+                    enumerate(d) if isinstance(d, list) else ()
+                nxt += [((*where, k), v) for k, v in items]
+            elif isinstance(d, dict) and part in d:
+                nxt.append(((*where, part), d[part]))
+        found = nxt
+    return found
+
+
+def plugin_blocks(doc: dict) -> list[tuple[Loc, str, Any]]:
+    """Every plugin block of a scenario mapping: (location, kind, block)."""
+    blocks = [(loc, kind, get_path(doc, loc)) for loc, kind in PLUGIN_FIELDS]
+    pre = doc.get("preaggregators")
+    blocks += [(("preaggregators", i), "preaggregators", spec)
+               for i, spec in enumerate(pre if isinstance(pre, list) else [])]
+    return [b for b in blocks if isinstance(b[2], dict)]
+
+
+def path_keys(doc: dict) -> list[tuple[Loc, dict, str, PathKind]]:
+    """Every path key present in the scenario mapping ``doc``: (its location, the block
+    holding it, the key, what it names), the schema's and the plugins' alike."""
+    out: list[tuple[Loc, dict, str, PathKind]] = []
+    for loc, kind in schema_path_keys():
+        for where, block in _at(doc, loc[:-1]):
+            if isinstance(block, dict) and loc[-1] in block:
+                out.append(((*where, loc[-1]), block, str(loc[-1]), kind))
+    for loc, plugin_kind, spec in plugin_blocks(doc):
+        traits = getattr(plugin_class(plugin_kind, spec), "traits", None)
+        if traits is None:
+            continue
+        out += [((*loc, key), spec, key, traits.path_kind(key))
+                for key in traits.path_params if key in spec]
+    return out
+
+
+def check_paths(doc: dict) -> list[Problem]:
+    """A problem for each path key of ``doc`` whose path is not what the key expects
+    (``strategies.paths.guard``); nothing is opened."""
+    problems = []
+    for loc, block, key, kind in path_keys(doc):
+        value = block[key]
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            continue  # the structure pass reports a value that is not text
+        try:
+            guard(value, kind)
+        except PathRefused as e:
+            problems.append(Problem(loc, str(e)))
+    return problems
