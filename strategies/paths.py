@@ -55,8 +55,11 @@ def _refused(path: Path, is_what: str, kind: PathKind, max_bytes: int | None) ->
     return PathRefused(f"{path} is {is_what}; expected {_expected(kind, max_bytes)}")
 
 
+_NOUN = {"file": "file", "folder": "folder", "either": "file or folder"}
+
+
 def _os_error(path: Path, e: OSError, kind: PathKind, max_bytes: int | None) -> PathRefused:
-    noun = {"file": "file", "folder": "folder", "either": "file or folder"}[kind]
+    noun = _NOUN[kind]
     if e.errno == errno.ELOOP:
         return _refused(path, "a symbolic link loop (too many levels of links)", kind,
                         max_bytes)
@@ -77,20 +80,41 @@ def _check_mode(path: Path, st: os.stat_result, kind: PathKind, max_bytes: int |
 
 
 def guard(path: str | os.PathLike[str], kind: PathKind = "file",
-          max_bytes: int | None = None) -> Path:
+          max_bytes: int | None = None, missing_ok: bool = False) -> Path:
     """``path`` when it is what a key of ``kind`` expects (a regular file of at most
-    ``max_bytes``, a folder, or either), found without opening it; PathRefused otherwise."""
+    ``max_bytes``, a folder, or either), found without opening it; PathRefused otherwise.
+    ``missing_ok``: a path the plugin creates (a download's root) may be missing, if the
+    nearest existing folder above it is a folder."""
     if kind not in PATH_KINDS:
         raise ValueError(f"kind must be one of {PATH_KINDS}, got {kind!r}")
     p = Path(path)
+    if "\0" in str(p):
+        raise PathRefused(f"{p!r} is not a path (it holds a NUL byte)")
     try:
         st = os.stat(p)
-    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
-        if isinstance(e, ValueError):
-            raise PathRefused(f"{p!r} is not a path (it holds a NUL byte)") from None
+    except OSError as e:
+        if missing_ok and e.errno == errno.ENOENT:
+            _existing_parent(p, kind)
+            return p
         raise _os_error(p, e, kind, max_bytes) from None
     _check_mode(p, st, kind, max_bytes)
     return p
+
+
+def _existing_parent(path: Path, kind: PathKind) -> None:
+    """The nearest existing folder above a missing ``path`` must be a folder (it will be
+    created there); PathRefused naming the path otherwise."""
+    for parent in Path(os.path.abspath(path)).parents:
+        try:
+            st = os.stat(parent)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                continue
+            raise _os_error(path, e, kind, None) from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise PathRefused(f"no such {_NOUN[kind]}: {path}, and {parent} is "
+                              f"{describe_mode(st.st_mode)}, where it would be created")
+        return
 
 
 def open_file(path: str | os.PathLike[str], max_bytes: int | None = None) -> BinaryIO:

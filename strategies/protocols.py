@@ -122,7 +122,8 @@ class Traits:
     ``path_params``: keys holding file paths, resolved relative to the scenario file and
     checked before anything reads them (``strategies.paths.guard``): a regular file, unless
     the key is also in ``folder_params`` (a folder) or ``file_or_folder_params`` (either);
-    see :meth:`path_kind`.
+    see :meth:`path_kind`. A key in ``created_params`` may name a path that does not
+    exist yet (a download's root, created by the plugin), under an existing folder.
     ``by_label``: a partitioner that splits by class label (refused for value targets).
     ``natural``: a partitioner that keeps the data set's own clients, client ``k`` the
     ``k``-th (what ``data.load: cohort`` reads a :class:`Population` by).
@@ -175,6 +176,7 @@ class Traits:
     path_params: tuple[str, ...] = ()
     folder_params: tuple[str, ...] = ()
     file_or_folder_params: tuple[str, ...] = ()
+    created_params: tuple[str, ...] = ()
     buffers: bool = False
     by_label: bool = False
     natural: bool = False
@@ -341,7 +343,16 @@ class MetaAggregator(Plugin, Stateful, ABC):
 class BaseAttack(Plugin, ABC):
     """The base of the ``attacks`` kind, which holds two contracts: an :class:`Attack` makes
     the Byzantine rows of a server round, a :class:`GossipAttack` (``traits.gossip``) the
-    messages the Byzantine peers of D-SGD send. A plugin subclasses one of the two."""
+    messages the Byzantine peers of D-SGD send. A plugin subclasses one of the two.
+
+    ``check_data(info)``: the attack against the data it will poison or measure, before
+    the data loads (validation calls it when the data set can describe itself)."""
+
+    def check_data(self, info: DatasetInfo) -> None:
+        """Raise ``ValueError("key: ...")`` when the attack cannot work on the data ``info``
+        describes: a trigger or pattern that does not fit its samples' shape, an image
+        attack on features or tokens, a class key beyond its classes. By default, nothing
+        to check."""
 
 
 class Attack(BaseAttack):
@@ -632,6 +643,19 @@ class DatasetInfo:
     # client column; None: not known before loading (the ``natural`` partitioner's count is
     # then checked when the data loads)
     natural_clients: int | None = None
+
+    @property
+    def images(self) -> bool:
+        """The samples are images: values (not token ids) of shape ``(C, H, W)`` or
+        ``(H, W)`` (a data set of flat features is not, whatever its width)."""
+        return not self.tokens and len(self.input_shape) in (2, 3)
+
+    @property
+    def kind(self) -> str:
+        """What one sample is, in words (``images of shape (1, 8, 8)``)."""
+        if self.tokens:
+            return f"token ids of shape {self.input_shape}"
+        return f"{'images' if self.images else 'features'} of shape {self.input_shape}"
 
 
 class Dataset(Plugin, ABC):

@@ -258,9 +258,38 @@ def _check_data_and_model(sc: Scenario, plan: Plan, problems: list[Problem]) -> 
             instantiate("partitioners", sc.data.partitioner).check_data(c.total, info)
         except ValueError as e:
             problems.append(problem(("data", "partitioner"), e))
-    if plan.attack is not None and plan.attack.targeted:
+    _check_root_set(sc, info, problems)
+    if _check_attack_data(sc, info, problems) and plan.attack is not None \
+            and plan.attack.targeted:
         _check_targeted(sc, info, problems)
     _check_model(sc, plan, info, problems)
+
+
+def _check_attack_data(sc: Scenario, info: Any, problems: list[Problem]) -> bool:
+    """The attack against the data it poisons or measures: its ``check_data(info)`` (a
+    trigger that does not fit the images, an image attack on features or tokens, a class
+    key beyond the classes). False when it refused."""
+    if sc.attack is None or registry.get("attacks", sc.attack["name"]).traits.context:
+        return True  # an attack built with the engine's context is checked when it is built
+    try:
+        instantiate("attacks", sc.attack).check_data(info)
+    except ValueError as e:
+        problems.append(problem(("attack",), e))
+        return False
+    return True
+
+
+def _check_root_set(sc: Scenario, info: Any, problems: list[Problem]) -> None:
+    """An aggregator that takes the server's own update (``traits.reference``: FLTrust)
+    trains it on ``server.root_samples`` samples drawn from the training data: no more
+    than the data holds."""
+    name = sc.aggregator["name"]
+    if registry.get("aggregators", name).traits.reference and \
+            sc.server.root_samples > info.train_samples:
+        problems.append(Problem(("server", "root_samples"), f"{name!r} draws its root set "
+                                f"from the {info.train_samples:,} training samples the data "
+                                f"holds; at most {info.train_samples:,}, got "
+                                f"{sc.server.root_samples:,}"))
 
 
 def _check_targeted(sc: Scenario, info: Any, problems: list[Problem]) -> None:

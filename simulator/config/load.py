@@ -50,8 +50,8 @@ def _resolve_paths(raw: dict, base: Path) -> None:
     """Relative paths of every path key (the schema's keys marked ``PathKey`` and each
     plugin's ``traits.path_params``: ``simulator.config.paths``) are relative to the
     scenario file's directory, wherever ``fedray`` is started from."""
-    for _, block, key, _ in path_keys(raw):
-        _resolve(block, key, base)
+    for at in path_keys(raw):
+        _resolve(at.block, at.key, base)
 
 
 def _resolve(block: dict, key: str, base: Path) -> None:

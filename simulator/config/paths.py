@@ -7,7 +7,7 @@ it is declared."""
 from __future__ import annotations
 
 import typing
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 from pydantic import BaseModel
 
@@ -89,19 +89,31 @@ def plugin_blocks(doc: dict) -> list[tuple[Loc, str, Any]]:
     return [b for b in blocks if isinstance(b[2], dict)]
 
 
-def path_keys(doc: dict) -> list[tuple[Loc, dict, str, PathKind]]:
-    """Every path key present in the scenario mapping ``doc``: (its location, the block
-    holding it, the key, what it names), the schema's and the plugins' alike."""
-    out: list[tuple[Loc, dict, str, PathKind]] = []
+class PathKeyAt(NamedTuple):
+    """A path key in a scenario mapping: where, the block holding it, the key, what it
+    names, and whether the plugin creates it (``traits.created_params``)."""
+
+    loc: Loc
+    block: dict
+    key: str
+    kind: PathKind
+    created: bool = False
+
+
+def path_keys(doc: dict) -> list[PathKeyAt]:
+    """Every path key present in the scenario mapping ``doc``, the schema's and the
+    plugins' alike."""
+    out: list[PathKeyAt] = []
     for loc, kind in schema_path_keys():
         for where, block in _at(doc, loc[:-1]):
             if isinstance(block, dict) and loc[-1] in block:
-                out.append(((*where, loc[-1]), block, str(loc[-1]), kind))
+                out.append(PathKeyAt((*where, loc[-1]), block, str(loc[-1]), kind))
     for loc, plugin_kind, spec in plugin_blocks(doc):
         traits = getattr(plugin_class(plugin_kind, spec), "traits", None)
         if traits is None:
             continue
-        out += [((*loc, key), spec, key, traits.path_kind(key))
+        out += [PathKeyAt((*loc, key), spec, key, traits.path_kind(key),
+                          key in traits.created_params)
                 for key in traits.path_params if key in spec]
     return out
 
@@ -110,14 +122,14 @@ def check_paths(doc: dict) -> list[Problem]:
     """A problem for each path key of ``doc`` whose path is not what the key expects
     (``strategies.paths.guard``); nothing is opened."""
     problems = []
-    for loc, block, key, kind in path_keys(doc):
+    for loc, block, key, kind, created in path_keys(doc):
         value = block[key]
         if value is None:
             continue
         if not isinstance(value, str):
             continue  # the structure pass reports a value that is not text
         try:
-            guard(value, kind)
+            guard(value, kind, missing_ok=created)
         except PathRefused as e:
             problems.append(Problem(loc, str(e)))
     return problems

@@ -347,6 +347,42 @@ def parquet_data(path: str) -> Any:
     return pads.dataset(path, format="parquet")
 
 
+def _one_schema(key: str, path: str) -> None:
+    """A folder's Parquet files hold one schema (pyarrow reads a folder with its first
+    file's): DataError naming the first file that differs, and the first column that does.
+    Each file's footer only is read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not Path(path).is_dir():
+        return
+    files = parquet_data(path).files
+    first = pq.read_schema(files[0]) if files else None
+    for f in files[1:]:
+        try:
+            other = pq.read_schema(f)
+        except (pa.ArrowInvalid, OSError):
+            raise DataError(f"{key}: not a Parquet file: {f}") from None
+        assert first is not None
+        if [(c.name, c.type) for c in other] != [(c.name, c.type) for c in first]:
+            raise DataError(f"{key}: the files of {path} must hold one schema; {f} "
+                            f"{_schema_difference(first, other)} ({files[0]} has the first)")
+
+
+def _schema_difference(first: Any, other: Any) -> str:
+    """The first column where ``other`` differs from ``first``, in words."""
+    for field in first:
+        if field.name not in other.names:
+            return f"lacks column {field.name!r}"
+        theirs = other.field(field.name).type
+        if theirs != field.type:
+            return f"holds column {field.name!r} as {theirs}, not {field.type}"
+    extra = [n for n in other.names if n not in first.names]
+    if extra:
+        return f"has column {extra[0]!r} besides"
+    return "orders its columns otherwise"
+
+
 class ParquetDataset(PopulationDataset):
     """A user's Parquet file, or a directory of Parquet files with one schema (read in file
     name order): numeric feature columns (or list columns: list, large_list or
@@ -423,6 +459,7 @@ class ParquetDataset(PopulationDataset):
             names = schema.names
             if not names:
                 raise DataError(f"{key}: no Parquet file in {p}")
+            _one_schema(key, p)
             for what, col in [("label", self.label), ("client", self.client)] + \
                     [("features", c) for c in self.features or []]:
                 if col is not None and col not in names:
