@@ -63,9 +63,12 @@ Where fedray departs:
 Trace files are read without running anything they hold: pickles through a restricted
 unpickler (builtin containers, numbers, text, and NumPy's scalar numbers, which tools that
 write these files often leave in them; every other global is refused), at most
-``MAX_TRACE_BYTES``; the same content is accepted as JSON (``.json``) and as Parquet
-(``.parquet``: one row per client, columns ``client, computation, communication`` or
-``client, active, inactive, finish_time, duration``).
+``MAX_TRACE_BYTES`` of a regular file (``strategies.paths``: never a FIFO or a device) and
+``MAX_TRACE_ENTRIES`` entries; the same content is accepted as JSON (``.json``: parsed one
+entry at a time, refused at the first entry past the cap, so memory follows the entries
+read) and as Parquet (``.parquet``: one row per client, columns ``client, computation,
+communication`` or ``client, active, inactive, finish_time, duration``; its row count read
+from the footer first).
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -314,7 +316,18 @@ def _check_targeted(sc: Scenario, info: Any, problems: list[Problem]) -> None:
 
 
 def _available_memory() -> int | None:
-    """MemAvailable of this machine in bytes (None where /proc/meminfo is missing)."""
+    """MemAvailable of this machine in bytes (None where /proc/meminfo is missing), read
+    at most once a second (a sweep's points ask one after another)."""
+    now = time.monotonic()
+    if now - _MEMORY[0] > 1.0:
+        _MEMORY[:] = [now, _read_available_memory()]
+    return _MEMORY[1]
+
+
+_MEMORY: list[Any] = [-math.inf, None]  # (when read, MemAvailable)
+
+
+def _read_available_memory() -> int | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -349,7 +362,7 @@ class _TooLarge(Exception):
     """Raised by the allocation guard of the model check (and caught there only)."""
 
 
-def _model_forward(sc: Scenario, info: Any) -> tuple[Any, Any]:
+def _model_forward(spec: dict, info: Any) -> tuple[Any, Any]:
     """The model and its output for a batch of 2, built as the run builds it, on the CPU,
     while its tensors stay under CPU_CHECK_BYTES; a larger model is built again on torch's
     meta device (shapes only, no memory). The meta device is not the first choice: its first
@@ -383,7 +396,7 @@ def _model_forward(sc: Scenario, info: Any) -> tuple[Any, Any]:
             return func(*args, **(kwargs or {}))
 
     def forward() -> tuple[Any, Any]:
-        model = build_model(sc.model, info.input_shape, info.num_classes, 0, info.vocabulary)
+        model = build_model(spec, info.input_shape, info.num_classes, 0, info.vocabulary)
         dtype = torch.int64 if info.tokens else torch.float32
         with torch.no_grad():
             return model, model(torch.zeros((2, *info.input_shape), dtype=dtype))
@@ -394,6 +407,17 @@ def _model_forward(sc: Scenario, info: Any) -> tuple[Any, Any]:
     except _TooLarge:
         with torch.device("meta"):
             return forward()
+
+
+@functools.lru_cache(maxsize=4)
+def _forward_once(model: str, info: Any) -> tuple[Any, Any, bool, int]:
+    """``_model_forward`` of the model block ``model`` (JSON) on the data ``info``
+    describes, with whether the model has buffers and its parameter count: once for every
+    sweep point that shares them (which only read them)."""
+    from simulator.runtime.common import model_buffers
+
+    net, out = _model_forward(json.loads(model), info)
+    return net, out, bool(model_buffers(net)), sum(p.numel() for p in net.parameters())
 
 
 def _check_model(sc: Scenario, plan: Plan, info: Any, problems: list[Problem]) -> None:
@@ -407,7 +431,7 @@ def _check_model(sc: Scenario, plan: Plan, info: Any, problems: list[Problem]) -
         return
 
     try:
-        model, out = _model_forward(sc, info)
+        _, out, buffered, d = _forward_once(json.dumps(sc.model, sort_keys=True), info)
     except Exception as e:  # noqa: BLE001 - the model plugin's own error, in one line
         first = (str(e).strip().splitlines() or [type(e).__name__])[0].removeprefix("model: ")
         problems.append(Problem(("model",), f"{name} does not take the data's samples of shape "
@@ -421,15 +445,12 @@ def _check_model(sc: Scenario, plan: Plan, info: Any, problems: list[Problem]) -
                                 + ("" if len(want) == 2 else
                                    " (a score per position: char_lstm's positions: all)")))
         return
-    from simulator.runtime.common import model_buffers
-
-    if model_buffers(model):
+    if buffered:
         _check_buffers(sc, plan, problems)
     elif plan.local_norm:
         problems.append(Problem(("server", "buffers"), f"fedbn keeps BatchNorm layers local; "
                                 f"{name} has none: use a model with norm: batch, or another "
                                 "value (auto | mean | median | local)"))
-    d = sum(p.numel() for p in model.parameters())
     _check_work(sc, plan, info, d, problems)
     workers = sc.runtime.workers or os.cpu_count() or 1
     # per worker: parameters, gradients, an optimizer buffer and the update; the server: the

@@ -6,6 +6,7 @@ it is declared."""
 
 from __future__ import annotations
 
+import functools
 import typing
 from typing import Annotated, Any, NamedTuple
 
@@ -53,6 +54,12 @@ def _models(annotation: Any) -> list[tuple[tuple[str, ...], type[BaseModel]]]:
 def schema_path_keys(model: type[BaseModel] = Scenario, prefix: Loc = ()
                      ) -> list[tuple[Loc, PathKind]]:
     """Every schema key marked ``PathKey`` under ``model``, with what it names."""
+    return list(_schema_path_keys(model, prefix))
+
+
+@functools.lru_cache(maxsize=64)
+def _schema_path_keys(model: type[BaseModel], prefix: Loc) -> tuple[tuple[Loc, PathKind], ...]:
+    """``schema_path_keys``, walked once per model (a sweep's every point asks)."""
     out: list[tuple[Loc, PathKind]] = []
     for name, f in model.model_fields.items():
         key = _marker(f.annotation, list(f.metadata))
@@ -60,8 +67,8 @@ def schema_path_keys(model: type[BaseModel] = Scenario, prefix: Loc = ()
             out.append(((*prefix, name), key.kind))
             continue
         for steps, sub in _models(f.annotation):
-            out += schema_path_keys(sub, (*prefix, name, *steps))
-    return out
+            out += _schema_path_keys(sub, (*prefix, name, *steps))
+    return tuple(out)
 
 
 def _at(doc: Any, loc: Loc) -> list[tuple[Loc, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 from typing import Any
 
@@ -122,6 +123,24 @@ def _run_name_problems(points: list[RunPoint]) -> list[Problem]:
     return []
 
 
+def _validate_once(point: dict, seen: dict[str, Scenario | ScenarioError]) -> Scenario:
+    """``validate_point(point)``, or what it gave for the same point before (a grid whose
+    keys give equal points, such as a swept value equal to another's)."""
+    try:
+        key = json.dumps(point, sort_keys=True, default=repr)
+    except (TypeError, ValueError, RecursionError):  # keys of mixed types: not cached
+        return validate_point(point)
+    if key not in seen:
+        try:
+            seen[key] = validate_point(point)
+        except ScenarioError as e:
+            seen[key] = e
+    got = seen[key]
+    if isinstance(got, ScenarioError):
+        raise ScenarioError(copy.deepcopy(got.problems))
+    return got
+
+
 def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
     """Validate a scenario mapping and expand its sweep grid x seeds into run points.
 
@@ -135,12 +154,13 @@ def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
     base: Scenario | None = None
     per_point: dict[tuple[Loc, str], list[tuple[Problem, str]]] = {}
     grid = _grid(sweep)
+    seen: dict[str, Scenario | ScenarioError] = {}  # each distinct point validated once
     for values in grid:
         point = copy.deepcopy(base_raw)
         for k, v in values.items():
             set_path(point, k, v)
         try:
-            sc = validate_point(point)
+            sc = _validate_once(point, seen)
         except ScenarioError as e:
             where = ", ".join(f"{k}={short(v)}" for k, v in values.items())
             for p in e.problems:
