@@ -369,11 +369,12 @@ def _too_many(path: Path, count: int | None = None) -> TraceError:
 def _load(path: Path, suffix: str) -> Any:
     """A pickle's or a JSON file's content (a JSON object parsed entry by entry, at most
     MAX_TRACE_ENTRIES of them: the memory follows the entries read, not the file)."""
-    raw = _read_bytes(path)
+    raw: bytes | None = _read_bytes(path)
     try:
         if suffix == ".json":
-            return _json_entries(raw.decode("utf-8"), path)
-        out = _TraceUnpickler(io.BytesIO(raw)).load()
+            text, raw = raw.decode("utf-8"), None  # type: ignore[union-attr]  # the bytes go
+            return _json_entries(text, path)
+        out = _TraceUnpickler(io.BytesIO(raw)).load()  # type: ignore[arg-type]
     except (RecursionError, MemoryError):
         raise TraceError(f"{_name(path)} nests too deep for a trace file") from None
     except _TooMany:
