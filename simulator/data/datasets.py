@@ -450,8 +450,12 @@ class ParquetDataset(PopulationDataset):
                 continue
             try:
                 guard(p, "either")
+                for f in parquet_data(p).files if Path(p).is_dir() else []:
+                    guard(f, "file")  # a FIFO or a device among them is never opened
             except PathRefused as e:
                 raise DataError(f"{key}: {e}") from None
+            except (pa.ArrowInvalid, OSError):
+                raise DataError(f"{key}: not a Parquet file: {p}") from None
             try:
                 schema = parquet_data(p).schema
             except (pa.ArrowInvalid, OSError):

@@ -192,7 +192,10 @@ def load_json(path: Path, key: str = "root", limit: int = JSON_DEPTH) -> Any:
     """A JSON file, parsed once its nesting is known to be at most ``limit`` deep; a key
     that appears twice in one object is refused (JSON parsers keep the last silently)."""
     try:
-        raw = path.read_bytes()
+        with open_file(path) as f:
+            raw = f.read()
+    except PathRefused as e:
+        raise DataError(f"{key}: {e}") from None
     except OSError as e:
         raise DataError(f"{key}: {path} cannot be read ({e.strerror})") from None
     at = json_depth_over(raw, limit)
@@ -225,7 +228,11 @@ def leaf_index(path: Path) -> tuple[list[str], list[int]]:
     """(users, num_samples) of a LEAF JSON file, read from its beginning only when LEAF's
     key order holds (``users`` and ``num_samples`` before ``user_data``), else parsed whole."""
     head = b""
-    with path.open("rb") as f:
+    try:
+        f = open_file(path)
+    except PathRefused as e:
+        raise DataError(f"root: {e}") from None
+    with f:
         while b'"user_data"' not in head:
             chunk = f.read(1 << 20)
             if not chunk:

@@ -134,6 +134,10 @@ class HuggingFace(Dataset):
         tables = []
         for f in self._files(split):
             try:
+                guard(f, "file")  # a FIFO or a device among the files is never opened
+            except PathRefused as e:
+                raise DataError(f"path: {e}") from None
+            try:
                 tables.append(pq.read_table(f) if f.suffix == ".parquet" else _read_arrow(f))
             except (pa.ArrowInvalid, OSError) as e:
                 raise DataError(f"path: {f} is not a readable {f.suffix[1:]} file ({e})") from None

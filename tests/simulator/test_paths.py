@@ -254,3 +254,31 @@ def test_path_keys_resolve_relative_to_the_scenario(tmp_path):
            "topology": {"name": "edge_list", "path": "../e.txt"}}
     found = sorted(".".join(map(str, loc)) for loc, *_ in path_keys(doc))
     assert found == ["data.dataset.root", "speeds.trace", "topology.path"]
+
+
+@pytest.mark.parametrize(("dataset", "layout", "key"), [
+    ("femnist", ["train/a.json", "test/b.json"], "root"),
+    ("shakespeare", ["train/a.json", "test/b.json"], "root"),
+    ("huggingface", ["train/data-00000.parquet"], "path"),
+    ("huggingface", ["train/x.arrow"], "path"),
+])
+@pytest.mark.parametrize("bad", ["fifo", "device"])
+def test_a_file_inside_a_data_folder_is_guarded_too(tmp_path, dataset, layout, key, bad):
+    """The files a data set reads inside its folder go through the same guard: a FIFO is
+    named, never opened; a link to a device is never read."""
+    root = tmp_path / "data"
+    for rel in layout:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        if bad == "fifo":
+            os.mkfifo(root / rel)
+        else:
+            (root / rel).symlink_to("/dev/zero")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(BASE)
+    started = time.monotonic()
+    with pytest.raises(ScenarioError) as e:
+        load(scenario, [f"data.dataset={{name: {dataset}, {key}: '{root}'}}"])
+    assert time.monotonic() - started < 10
+    what = "a FIFO (named pipe)" if bad == "fifo" else "a character device"
+    assert e.value.lines == [(f"{scenario}:4: data.dataset.{key}: {root / layout[0]} is {what}; "
+                             "expected a regular file")]

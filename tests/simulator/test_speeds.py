@@ -332,8 +332,8 @@ def test_check_speeds(tmp_path):
     assert problems == [
         (("speeds", "a"),
          "zipf needs a > 1 (its normalising sum diverges at a <= 1), got 0.9"),
-        (("speeds", "availability"), f"no such file: {tmp_path / 'missing'}; expected a "
-         "regular file (files of at most 256 MiB)")]
+        (("speeds", "availability"), (f"no such file: {tmp_path / 'missing'}; expected a "
+         "regular file (files of at most 256 MiB)"))]
     assert check_speeds(Speeds(trace=str(bad), availability=cap), 10) == [
         (("speeds", "trace"),
          f"{bad}: client 7: computation must be a positive number, got -1"),
