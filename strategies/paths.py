@@ -87,6 +87,8 @@ def guard(path: str | os.PathLike[str], kind: PathKind = "file",
     nearest existing folder above it is a folder."""
     if kind not in PATH_KINDS:
         raise ValueError(f"kind must be one of {PATH_KINDS}, got {kind!r}")
+    if not str(path).strip():  # Path("") would be the working folder
+        raise PathRefused(f"an empty path; expected {_expected(kind, max_bytes)}")
     p = Path(path)
     if "\0" in str(p):
         raise PathRefused(f"{p!r} is not a path (it holds a NUL byte)")

@@ -245,6 +245,9 @@ def test_the_opener_checks_what_it_opened(bad_paths, tmp_path):
     assert guard(bad_paths / "folder", "either") == bad_paths / "folder"
     with pytest.raises(PathRefused, match="NUL"):
         guard("a\0b")
+    for kind in ("file", "folder", "either"):
+        with pytest.raises(PathRefused, match=f"^an empty path; expected {EXPECTED[kind]}$"):
+            guard("", kind)  # not the working folder
 
 
 def test_path_keys_resolve_relative_to_the_scenario(tmp_path):
