@@ -366,10 +366,10 @@ def _one_schema(key: str, path: str) -> None:
         assert first is not None
         if [(c.name, c.type) for c in other] != [(c.name, c.type) for c in first]:
             raise DataError(f"{key}: the files of {path} must hold one schema; {f} "
-                            f"{_schema_difference(first, other)} ({files[0]} has the first)")
+                            f"{schema_difference(first, other)} ({files[0]} has the first)")
 
 
-def _schema_difference(first: Any, other: Any) -> str:
+def schema_difference(first: Any, other: Any) -> str:
     """The first column where ``other`` differs from ``first``, in words."""
     for field in first:
         if field.name not in other.names:

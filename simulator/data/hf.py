@@ -24,7 +24,7 @@ from typing import Annotated, Any
 import numpy as np
 from annotated_types import Ge
 
-from simulator.data.datasets import feature_block, feature_matrix, holdout
+from simulator.data.datasets import feature_block, feature_matrix, holdout, schema_difference
 from simulator.data.formats import load_json
 from simulator.errors import DataError
 from strategies.paths import PathRefused, guard
@@ -132,7 +132,8 @@ class HuggingFace(Dataset):
         import pyarrow.parquet as pq
 
         tables = []
-        for f in self._files(split):
+        files = self._files(split)
+        for f in files:
             try:
                 guard(f, "file")  # a FIFO or a device among the files is never opened
             except PathRefused as e:
@@ -141,6 +142,11 @@ class HuggingFace(Dataset):
                 tables.append(pq.read_table(f) if f.suffix == ".parquet" else _read_arrow(f))
             except (pa.ArrowInvalid, OSError) as e:
                 raise DataError(f"path: {f} is not a readable {f.suffix[1:]} file ({e})") from None
+        for f, t in zip(files[1:], tables[1:]):
+            if [(c.name, c.type) for c in t.schema] != [(c.name, c.type) for c in tables[0].schema]:
+                raise DataError(f"path: the files of split {split} must hold one schema; {f} "
+                                f"{schema_difference(tables[0].schema, t.schema)} ({files[0]} "
+                                "has the first)")
         return pa.concat_tables(tables) if tables else None
 
     def check(self, n: int) -> None:

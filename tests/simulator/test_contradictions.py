@@ -137,7 +137,7 @@ def test_a_root_set_larger_than_the_training_data_is_refused(tmp_path, data, tra
 
 
 def _write(folder, name: str, table: pa.Table) -> None:
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, folder / name)
 
 
@@ -172,3 +172,14 @@ def test_a_parquet_folder_of_one_schema_is_accepted(tmp_path):
     for i in range(3):
         _write(folder, f"part-{i}.parquet", pa.table(GOOD))
     assert _lines(tmp_path, [f"data.dataset={{name: parquet, path: '{folder}'}}"]) == []
+
+
+@pytest.mark.parametrize(("other", "difference"), SCHEMAS[:3])
+def test_a_huggingface_split_whose_files_disagree_is_refused(tmp_path, other, difference):
+    folder = tmp_path / "hf" / "train"
+    _write(folder, "train-0.parquet", pa.table(GOOD))
+    _write(folder, "train-1.parquet", pa.table(other))
+    assert _lines(tmp_path, [(f"data.dataset={{name: huggingface, path: '{tmp_path / 'hf'}', "
+                             "image: null, features: [x]}")]) == [
+        (f"data.dataset.path: the files of split train must hold one schema; "
+        f"{folder / 'train-1.parquet'} {difference} ({folder / 'train-0.parquet'} has the first)")]
