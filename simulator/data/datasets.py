@@ -7,6 +7,7 @@ Every random draw comes from ``seed``.
 
 from __future__ import annotations
 
+import os
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -383,6 +384,31 @@ def schema_difference(first: Any, other: Any) -> str:
     return "orders its columns otherwise"
 
 
+_CHECKED: set[tuple[Any, ...]] = set()  # Parquet blocks checked, with their files' stamps
+
+
+def _stamp(path: str | None, key: str) -> tuple[tuple[str, int, int], ...]:
+    """(name, size, modification time) of the file at ``path``, or of every file under the
+    folder: what a checked Parquet block's result stands on. The guard comes first: the
+    path is a regular file or a folder."""
+    if path is None:
+        return ()
+    try:
+        guard(path, "either")
+    except PathRefused as e:
+        raise DataError(f"{key}: {e}") from None
+    names = [path] if not Path(path).is_dir() else sorted(
+        os.path.join(d, f) for d, _, files in os.walk(path) for f in files)
+    out = []
+    for name in names:
+        try:
+            st = os.stat(name)
+        except OSError:
+            continue  # gone since the listing: the check itself says what is wrong
+        out.append((name, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
 class ParquetDataset(PopulationDataset):
     """A user's Parquet file, or a directory of Parquet files with one schema (read in file
     name order): numeric feature columns (or list columns: list, large_list or
@@ -440,8 +466,19 @@ class ParquetDataset(PopulationDataset):
         return tuple(self.shape)
 
     def check(self, n: int) -> None:
-        """Both paths exist and are Parquet files (or directories of them), with the named
-        columns."""
+        """Both paths exist and are Parquet files (or directories of them, of one schema),
+        with the named columns; once while the files stay as they were (a sweep's points
+        ask with the same block)."""
+        stamp = (self.path, self.test_path, self.label, tuple(self.features or ()),
+                 self.client, _stamp(self.path, "path"), _stamp(self.test_path, "test_path"))
+        if stamp in _CHECKED:
+            return
+        self._check_files()
+        if len(_CHECKED) >= 64:
+            _CHECKED.clear()
+        _CHECKED.add(stamp)
+
+    def _check_files(self) -> None:
         import pyarrow as pa
 
         for key in ("path", "test_path"):

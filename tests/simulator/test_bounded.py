@@ -151,3 +151,36 @@ def test_shared_work_is_done_once_for_the_points_of_a_sweep(tmp_path, monkeypatc
     assert len(loaded.points) == 60
     assert len(builds) == 1
     assert len(made) == len(set(made))  # one key model per plugin class
+
+
+def test_a_parquet_block_is_checked_once_while_its_files_stay(tmp_path, monkeypatch):
+    """A sweep's points share the Parquet check; a file rewritten since is checked again."""
+    import numpy as np
+
+    from simulator.data import datasets
+
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    for i in range(3):
+        pq.write_table(pa.table({"x": np.zeros(20, np.float32), "label": np.arange(20) % 2}),
+                       folder / f"p{i}.parquet")
+    checked = []
+    real = datasets.ParquetDataset._check_files
+    monkeypatch.setattr(datasets.ParquetDataset, "_check_files",
+                        lambda self: checked.append(1) or real(self))
+    path = tmp_path / "s.yaml"
+    path.write_text(f"""\
+rounds: 1
+data: {{dataset: {{name: parquet, path: '{folder}'}}}}
+model: {{name: logreg}}
+clients: {{total: 4}}
+sweep: {{local.lr: [0.1, 0.2, 0.3, 0.4, 0.5]}}
+""")
+    assert len(load(path).points) == 5
+    assert len(checked) == 1
+    pq.write_table(pa.table({"x": np.zeros(20, np.float64), "label": np.arange(20) % 2}),
+                   folder / "p2.parquet")
+    from simulator.config import ScenarioError
+
+    with pytest.raises(ScenarioError, match="p2.parquet holds column 'x' as double"):
+        load(path)
