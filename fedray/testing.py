@@ -29,6 +29,7 @@ from __future__ import annotations
 import inspect
 import math
 import pickle
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -282,6 +283,21 @@ def _meta_checks(make: Callable[[], Any]) -> list[Check]:
 # ---------------------------------------------------------------------------- attacks
 
 
+def _checks_the_data(make: Callable[[], Any]) -> Callable[[], None]:
+    def checks_the_data() -> None:
+        """``check_data`` accepts the images the other checks poison, and refuses other
+        data, if at all, with a ValueError naming a key."""
+        from strategies.protocols import DatasetInfo
+
+        make().check_data(DatasetInfo(20, (1, 8, 8), 10))
+        for info in (DatasetInfo(20, (6,), 3), DatasetInfo(20, (16,), 30, tokens=True)):
+            try:
+                make().check_data(info)
+            except ValueError as e:
+                assert re.match(r"^\w+: ", str(e)), f"check_data's message names no key: {e}"
+    return checks_the_data
+
+
 def _attack_checks(make: Callable[[], Any], cls: Any) -> list[Check]:
     if cls.traits.gossip:
         def messages_contract() -> None:
@@ -311,7 +327,8 @@ def _attack_checks(make: Callable[[], Any], cls: Any) -> list[Check]:
         if not cls.traits.context:  # an ``aggregate`` function is the engine's, not the plugin's
             pickle.loads(pickle.dumps(make()))
 
-    checks = [("rows_contract", rows_contract), ("picklable", picklable)]
+    checks = [("rows_contract", rows_contract), ("picklable", picklable),
+              ("checks_the_data", _checks_the_data(make))]
     if cls.traits.data_poisoning:
         def poisons_data() -> None:
             g = torch.Generator().manual_seed(3)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections.abc
 import contextlib
 import difflib
+import functools
 import inspect
 import types
 import typing
@@ -65,6 +66,8 @@ def bool_for_number(tp: Any, value: Any) -> bool:
     """Whether ``value`` holds a bool where the hint ``tp`` takes a number and no bool:
     pydantic's lax mode reads True as 1, and YAML reads yes, no, on and off as booleans
     (``hidden: [yes]`` was a layer of width 1, ``lr: on`` a learning rate of 1)."""
+    if not isinstance(value, (bool, list, tuple, dict)):
+        return False  # a scalar that is not a bool: nothing to look for
     if isinstance(value, bool):
         return _numeric(tp) and not _takes_bool(tp)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -83,13 +86,28 @@ def bool_for_number(tp: Any, value: Any) -> bool:
     return False
 
 
+def _mentions_number(tp: Any) -> bool:
+    """Whether int or float appears anywhere in a type hint (what ``bool_for_number`` can
+    ever find a bool in place of)."""
+    return tp in (int, float) or any(_mentions_number(a) for a in typing.get_args(tp))
+
+
+@functools.lru_cache(maxsize=4096)
+def _number_field(cls: type[BaseModel], name: str) -> Any:
+    """The annotation of field ``name`` of ``cls`` when it mentions a number, else None
+    (every field of every block of every sweep point is asked: once per field here)."""
+    field = cls.model_fields.get(name)
+    return field.annotation if field is not None and _mentions_number(field.annotation) \
+        else None
+
+
 def refuse_bool_numbers(cls: type[BaseModel], value: Any, info: Any) -> Any:
     """A before-validator of every field of a scenario model: a bool where a number is
     expected is an error, not 1 or 0."""
     from pydantic_core import PydanticCustomError
 
-    field = cls.model_fields.get(info.field_name) if info.field_name else None
-    if field is not None and bool_for_number(field.annotation, value):
+    tp = _number_field(cls, info.field_name) if info.field_name else None
+    if tp is not None and bool_for_number(tp, value):
         raise PydanticCustomError(
             "bool_for_number", "must be a number, got a boolean (YAML reads true, false, yes, "
             "no, on and off as booleans)")
@@ -214,7 +232,7 @@ def _loaded(kind: str, name: str) -> type:
     protocols = import_module("strategies.protocols")  # torch: a plugin is being loaded
     stray = protocols.stray_traits(kind, traits)
     if stray:
-        allowed = sorted(protocols.KIND_TRAITS[kind] | {"context", "path_params"})
+        allowed = sorted(protocols.KIND_TRAITS[kind] | protocols.ANY_KIND_TRAITS)
         raise BadPlugin(f"{kind.removesuffix('s')} {name!r} ({_origin(ep)}): traits "
                         f"{', '.join(stray)} mean nothing to {kind}; remove them (allowed: "
                         f"{', '.join(allowed)})")
@@ -260,7 +278,14 @@ def instantiate(kind: str, spec: PluginSpec, **context: Any) -> Any:
 def params_model(cls: Any) -> type[BaseModel]:
     """A pydantic model of a plugin's scenario keys, derived from its constructor signature
     (type hints with annotated_types constraints, defaults). The arguments the engine
-    supplies (``traits.context``) are not scenario keys."""
+    supplies (``traits.context``) are not scenario keys. Built once per class (a sweep
+    validates every point's blocks with it)."""
+    return _params_model(cls)
+
+
+@functools.lru_cache(maxsize=512)
+def _params_model(cls: Any) -> type[BaseModel]:
+    """``params_model``, uncached."""
     init = cls.__init__
     skip = {"self", *cls.traits.context}
     try:

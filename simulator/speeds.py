@@ -63,9 +63,12 @@ Where fedray departs:
 Trace files are read without running anything they hold: pickles through a restricted
 unpickler (builtin containers, numbers, text, and NumPy's scalar numbers, which tools that
 write these files often leave in them; every other global is refused), at most
-``MAX_TRACE_BYTES``; the same content is accepted as JSON (``.json``) and as Parquet
-(``.parquet``: one row per client, columns ``client, computation, communication`` or
-``client, active, inactive, finish_time, duration``).
+``MAX_TRACE_BYTES`` of a regular file (``strategies.paths``: never a FIFO or a device) and
+``MAX_TRACE_ENTRIES`` entries; the same content is accepted as JSON (``.json``: parsed one
+entry at a time, refused at the first entry past the cap, so memory follows the entries
+read) and as Parquet (``.parquet``: one row per client, columns ``client, computation,
+communication`` or ``client, active, inactive, finish_time, duration``; its row count read
+from the footer first).
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ import io
 import json
 import math
 import pickle
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,11 +88,15 @@ import numpy as np
 
 from simulator.errors import brief, brief_text
 from simulator.seeding import numpy_rng
+from strategies.paths import PathRefused, guard, read_bytes
 
 if TYPE_CHECKING:
     from simulator.config.schema import Speeds
 
 MAX_TRACE_BYTES = 256 << 20  # FedScale's files are tens of MB; a pickle's objects take ~10x
+# entries of one trace: client c follows entry c mod len, so more describe no more clients
+# (FedScale's device-capacity file has about 500,000); bounds a parse's memory (~0.6 GB)
+MAX_TRACE_ENTRIES = 1_000_000
 TRAINING_PASSES = 3.0  # FedScale's augmentation_factor: a training sample costs 3 inferences
 KBIT = 1024.0  # FedScale's kbit (its model size is bytes / 1024 * 8)
 CAPACITY_KEYS = ("computation", "communication")
@@ -337,39 +345,93 @@ def _name(path: str | Path) -> str:
 
 
 def _stat(path: Path) -> None:
-    """ValueError naming the file when it is missing, unreadable or over MAX_TRACE_BYTES."""
+    """TraceError naming the file unless it is a regular file of at most MAX_TRACE_BYTES
+    (``strategies.paths.guard``: no FIFO, device or link loop)."""
     try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise TraceError(f"{_name(path)} not found") from None
-    except OSError as e:
-        raise TraceError(f"{_name(path)} cannot be read ({e.strerror})") from None
-    if size > MAX_TRACE_BYTES:
-        raise TraceError(f"{_name(path)} is {size} bytes, more than the "
-                         f"{MAX_TRACE_BYTES >> 20} MiB a trace file may hold")
+        guard(path, "file", MAX_TRACE_BYTES)
+    except PathRefused as e:
+        raise TraceError(str(e)) from None
 
 
 def _read_bytes(path: Path) -> bytes:
-    _stat(path)
     try:
-        return path.read_bytes()
-    except OSError as e:
-        raise TraceError(f"{_name(path)} cannot be read ({e.strerror})") from None
+        return read_bytes(path, MAX_TRACE_BYTES)
+    except PathRefused as e:
+        raise TraceError(str(e)) from None
+
+
+class _TooMany(TraceError):
+    """A trace of more than MAX_TRACE_ENTRIES entries."""
+
+
+def _too_many(path: Path, count: int | None = None) -> TraceError:
+    held = f"{count:,} entries, more than the" if count is not None else "more than the"
+    return _TooMany(f"{_name(path)} holds {held} {MAX_TRACE_ENTRIES:,} entries a trace may "
+                    "hold (client c follows entry c mod the entries: a longer trace "
+                    "describes no more clients)")
 
 
 def _load(path: Path, suffix: str) -> Any:
-    """A pickle's or a JSON file's content."""
-    raw = _read_bytes(path)
+    """A pickle's or a JSON file's content (a JSON object parsed entry by entry, at most
+    MAX_TRACE_ENTRIES of them: the memory follows the entries read, not the file)."""
+    raw: bytes | None = _read_bytes(path)
     try:
         if suffix == ".json":
-            return json.loads(raw, object_pairs_hook=_unique_keys)
-        return _TraceUnpickler(io.BytesIO(raw)).load()
-    except RecursionError:
+            text, raw = raw.decode("utf-8"), None  # type: ignore[union-attr]  # the bytes go
+            return _json_entries(text, path)
+        out = _TraceUnpickler(io.BytesIO(raw)).load()  # type: ignore[arg-type]
+    except (RecursionError, MemoryError):
         raise TraceError(f"{_name(path)} nests too deep for a trace file") from None
+    except _TooMany:
+        raise
     except Exception as e:  # noqa: BLE001 - whatever a malformed pickle or JSON raises
         kind = "JSON" if suffix == ".json" else "a pickle"
         raise TraceError(f"{_name(path)} is not {kind} this reader accepts "
                          f"({brief_text(str(e), 160)})") from None
+    if isinstance(out, dict) and len(out) > MAX_TRACE_ENTRIES:
+        raise _too_many(path, len(out))
+    return out
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _skip(text: str, i: int, char: str = "") -> int:
+    """The index after ``char`` (when given, it must be at ``i``) and the blanks after it."""
+    if char:
+        if text[i:i + 1] != char:
+            raise ValueError(f"expected {char!r} at character {i}")
+        i += 1
+    return _SPACE.match(text, i).end()  # type: ignore[union-attr]
+
+
+def _json_entries(text: str, path: Path) -> Any:
+    """A JSON trace: its top-level object read one entry at a time (``raw_decode``), so
+    that a trace of more than MAX_TRACE_ENTRIES entries is refused after reading that
+    many, never built whole; any other top-level value (or an empty object) is parsed as
+    it is."""
+    decoder = json.JSONDecoder(object_pairs_hook=_unique_keys)
+    i = _skip(text, 0)
+    if text[i:i + 1] != "{" or text[_skip(text, i, "{"):][:1] == "}":
+        return decoder.decode(text)
+    out: dict[str, Any] = {}
+    i = _skip(text, i, "{")
+    while True:
+        if text[i:i + 1] != '"':
+            raise ValueError(f"expected a key (text) at character {i}")
+        key, i = decoder.raw_decode(text, i)
+        value, i = decoder.raw_decode(text, _skip(text, _skip(text, i), ":"))
+        if key in out:
+            raise TraceError(f"the key {brief(key)} appears twice in one object")
+        out[key] = value
+        if len(out) > MAX_TRACE_ENTRIES:
+            raise _too_many(path)
+        i = _skip(text, i)
+        if text[i:i + 1] == "}":
+            if _skip(text, i, "}") != len(text):
+                raise ValueError(f"extra data after character {i}")
+            return out
+        i = _skip(text, i, ",")
 
 
 def _unique_keys(items: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -379,6 +441,19 @@ def _unique_keys(items: list[tuple[str, Any]]) -> dict[str, Any]:
         twice = next(k for k, _ in items if k in seen or seen.add(k))  # type: ignore[func-returns-value]
         raise TraceError(f"the key {brief(twice)} appears twice in one object")
     return out
+
+
+def _parquet_rows(path: Path) -> None:
+    """A Parquet trace of more than MAX_TRACE_ENTRIES rows refused from its footer."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.ParquetFile(path).metadata.num_rows
+    except (pa.ArrowException, OSError):
+        return  # _read_parquet names what is wrong with the file
+    if rows > MAX_TRACE_ENTRIES:
+        raise _too_many(path, rows)
 
 
 def _read_parquet(path: Path) -> dict:
@@ -410,6 +485,7 @@ def read_trace(path: str | Path) -> dict:
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         _stat(path)
+        _parquet_rows(path)
         out = _read_parquet(path)
     else:
         out = _load(path, suffix)

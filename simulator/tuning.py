@@ -38,8 +38,8 @@ from typing import Any
 
 from simulator.callbacks import MLflowArtifacts, MLflowMetrics, PointRun
 from simulator.config import RunPoint, ScenarioError
+from simulator.config.dotted import set_path
 from simulator.config.load import LoadedScenario
-from simulator.config.paths import set_path
 from simulator.config.schema import Distribution, Tune, short
 from simulator.config.search import evaluations
 from simulator.config.sweep import expand

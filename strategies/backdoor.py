@@ -36,7 +36,7 @@ from typing import Annotated
 import torch
 from annotated_types import Ge, Gt, Le, Lt
 
-from strategies.protocols import Attack, Traits
+from strategies.protocols import Attack, DatasetInfo, Traits
 
 __all__ = [
     "BackdoorAttack",
@@ -261,6 +261,11 @@ class BackdoorAttack(Attack):
 
     traits = Traits(data_poisoning=True, targeted=True)
 
+    def check_data(self, info: DatasetInfo) -> None:
+        """``target`` below the data's classes (class labels only: a backdoor maps samples
+        to a class)."""
+        _check_label("target", self.target, info.num_classes)
+
     def __init__(self, target: _Label = 0,
                  poison_fraction: Annotated[float, Ge(0), Le(1)] = 0.5) -> None:
         self.target = target
@@ -315,6 +320,29 @@ class PixelBackdoor(BackdoorAttack):
         """The ``(H, W)`` mask the ``attacker``-th Byzantine client stamps when training."""
         return self.global_trigger(input_shape)
 
+    def trigger_extent(self) -> tuple[int, int]:
+        """The (rows, columns) of the pixel grid the full trigger covers: what an image
+        must hold for it to fit unclipped."""
+        return self.size, self.size
+
+    def check_data(self, info: DatasetInfo) -> None:
+        """The data must be images (``(C, H, W)`` or ``(H, W)``; a trigger has no meaning
+        on features or token ids) whose pixel grid holds the whole trigger (no clipping:
+        a 9 x 9 square on 8 x 8 images is not the pattern asked for)."""
+        super().check_data(info)
+        if not info.images:
+            raise ValueError(f"name: a pixel trigger needs images (samples of shape (C, H, W) "
+                             f"or (H, W)); the data's samples are {info.kind} (a Parquet "
+                             "data set of images says so with its shape key, [1, 28, 28])")
+        self.global_trigger(info.input_shape)  # the pattern's own bounds (DBA's parts)
+        h, w = trigger_grid(info.input_shape)
+        rows, cols = self.trigger_extent()
+        if rows > h or cols > w:
+            square = (rows, cols) == (self.size, self.size)
+            raise ValueError(f"size: a trigger of {rows} x {cols} pixels does not fit the "
+                             f"data's {h} x {w} images; size must be at most "
+                             f"{min(h, w) if square else w}, got {self.size}")
+
     def global_trigger(self, input_shape: tuple[int, ...]) -> torch.Tensor:
         """The ``(H, W)`` mask of the full trigger (the one the test set carries)."""
         return square_trigger(trigger_grid(input_shape), self.size)
@@ -363,6 +391,10 @@ class DistributedBackdoor(PixelBackdoor):
 
     def global_trigger(self, input_shape: tuple[int, ...]) -> torch.Tensor:
         return dba_parts(trigger_grid(input_shape), self.size, self.parts, self.gap).any(0)
+
+    def trigger_extent(self) -> tuple[int, int]:
+        """``parts`` bars ``gap`` rows apart, each ``size`` pixels long."""
+        return self.parts + (self.parts - 1) * self.gap, self.size
 
 
 class ModelReplacement(PixelBackdoor):
@@ -423,6 +455,11 @@ class EdgeCaseBackdoor(BackdoorAttack):
         if self.source == self.target:
             raise ValueError(f"source: must differ from target = {self.target}, "
                              f"got {self.source}")
+
+    def check_data(self, info: DatasetInfo) -> None:
+        """``target`` and ``source`` below the data's classes."""
+        super().check_data(info)
+        _check_label("source", self.source, info.num_classes)
 
     def poison(self, x: torch.Tensor, y: torch.Tensor, attacker: int, round_: int,
                num_classes: int, generator: torch.Generator

@@ -62,6 +62,7 @@ import torch
 from torch import nn
 
 from strategies.kinds import KINDS
+from strategies.paths import PathKind
 
 __all__ = [
     "CONTRACTS",
@@ -190,7 +191,11 @@ class Traits:
     ``privacy_level``: ``sample`` (DP-SGD inside each client) or ``client`` (the server
     clips and noises the mean).
     ``context``: constructor arguments the engine supplies (not scenario keys).
-    ``path_params``: keys holding file paths, resolved relative to the scenario file.
+    ``path_params``: keys holding file paths, resolved relative to the scenario file and
+    checked before anything reads them (``strategies.paths.guard``): a regular file, unless
+    the key is also in ``folder_params`` (a folder) or ``file_or_folder_params`` (either);
+    see :meth:`path_kind`. A key in ``created_params`` may name a path that does not
+    exist yet (a download's root, created by the plugin), under an existing folder.
     ``by_label``: a partitioner that splits by class label (refused for value targets).
     ``natural``: a partitioner that keeps the data set's own clients, client ``k`` the
     ``k``-th (what ``data.load: cohort`` reads a :class:`Population` by).
@@ -241,6 +246,9 @@ class Traits:
     privacy_level: Literal["none", "sample", "client"] = "none"
     context: tuple[str, ...] = ()
     path_params: tuple[str, ...] = ()
+    folder_params: tuple[str, ...] = ()
+    file_or_folder_params: tuple[str, ...] = ()
+    created_params: tuple[str, ...] = ()
     buffers: bool = False
     by_label: bool = False
     natural: bool = False
@@ -258,10 +266,18 @@ class Traits:
     targeted: bool = False
     reference: bool = False
 
+    def path_kind(self, key: str) -> PathKind:
+        """What the path key ``key`` (one of ``path_params``) names: ``file``, ``folder``
+        or ``either``."""
+        if key in self.folder_params:
+            return "folder"
+        return "either" if key in self.file_or_folder_params else "file"
+
 
 # the traits a plugin of each kind may declare: what the engine reads of that kind (any kind
-# may declare ``context`` and ``path_params``); the registry refuses a class that declares
-# another, which would mean nothing (as scikit-learn's tags are per estimator kind)
+# may declare ``context`` and the keys holding paths, ``ANY_KIND_TRAITS``); the registry
+# refuses a class that declares another, which would mean nothing (as scikit-learn's tags
+# are per estimator kind)
 KIND_TRAITS: dict[str, frozenset[str]] = {kind: frozenset(names) for kind, names in {
     "aggregators": ("random", "averaging", "reference", "weighted"),
     "preaggregators": ("random", "weighted"),
@@ -282,11 +298,15 @@ KIND_TRAITS: dict[str, frozenset[str]] = {kind: frozenset(names) for kind, names
 }.items()}
 
 
+ANY_KIND_TRAITS = frozenset({"context", "path_params", "folder_params",
+                             "file_or_folder_params", "created_params"})
+
+
 def stray_traits(kind: str, traits: Traits) -> list[str]:
     """The traits ``traits`` sets away from their defaults that mean nothing to a plugin of
     ``kind`` (``KIND_TRAITS``)."""
     default = Traits()
-    allowed = KIND_TRAITS[kind] | {"context", "path_params"}
+    allowed = KIND_TRAITS[kind] | ANY_KIND_TRAITS
     return [f.name for f in fields(Traits) if f.name not in allowed
             and getattr(traits, f.name) != getattr(default, f.name)]
 
@@ -406,7 +426,16 @@ class MetaAggregator(Plugin, Stateful, ABC):
 class BaseAttack(Plugin, ABC):
     """The base of the ``attacks`` kind, which holds two contracts: an :class:`Attack` makes
     the Byzantine rows of a server round, a :class:`GossipAttack` (``traits.gossip``) the
-    messages the Byzantine peers of D-SGD send. A plugin subclasses one of the two."""
+    messages the Byzantine peers of D-SGD send. A plugin subclasses one of the two.
+
+    ``check_data(info)``: the attack against the data it will poison or measure, before
+    the data loads (validation calls it when the data set can describe itself)."""
+
+    def check_data(self, info: DatasetInfo) -> None:
+        """Raise ``ValueError("key: ...")`` when the attack cannot work on the data ``info``
+        describes: a trigger or pattern that does not fit its samples' shape, an image
+        attack on features or tokens, a class key beyond its classes. By default, nothing
+        to check."""
 
 
 class Attack(BaseAttack):
@@ -746,6 +775,19 @@ class DatasetInfo:
     # client column; None: not known before loading (the ``natural`` partitioner's count is
     # then checked when the data loads)
     natural_clients: int | None = None
+
+    @property
+    def images(self) -> bool:
+        """The samples are images: values (not token ids) of shape ``(C, H, W)`` or
+        ``(H, W)`` (a data set of flat features is not, whatever its width)."""
+        return not self.tokens and len(self.input_shape) in (2, 3)
+
+    @property
+    def kind(self) -> str:
+        """What one sample is, in words (``images of shape (1, 8, 8)``)."""
+        if self.tokens:
+            return f"token ids of shape {self.input_shape}"
+        return f"{'images' if self.images else 'features'} of shape {self.input_shape}"
 
 
 class Dataset(Plugin, ABC):

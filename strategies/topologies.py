@@ -21,13 +21,13 @@ Mixing rules on an undirected graph (self-loops ignored):
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Annotated, Literal
 
 import networkx as nx
 import numpy as np
 from annotated_types import Ge, Gt, Le
 
+from strategies.paths import PathRefused, read_bytes
 from strategies.protocols import Topology, Traits
 
 Mixing = Literal["metropolis", "uniform"]
@@ -270,16 +270,10 @@ class EdgeList(_Static):
     def _edges(self) -> list[tuple[int, int, float]]:
         """The file's edges. Only a regular file of at most MAX_BYTES is read, and errors
         name the line, never echo its content (the path may point at any file)."""
-        path = Path(self.path)
-        if not path.is_file():
-            raise ValueError(f"path: {'not a regular file' if path.exists() else 'no such file'}"
-                             f": {self.path}")
-        if path.stat().st_size > self.MAX_BYTES:
-            raise ValueError(f"path: {self.path} is larger than {self.MAX_BYTES >> 20} MiB")
         try:
-            lines = path.read_text().splitlines()
-        except OSError as e:
-            raise ValueError(f"path: cannot read {self.path}: {e.strerror}") from None
+            lines = read_bytes(self.path, self.MAX_BYTES).decode().splitlines()
+        except PathRefused as e:
+            raise ValueError(f"path: {e}") from None
         except UnicodeDecodeError:
             raise ValueError(f"path: {self.path} is not a text file") from None
         out = []

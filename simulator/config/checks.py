@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -266,9 +268,38 @@ def _check_data_and_model(sc: Scenario, plan: Plan, problems: list[Problem]) -> 
             instantiate("partitioners", sc.data.partitioner).check_data(c.total, info)
         except ValueError as e:
             problems.append(problem(("data", "partitioner"), e))
-    if plan.attack is not None and plan.attack.targeted:
+    _check_root_set(sc, info, problems)
+    if _check_attack_data(sc, info, problems) and plan.attack is not None \
+            and plan.attack.targeted:
         _check_targeted(sc, info, problems)
     _check_model(sc, plan, info, problems)
+
+
+def _check_attack_data(sc: Scenario, info: Any, problems: list[Problem]) -> bool:
+    """The attack against the data it poisons or measures: its ``check_data(info)`` (a
+    trigger that does not fit the images, an image attack on features or tokens, a class
+    key beyond the classes). False when it refused."""
+    if sc.attack is None or registry.get("attacks", sc.attack["name"]).traits.context:
+        return True  # an attack built with the engine's context is checked when it is built
+    try:
+        instantiate("attacks", sc.attack).check_data(info)
+    except ValueError as e:
+        problems.append(problem(("attack",), e))
+        return False
+    return True
+
+
+def _check_root_set(sc: Scenario, info: Any, problems: list[Problem]) -> None:
+    """An aggregator that takes the server's own update (``traits.reference``: FLTrust)
+    trains it on ``server.root_samples`` samples drawn from the training data: no more
+    than the data holds."""
+    name = sc.aggregator["name"]
+    if registry.get("aggregators", name).traits.reference and \
+            sc.server.root_samples > info.train_samples:
+        problems.append(Problem(("server", "root_samples"), f"{name!r} draws its root set "
+                                f"from the {info.train_samples:,} training samples the data "
+                                f"holds; at most {info.train_samples:,}, got "
+                                f"{sc.server.root_samples:,}"))
 
 
 def _check_targeted(sc: Scenario, info: Any, problems: list[Problem]) -> None:
@@ -293,7 +324,18 @@ def _check_targeted(sc: Scenario, info: Any, problems: list[Problem]) -> None:
 
 
 def _available_memory() -> int | None:
-    """MemAvailable of this machine in bytes (None where /proc/meminfo is missing)."""
+    """MemAvailable of this machine in bytes (None where /proc/meminfo is missing), read
+    at most once a second (a sweep's points ask one after another)."""
+    now = time.monotonic()
+    if now - _MEMORY[0] > 1.0:
+        _MEMORY[:] = [now, _read_available_memory()]
+    return _MEMORY[1]
+
+
+_MEMORY: list[Any] = [-math.inf, None]  # (when read, MemAvailable)
+
+
+def _read_available_memory() -> int | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -328,7 +370,7 @@ class _TooLarge(Exception):
     """Raised by the allocation guard of the model check (and caught there only)."""
 
 
-def _model_forward(sc: Scenario, info: Any) -> tuple[Any, Any]:
+def _model_forward(spec: dict, info: Any) -> tuple[Any, Any]:
     """The model and its output for a batch of 2, built as the run builds it, on the CPU,
     while its tensors stay under CPU_CHECK_BYTES; a larger model is built again on torch's
     meta device (shapes only, no memory). The meta device is not the first choice: its first
@@ -362,7 +404,7 @@ def _model_forward(sc: Scenario, info: Any) -> tuple[Any, Any]:
             return func(*args, **(kwargs or {}))
 
     def forward() -> tuple[Any, Any]:
-        model = build_model(sc.model, info.input_shape, info.num_classes, 0, info.vocabulary)
+        model = build_model(spec, info.input_shape, info.num_classes, 0, info.vocabulary)
         dtype = torch.int64 if info.tokens else torch.float32
         with torch.no_grad():
             return model, model(torch.zeros((2, *info.input_shape), dtype=dtype))
@@ -373,6 +415,17 @@ def _model_forward(sc: Scenario, info: Any) -> tuple[Any, Any]:
     except _TooLarge:
         with torch.device("meta"):
             return forward()
+
+
+@functools.lru_cache(maxsize=4)
+def _forward_once(model: str, info: Any) -> tuple[Any, Any, bool, int]:
+    """``_model_forward`` of the model block ``model`` (JSON) on the data ``info``
+    describes, with whether the model has buffers and its parameter count: once for every
+    sweep point that shares them (which only read them)."""
+    from simulator.runtime.common import model_buffers
+
+    net, out = _model_forward(json.loads(model), info)
+    return net, out, bool(model_buffers(net)), sum(p.numel() for p in net.parameters())
 
 
 def _check_model(sc: Scenario, plan: Plan, info: Any, problems: list[Problem]) -> None:
@@ -386,7 +439,7 @@ def _check_model(sc: Scenario, plan: Plan, info: Any, problems: list[Problem]) -
         return
 
     try:
-        model, out = _model_forward(sc, info)
+        _, out, buffered, d = _forward_once(json.dumps(sc.model, sort_keys=True), info)
     except Exception as e:  # noqa: BLE001 - the model plugin's own error, in one line
         first = (str(e).strip().splitlines() or [type(e).__name__])[0].removeprefix("model: ")
         problems.append(Problem(("model",), f"{name} does not take the data's samples of shape "
@@ -400,15 +453,12 @@ def _check_model(sc: Scenario, plan: Plan, info: Any, problems: list[Problem]) -
                                 + ("" if len(want) == 2 else
                                    " (a score per position: char_lstm's positions: all)")))
         return
-    from simulator.runtime.common import model_buffers
-
-    if model_buffers(model):
+    if buffered:
         _check_buffers(sc, plan, problems)
     elif plan.local_norm:
         problems.append(Problem(("server", "buffers"), f"fedbn keeps BatchNorm layers local; "
                                 f"{name} has none: use a model with norm: batch, or another "
                                 "value (auto | mean | median | local)"))
-    d = sum(p.numel() for p in model.parameters())
     _check_work(sc, plan, info, d, problems)
     workers = sc.runtime.workers or os.cpu_count() or 1
     # per worker: parameters, gradients, an optimizer buffer and the update; the server: the

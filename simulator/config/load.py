@@ -9,12 +9,13 @@ from typing import Any
 
 import yaml
 
+from simulator.config.dotted import MAX_DEPTH, path_problem, set_path, sweep_paths
 from simulator.config.errors import Loc, Problem, ScenarioError
-from simulator.config.paths import MAX_DEPTH, path_problem, set_path, sweep_paths
+from simulator.config.paths import path_keys
 from simulator.config.schema import RunPoint, Scenario
 from simulator.config.sweep import expand
-from simulator.config.validate import PLUGIN_FIELDS, get_path, plugin_class
 from simulator.errors import brief, brief_text
+from strategies.paths import PathRefused, read_bytes
 
 
 def _line_of(root: yaml.Node | None, loc: Loc) -> int | None:
@@ -46,23 +47,12 @@ class LoadedScenario:
     points: list[RunPoint] = field(default_factory=list)
 
 
-# the schema's own file paths (a plugin lists its own in ``traits.path_params``)
-SCHEMA_PATHS = (("speeds", "trace"), ("speeds", "availability"))
-
-
 def _resolve_paths(raw: dict, base: Path) -> None:
-    """Relative file paths in plugin blocks (a plugin lists them in ``traits.path_params``)
-    and in the schema's blocks (``SCHEMA_PATHS``) are relative to the scenario file's
-    directory, wherever ``fedray`` is started from."""
-    for loc, kind in PLUGIN_FIELDS:
-        spec = get_path(raw, loc)
-        cls = plugin_class(kind, spec)
-        for key in cls.traits.path_params if cls is not None else ():
-            _resolve(spec, key, base)
-    for *where, key in SCHEMA_PATHS:
-        block = get_path(raw, tuple(where))
-        if isinstance(block, dict):
-            _resolve(block, key, base)
+    """Relative paths of every path key (the schema's keys marked ``PathKey`` and each
+    plugin's ``traits.path_params``: ``simulator.config.paths``) are relative to the
+    scenario file's directory, wherever ``fedray`` is started from."""
+    for at in path_keys(raw):
+        _resolve(at.block, at.key, base)
 
 
 def _resolve(block: dict, key: str, base: Path) -> None:
@@ -252,15 +242,9 @@ def _read_text(path: Path) -> str:
     """The text of a scenario file: a regular text file of at most MAX_FILE_BYTES."""
     source = str(path)
     try:
-        if not path.is_file():
-            raise ScenarioError([Problem((), "not a regular file" if path.exists()
-                                         else "no such file")], source)
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise ScenarioError([Problem((), f"larger than {MAX_FILE_BYTES >> 20} MiB: not a "
-                                         "scenario file")], source)
-        return path.read_text()
-    except OSError as e:
-        raise ScenarioError([Problem((), f"cannot read: {e.strerror}")], source) from None
+        return read_bytes(path, MAX_FILE_BYTES).decode()
+    except PathRefused as e:
+        raise ScenarioError([Problem((), str(e))], source) from None
     except UnicodeDecodeError:
         raise ScenarioError([Problem((), "not a text file")], source) from None
 

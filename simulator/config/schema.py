@@ -26,6 +26,7 @@ from pydantic_core import PydanticCustomError
 
 from simulator.errors import brief, brief_text
 from simulator.registry import FINITE, PluginSpec, refuse_bool_numbers
+from strategies.paths import PathKind
 
 DEFAULT_TRAINER: PluginSpec = {"name": "sgd"}  # local SGD, when nothing asks for another
 # the trainers a gradient client rule and sample-level privacy run with when their plugin's
@@ -51,6 +52,15 @@ MAX_SEEDS = 1_000
 # name (250)
 MAX_EXPERIMENT_NAME = 256
 MAX_RUN_NAME = 250
+
+
+@dataclass(frozen=True)
+class PathKey:
+    """Marks a schema key that holds a path (``Annotated[str, PathKey("file")]``): resolved
+    relative to the scenario file and checked by ``strategies.paths.guard`` before anything
+    reads it (``simulator.config.paths`` finds every such key by walking the models)."""
+
+    kind: PathKind = "file"
 
 
 def check_name(value: str, what: str, limit: int) -> str | None:
@@ -273,8 +283,8 @@ class Speeds(Strict):
     jitter: Annotated[float, Ge(0), Le(100)] = 0.0
     sample_seconds: Annotated[float, Gt(0), Le(1e6)] = 0.001
     bandwidth: Annotated[float, Gt(0), AllowInfNan(True)] = float("inf")  # bits/s; inf: none
-    trace: str | None = None
-    availability: str | None = None
+    trace: Annotated[str, PathKey("file")] | None = None
+    availability: Annotated[str, PathKey("file")] | None = None
     byzantine_factor: Annotated[float, Gt(0), Le(1e6)] = 1.0
 
 

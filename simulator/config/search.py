@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from simulator.config.dotted import path_problem, set_path, sweep_paths
 from simulator.config.errors import Problem, ScenarioError, pydantic_problems
-from simulator.config.paths import path_problem, set_path, sweep_paths
 from simulator.config.schema import Tune
 from simulator.config.validate import validate_point
 from simulator.errors import brief

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 from typing import Any
 
+from simulator.config.dotted import path_problem, set_path, sweep_parts
 from simulator.config.errors import Loc, Problem, ScenarioError
-from simulator.config.paths import path_problem, set_path, sweep_parts
 from simulator.config.schema import MAX_RUN_NAME, RunPoint, Scenario, check_name, short
 from simulator.config.search import check_tune
 from simulator.config.validate import validate_point
@@ -86,6 +87,24 @@ def _run_name_problems(points: list[RunPoint]) -> list[Problem]:
     return []
 
 
+def _validate_once(point: dict, seen: dict[str, Scenario | ScenarioError]) -> Scenario:
+    """``validate_point(point)``, or what it gave for the same point before (a grid whose
+    keys give equal points, such as a swept value equal to another's)."""
+    try:
+        key = json.dumps(point, sort_keys=True, default=repr)
+    except (TypeError, ValueError, RecursionError):  # keys of mixed types: not cached
+        return validate_point(point)
+    if key not in seen:
+        try:
+            seen[key] = validate_point(point)
+        except ScenarioError as e:
+            seen[key] = e
+    got = seen[key]
+    if isinstance(got, ScenarioError):
+        raise ScenarioError(copy.deepcopy(got.problems))
+    return got
+
+
 def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
     """Validate a scenario mapping and expand its sweep grid x seeds into run points.
 
@@ -99,12 +118,13 @@ def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
     base: Scenario | None = None
     per_point: dict[tuple[Loc, str], list[tuple[Problem, str]]] = {}
     grid = _grid(sweep)
+    seen: dict[str, Scenario | ScenarioError] = {}  # each distinct point validated once
     for values in grid:
         point = copy.deepcopy(base_raw)
         for k, v in values.items():
             set_path(point, k, v)
         try:
-            sc = validate_point(point)
+            sc = _validate_once(point, seen)
         except ScenarioError as e:
             where = ", ".join(f"{k}={short(v)}" for k, v in values.items())
             for p in e.problems:

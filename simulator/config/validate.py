@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from simulator import registry
+from simulator.config.blocks import PLUGIN_FIELDS, PLUGIN_LISTS, get_path, plugin_class
 from simulator.config.checks import cross_field
 from simulator.config.errors import (
     Loc,
@@ -20,6 +21,7 @@ from simulator.config.errors import (
     pydantic_problems,
     suggest,
 )
+from simulator.config.paths import check_paths
 from simulator.config.schema import Clients, Scenario, default_at
 from simulator.errors import brief
 from simulator.registry import PluginSpec
@@ -59,38 +61,11 @@ def _check_plugin(kind: str, spec: Any, loc: Loc, problems: list[Problem]) -> Pl
     return {"name": name, **validated.model_dump(mode="json")}
 
 
-PLUGIN_FIELDS: list[tuple[Loc, str]] = [
-    (("data", "dataset"), "datasets"),
-    (("data", "partitioner"), "partitioners"),
-    (("model",), "models"),
-    (("task",), "tasks"),
-    (("aggregator",), "aggregators"),
-    (("meta",), "meta"),
-    (("attack",), "attacks"),
-    (("server", "optimizer"), "optimizers"),
-    (("local", "optimizer"), "client_optimizers"),
-    (("local", "trainer"), "trainers"),
-    (("topology",), "topologies"),
-    (("privacy",), "privacy"),
-]
-# the scenario's lists of plugin blocks: the key is the kind
-PLUGIN_LISTS: tuple[str, ...] = ("preaggregators", "codecs")
-
-
 # the plugin blocks a scenario may leave out, with the schema's defaults
 _PLUGIN_DEFAULTS: dict[Loc, PluginSpec] = {
     loc: default_at(loc) for loc in (("server", "optimizer"), ("data", "partitioner"),
                                      ("aggregator",), ("local", "optimizer"), ("task",))
 }
-
-
-def get_path(d: Any, loc: Loc) -> Any:
-    for p in loc:
-        if isinstance(d, dict) and p in d or isinstance(d, list) and isinstance(p, int) and p < len(d):
-            d = d[p]
-        else:
-            return None
-    return d
 
 
 def _trimmed_rules(raw: dict) -> list[tuple[Loc, dict]]:
@@ -105,17 +80,6 @@ def _trimmed_rules(raw: dict) -> list[tuple[Loc, dict]]:
     return [(loc, spec) for loc, kind, spec in blocks
             if (cls := plugin_class(kind, spec)) is not None
             and "f" in registry.params_model(cls).model_fields]
-
-
-def plugin_class(kind: str, spec: Any) -> Any:
-    """The registered class a raw plugin block names, or None (not a block, or an unknown
-    name: the plugin pass reports those)."""
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        return None
-    try:
-        return registry.get(kind, spec["name"])
-    except registry.UnknownPlugin:
-        return None
 
 
 def _apply_b_hat(raw: dict, problems: list[Problem]) -> dict:
@@ -202,6 +166,9 @@ def validate_point(raw: dict) -> Scenario:
     raw = _apply_b_hat(raw, b_hat_problems)
     resolved = _plugin_pass(raw, problems)
     problems += b_hat_problems
+    if problems:
+        raise ScenarioError(problems)
+    problems += check_paths(resolved)  # before anything reads a path: nothing blocks
     if problems:
         raise ScenarioError(problems)
     sc = Scenario.model_validate(resolved)

@@ -7,6 +7,7 @@ Every random draw comes from ``seed``.
 
 from __future__ import annotations
 
+import os
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from annotated_types import Ge, Gt
 
 from simulator.data.partitioners import as_many_clients
 from simulator.errors import DataError
+from strategies.paths import PathRefused, guard
 from strategies.protocols import (
     Dataset,
     DatasetInfo,
@@ -308,7 +310,6 @@ def _digits_table() -> np.ndarray:
     file scikit-learn ships without importing scikit-learn (0.7 s of imports, scipy's among
     them, for a 60 KB file); through ``load_digits`` where the file is not where it was."""
     import importlib.util
-    from pathlib import Path
 
     spec = importlib.util.find_spec("sklearn")
     roots = spec.submodule_search_locations if spec is not None else None
@@ -347,6 +348,67 @@ def parquet_data(path: str) -> Any:
     return pads.dataset(path, format="parquet")
 
 
+def _one_schema(key: str, path: str) -> None:
+    """A folder's Parquet files hold one schema (pyarrow reads a folder with its first
+    file's): DataError naming the first file that differs, and the first column that does.
+    Each file's footer only is read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not Path(path).is_dir():
+        return
+    files = parquet_data(path).files
+    first = pq.read_schema(files[0]) if files else None
+    for f in files[1:]:
+        try:
+            other = pq.read_schema(f)
+        except (pa.ArrowInvalid, OSError):
+            raise DataError(f"{key}: not a Parquet file: {f}") from None
+        assert first is not None
+        if [(c.name, c.type) for c in other] != [(c.name, c.type) for c in first]:
+            raise DataError(f"{key}: the files of {path} must hold one schema; {f} "
+                            f"{schema_difference(first, other)} ({files[0]} has the first)")
+
+
+def schema_difference(first: Any, other: Any) -> str:
+    """The first column where ``other`` differs from ``first``, in words."""
+    for field in first:
+        if field.name not in other.names:
+            return f"lacks column {field.name!r}"
+        theirs = other.field(field.name).type
+        if theirs != field.type:
+            return f"holds column {field.name!r} as {theirs}, not {field.type}"
+    extra = [n for n in other.names if n not in first.names]
+    if extra:
+        return f"has column {extra[0]!r} besides"
+    return "orders its columns otherwise"
+
+
+_CHECKED: set[tuple[Any, ...]] = set()  # Parquet blocks checked, with their files' stamps
+
+
+def _stamp(path: str | None, key: str) -> tuple[tuple[str, int, int], ...]:
+    """(name, size, modification time) of the file at ``path``, or of every file under the
+    folder: what a checked Parquet block's result stands on. The guard comes first: the
+    path is a regular file or a folder."""
+    if path is None:
+        return ()
+    try:
+        guard(path, "either")
+    except PathRefused as e:
+        raise DataError(f"{key}: {e}") from None
+    names = [path] if not Path(path).is_dir() else sorted(
+        os.path.join(d, f) for d, _, files in os.walk(path) for f in files)
+    out = []
+    for name in names:
+        try:
+            st = os.stat(name)
+        except OSError:
+            continue  # gone since the listing: the check itself says what is wrong
+        out.append((name, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
 class ParquetDataset(PopulationDataset):
     """A user's Parquet file, or a directory of Parquet files with one schema (read in file
     name order): numeric feature columns (or list columns: list, large_list or
@@ -366,7 +428,8 @@ class ParquetDataset(PopulationDataset):
     (``fedray data convert`` writes them so) let the filter skip every row group but the
     cohort's."""
 
-    traits = Traits(path_params=("path", "test_path"))
+    traits = Traits(path_params=("path", "test_path"),
+                    file_or_folder_params=("path", "test_path"))
     whole_is_gathered = False  # its own load: a hold-out drawn over the whole file
 
     def __init__(
@@ -403,16 +466,33 @@ class ParquetDataset(PopulationDataset):
         return tuple(self.shape)
 
     def check(self, n: int) -> None:
-        """Both paths exist and are Parquet files (or directories of them), with the named
-        columns."""
+        """Both paths exist and are Parquet files (or directories of them, of one schema),
+        with the named columns; once while the files stay as they were (a sweep's points
+        ask with the same block)."""
+        stamp = (self.path, self.test_path, self.label, tuple(self.features or ()),
+                 self.client, _stamp(self.path, "path"), _stamp(self.test_path, "test_path"))
+        if stamp in _CHECKED:
+            return
+        self._check_files()
+        if len(_CHECKED) >= 64:
+            _CHECKED.clear()
+        _CHECKED.add(stamp)
+
+    def _check_files(self) -> None:
         import pyarrow as pa
 
         for key in ("path", "test_path"):
             p = getattr(self, key)
             if p is None:
                 continue
-            if not (Path(p).is_file() or Path(p).is_dir()):
-                raise DataError(f"{key}: {'not a regular file' if Path(p).exists() else 'file not found'}: {p}")
+            try:
+                guard(p, "either")
+                for f in parquet_data(p).files if Path(p).is_dir() else []:
+                    guard(f, "file")  # a FIFO or a device among them is never opened
+            except PathRefused as e:
+                raise DataError(f"{key}: {e}") from None
+            except (pa.ArrowInvalid, OSError):
+                raise DataError(f"{key}: not a Parquet file: {p}") from None
             try:
                 schema = parquet_data(p).schema
             except (pa.ArrowInvalid, OSError):
@@ -420,6 +500,7 @@ class ParquetDataset(PopulationDataset):
             names = schema.names
             if not names:
                 raise DataError(f"{key}: no Parquet file in {p}")
+            _one_schema(key, p)
             for what, col in [("label", self.label), ("client", self.client)] + \
                     [("features", c) for c in self.features or []]:
                 if col is not None and col not in names:

@@ -3,9 +3,10 @@ against its published MD5 before it is used (a wrong or truncated file is delete
 never fetched again while a file with the right checksum is there. Archives are unpacked
 with tarfile's ``data`` filter (no absolute paths, no links out of ``root``).
 
-Every transfer is bounded: ``http``/``https`` mirrors only (redirects too), at most
-``DEADLINE`` seconds for all the files of a data set, from the first byte asked to the last
-one received (a server that drips a byte now and then is cut off), and at most each file's
+Every transfer is bounded: ``http``/``https`` mirrors only (redirects too), at most a data
+set's ``deadline`` key (seconds, default ``DEADLINE``) for all its files, from the first
+byte asked to the last one received (a server that drips a byte now and then is cut off;
+``TIMEOUT`` bounds each read besides), and at most each file's
 published size plus ``SIZE_MARGIN`` bytes
 (an endless body never fills the disk). ``simulator.data.prepare.fetch`` does all of it for a
 scenario before any MLflow run exists.
@@ -27,7 +28,8 @@ from pathlib import Path
 from simulator.errors import DataError, brief
 
 TIMEOUT = 60.0  # seconds without a byte from the server
-DEADLINE = 600.0  # seconds for one file, connection to last byte (tests set less)
+DEADLINE = 600.0  # seconds for all the files of a data set, by default (its ``deadline`` key)
+MAX_DEADLINE = 86_400.0  # the largest ``deadline`` key: a day
 SIZE_MARGIN = 1 << 20  # bytes allowed beyond a file's published size
 UNKNOWN_SIZE = 1 << 30  # the cap of a file whose size is not published
 REDIRECTS = 5
@@ -79,14 +81,24 @@ class _Refused(Exception):
     raised and caught here only, with the one-line reason."""
 
 
-def deadline() -> float:
-    """The ``time.monotonic()`` by which the downloads starting now must be over: one
-    deadline for all the files of a data set (``DEADLINE`` seconds from now)."""
-    return time.monotonic() + DEADLINE
+@dataclass(frozen=True)
+class Deadline:
+    """When the downloads of a data set must be over (``at``, ``time.monotonic()``), and
+    the ``seconds`` they were given (for the message)."""
+
+    at: float
+    seconds: float
+
+
+def deadline(seconds: float | None = None) -> Deadline:
+    """The deadline of the downloads starting now: one for all the files of a data set,
+    ``seconds`` from now (default ``DEADLINE``)."""
+    seconds = DEADLINE if seconds is None else seconds
+    return Deadline(time.monotonic() + seconds, seconds)
 
 
 def fetch(url: str, dest: Path, checksum: str, size: int | None = None,
-          until: float | None = None) -> Path:
+          until: Deadline | None = None) -> Path:
     """``dest``, fetched from ``url`` unless a file with ``checksum`` (MD5) is there; at most
     ``size`` (the published size) plus ``SIZE_MARGIN`` bytes, over by ``until`` (a
     ``deadline()``; by default ``DEADLINE`` seconds from now)."""
@@ -114,10 +126,11 @@ def fetch(url: str, dest: Path, checksum: str, size: int | None = None,
     return dest
 
 
-def _transfer(url: str, part: Path, cap: int, deadline: float) -> None:
+def _transfer(url: str, part: Path, cap: int, until: Deadline) -> None:
     """The body of ``url`` (redirects followed, http(s) only) into ``part``: at most ``cap``
     bytes, ended at ``deadline`` (monotonic) by a watchdog that shuts the socket, whatever the server
     sends or withholds (headers dripped a byte at a time included)."""
+    deadline, late = until.at, f"not complete after {until.seconds:g} s (the download deadline)"
     for _ in range(REDIRECTS + 1):
         parts = urllib.parse.urlsplit(url)
         cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
@@ -130,11 +143,10 @@ def _transfer(url: str, part: Path, cap: int, deadline: float) -> None:
         watchdog.daemon = True
         watchdog.start()
         try:
-            target = _get(conn, parts, part, cap, deadline, expired)
+            target = _get(conn, parts, part, cap, until, expired)
         except (OSError, http.client.HTTPException):
             if expired.is_set() or time.monotonic() >= deadline:
-                raise _Refused(f"not complete after {DEADLINE:g} s (the download "
-                               "deadline)") from None
+                raise _Refused(late) from None
             raise
         finally:
             watchdog.cancel()
@@ -161,7 +173,7 @@ def _cut(conn: http.client.HTTPConnection, expired: threading.Event) -> None:
 
 
 def _get(conn: http.client.HTTPConnection, parts: urllib.parse.SplitResult, part: Path,
-         cap: int, deadline: float, expired: threading.Event) -> str | None:
+         cap: int, until: Deadline, expired: threading.Event) -> str | None:
     """One GET: its body into ``part`` (None), or the redirect's target."""
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     conn.request("GET", path, headers={"User-Agent": "fedray"})
@@ -178,8 +190,9 @@ def _get(conn: http.client.HTTPConnection, parts: urllib.parse.SplitResult, part
     with part.open("wb") as out:
         while True:
             block = response.read1(1 << 20)
-            if expired.is_set() or time.monotonic() > deadline:
-                raise _Refused(f"not complete after {DEADLINE:g} s (the download deadline)")
+            if expired.is_set() or time.monotonic() > until.at:
+                raise _Refused(f"not complete after {until.seconds:g} s (the download "
+                               "deadline)")
             if not block:
                 return None
             got += len(block)

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from simulator.errors import DataError, brief
+from strategies.paths import PathRefused, open_file
 
 # IDX type codes (LeCun's format description): the element type of the data
 IDX_TYPES: dict[int, np.dtype] = {0x08: np.dtype(">u1"), 0x09: np.dtype(">i1"), 0x0B: np.dtype(">i2"),
@@ -32,10 +33,13 @@ def _read(path: Path, size: int = -1) -> bytes:
     bytes, whatever its name); a file that cannot be read, or a truncated or corrupt gzip,
     is a DataError naming it."""
     try:
-        with path.open("rb") as f:
-            gz = f.read(2) == b"\x1f\x8b"
-        with gzip.open(path, "rb") if gz else path.open("rb") as f:
-            return f.read(size)
+        with open_file(path) as raw:
+            gz = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            with gzip.open(raw, "rb") if gz else raw as f:
+                return f.read(size)
+    except PathRefused as e:
+        raise DataError(f"root: {e}") from None
     except (EOFError, OSError, zlib.error) as e:
         raise DataError(f"root: {path} cannot be read ({e}): a truncated or corrupt file? "
                         "fetch it again") from None
@@ -90,13 +94,14 @@ def idx_verify(path: Path) -> tuple[np.dtype, tuple[int, ...]]:
     expected = 4 + 4 * len(dims) + (math.prod(dims) if dims else 0) * dtype.itemsize
     total = 0
     try:
-        with path.open("rb") as f:
-            gz = f.read(2) == b"\x1f\x8b"
-        with gzip.open(path, "rb") if gz else path.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                total += len(block)
-                if total > expected:
-                    break
+        with open_file(path) as raw:
+            gz = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            with gzip.open(raw, "rb") if gz else raw as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    total += len(block)
+                    if total > expected:
+                        break
     except (EOFError, OSError, zlib.error) as e:
         raise DataError(f"root: {path} cannot be read ({e}): a truncated or corrupt file? "
                         "fetch it again") from None
@@ -187,7 +192,10 @@ def load_json(path: Path, key: str = "root", limit: int = JSON_DEPTH) -> Any:
     """A JSON file, parsed once its nesting is known to be at most ``limit`` deep; a key
     that appears twice in one object is refused (JSON parsers keep the last silently)."""
     try:
-        raw = path.read_bytes()
+        with open_file(path) as f:
+            raw = f.read()
+    except PathRefused as e:
+        raise DataError(f"{key}: {e}") from None
     except OSError as e:
         raise DataError(f"{key}: {path} cannot be read ({e.strerror})") from None
     at = json_depth_over(raw, limit)
@@ -220,7 +228,11 @@ def leaf_index(path: Path) -> tuple[list[str], list[int]]:
     """(users, num_samples) of a LEAF JSON file, read from its beginning only when LEAF's
     key order holds (``users`` and ``num_samples`` before ``user_data``), else parsed whole."""
     head = b""
-    with path.open("rb") as f:
+    try:
+        f = open_file(path)
+    except PathRefused as e:
+        raise DataError(f"root: {e}") from None
+    with f:
         while b'"user_data"' not in head:
             chunk = f.read(1 << 20)
             if not chunk:

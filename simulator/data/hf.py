@@ -24,9 +24,10 @@ from typing import Annotated, Any
 import numpy as np
 from annotated_types import Ge
 
-from simulator.data.datasets import feature_block, feature_matrix, holdout
+from simulator.data.datasets import feature_block, feature_matrix, holdout, schema_difference
 from simulator.data.formats import load_json
 from simulator.errors import DataError
+from strategies.paths import PathRefused, guard
 from strategies.protocols import Dataset, DatasetInfo, DatasetSplit, Traits
 
 TEXT_VOCABULARY = 257  # a UTF-8 byte + 1, and 0 for padding
@@ -68,7 +69,7 @@ class HuggingFace(Dataset):
     ``test_split`` names (without a test split, ``test_fraction`` is held out); ``shape``
     for a list column's samples."""
 
-    traits = Traits(path_params=("path",))
+    traits = Traits(path_params=("path",), folder_params=("path",))
 
     def __init__(
         self,
@@ -93,11 +94,10 @@ class HuggingFace(Dataset):
         if (self.path is None) == (self.hub is None):
             raise DataError("path: give path (a folder) or hub (owner/name), one of them")
         if self.path is not None:
-            folder = Path(self.path)
-            if not folder.is_dir():
-                raise DataError(f"path: {'not a folder' if folder.exists() else 'no such folder'}"
-                                f": {self.path}")
-            return folder
+            try:
+                return guard(self.path, "folder")
+            except PathRefused as e:
+                raise DataError(f"path: {e}") from None
         owner, _, name = str(self.hub).partition("/")
         repo = hub_cache() / f"datasets--{owner}--{name}"
         ref = repo / "refs" / "main"
@@ -132,11 +132,21 @@ class HuggingFace(Dataset):
         import pyarrow.parquet as pq
 
         tables = []
-        for f in self._files(split):
+        files = self._files(split)
+        for f in files:
+            try:
+                guard(f, "file")  # a FIFO or a device among the files is never opened
+            except PathRefused as e:
+                raise DataError(f"path: {e}") from None
             try:
                 tables.append(pq.read_table(f) if f.suffix == ".parquet" else _read_arrow(f))
             except (pa.ArrowInvalid, OSError) as e:
                 raise DataError(f"path: {f} is not a readable {f.suffix[1:]} file ({e})") from None
+        for f, t in zip(files[1:], tables[1:]):
+            if [(c.name, c.type) for c in t.schema] != [(c.name, c.type) for c in tables[0].schema]:
+                raise DataError(f"path: the files of split {split} must hold one schema; {f} "
+                                f"{schema_difference(tables[0].schema, t.schema)} ({files[0]} "
+                                "has the first)")
         return pa.concat_tables(tables) if tables else None
 
     def check(self, n: int) -> None:

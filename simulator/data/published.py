@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, cast
 
 import numpy as np
-from annotated_types import Ge
+from annotated_types import Ge, Gt, Le
 
-from simulator.data.download import FetchedFile
+from simulator.data.download import DEADLINE, MAX_DEADLINE, FetchedFile
 from simulator.data.formats import (
     find,
     idx_header,
@@ -28,6 +28,7 @@ from simulator.data.formats import (
     read_leaf,
 )
 from simulator.errors import DataError, brief
+from strategies.paths import PathRefused, guard
 from strategies.protocols import Dataset, DatasetInfo, DatasetSplit, Traits
 
 T = TypeVar("T")
@@ -51,10 +52,10 @@ def _once(what: tuple[Any, ...], paths: list[Path], check: Callable[[], T]) -> T
 
 
 def _root(root: str) -> Path:
-    path = Path(root)
-    if not path.is_dir():
-        raise DataError(f"root: {'not a folder' if path.exists() else 'no such folder'}: {root}")
-    return path
+    try:
+        return guard(root, "folder")
+    except PathRefused as e:
+        raise DataError(f"root: {e}") from None
 
 
 # ---------------------------------------------------------------------------- IDX
@@ -82,7 +83,7 @@ class MNIST(Dataset):
     reads every file through: unsigned-byte images of 28x28 as long as their headers say,
     one label per image, each label one of the format's classes."""
 
-    traits = Traits(path_params=("root",))
+    traits = Traits(path_params=("root",), folder_params=("root",), created_params=("root",))
     LAYOUT = ("train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and "
               "t10k-labels-idx1-ubyte (optionally .gz), as published")
     PREFIX: ClassVar[dict[str, str]] = {"train": "train", "test": "t10k"}
@@ -90,7 +91,8 @@ class MNIST(Dataset):
     CLASSES = 10
     IMAGE = (28, 28)
     # the published files and their MD5s (as torchvision lists them); ``download: true``
-    # fetches them from ``mirror`` (a base URL), by default torchvision's mirror of them
+    # fetches them from ``mirror`` (a base URL), by default torchvision's mirror of them,
+    # all of them within ``deadline`` seconds (default download.DEADLINE, 10 minutes)
     MIRROR = "https://ossci-datasets.s3.amazonaws.com/mnist/"
     FILES: ClassVar[dict[str, str]] = {
         "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
@@ -104,8 +106,10 @@ class MNIST(Dataset):
         "t10k-images-idx3-ubyte.gz": 1_648_877, "t10k-labels-idx1-ubyte.gz": 4_542,
     }
 
-    def __init__(self, root: str, download: bool = False, mirror: str | None = None) -> None:
+    def __init__(self, root: str, download: bool = False, mirror: str | None = None,
+                 deadline: Annotated[float, Gt(0), Le(MAX_DEADLINE)] = DEADLINE) -> None:
         self.root, self.download, self.mirror = root, download, mirror
+        self.deadline = deadline  # seconds for all the files of a download
 
     def _pending(self) -> bool:
         """``download: true`` and the files are not fetched yet."""
@@ -120,7 +124,7 @@ class MNIST(Dataset):
         from simulator.data.download import deadline, fetch
 
         base = (self.mirror or self.MIRROR).rstrip("/") + "/"
-        out, until = [], deadline()  # one deadline for the four files
+        out, until = [], deadline(self.deadline)  # one deadline for the four files
         for name, checksum in self.FILES.items():
             dest = Path(self.root) / name
             there = dest.is_file()
@@ -296,20 +300,23 @@ class CIFAR10(Dataset):
     10 classes, from the python batches ``data_batch_1`` .. ``data_batch_5`` and
     ``test_batch`` in ``root`` or in ``root/cifar-10-batches-py``."""
 
-    traits = Traits(path_params=("root",))
+    traits = Traits(path_params=("root",), folder_params=("root",), created_params=("root",))
     FOLDER = "cifar-10-batches-py"
     TRAIN: tuple[str, ...] = tuple(f"data_batch_{i}" for i in range(1, 6))
     TEST: tuple[str, ...] = ("test_batch",)
     LABELS = "labels"
     # the published archive and its MD5; ``download: true`` fetches it from ``mirror`` (a
-    # base URL), by default the CIFAR page's, and unpacks it into ``root``
+    # base URL), by default the CIFAR page's, within ``deadline`` seconds, and unpacks it
+    # into ``root``
     MIRROR = "https://www.cs.toronto.edu/~kriz/"
     ARCHIVE = ("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a")
 
     SIZE = 170_498_071  # the archive's published size in bytes
 
-    def __init__(self, root: str, download: bool = False, mirror: str | None = None) -> None:
+    def __init__(self, root: str, download: bool = False, mirror: str | None = None,
+                 deadline: Annotated[float, Gt(0), Le(MAX_DEADLINE)] = DEADLINE) -> None:
         self.root, self.download, self.mirror = root, download, mirror
+        self.deadline = deadline  # seconds for all the files of a download
 
     def _pending(self) -> bool:
         return self.download and not (Path(self.root) / self.FOLDER).is_dir()
@@ -319,7 +326,7 @@ class CIFAR10(Dataset):
         size and the download deadline), unpacked, once; what was fetched or found."""
         if not self.download:
             return []
-        from simulator.data.download import fetch, unpack
+        from simulator.data.download import deadline, fetch, unpack
 
         name, checksum = self.ARCHIVE
         dest = Path(self.root) / name
@@ -328,7 +335,7 @@ class CIFAR10(Dataset):
                     FetchedFile(Path(self.root) / self.FOLDER, 0, False)]
         there = dest.is_file()
         archive = fetch((self.mirror or self.MIRROR).rstrip("/") + "/" + name, dest, checksum,
-                        self.SIZE)
+                        self.SIZE, deadline(self.deadline))
         unpack(archive, Path(self.root))
         return [FetchedFile(dest, dest.stat().st_size, not there)]
 
@@ -414,8 +421,9 @@ class CIFAR100(CIFAR10):
     SIZE = 169_001_437
 
     def __init__(self, root: str, labels: Literal["fine", "coarse"] = "fine",
-                 download: bool = False, mirror: str | None = None) -> None:
-        super().__init__(root, download, mirror)
+                 download: bool = False, mirror: str | None = None,
+                 deadline: Annotated[float, Gt(0), Le(MAX_DEADLINE)] = DEADLINE) -> None:
+        super().__init__(root, download, mirror, deadline)
         self.labels = labels
         self.LABELS = f"{labels}_labels"
 
@@ -435,7 +443,7 @@ class _Leaf(Dataset):
     kept (``test_fraction`` is not used). ``min_samples`` drops users with fewer training
     samples."""
 
-    traits = Traits(path_params=("root",))
+    traits = Traits(path_params=("root",), folder_params=("root",))
     SHAPE: tuple[int, ...] = ()
     CLASSES = 0
     VOCABULARY: int | None = None  # token data: the number of token ids

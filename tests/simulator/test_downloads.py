@@ -95,7 +95,7 @@ def server(tmp_path):
 
 
 def run_line(tmp_path: Path, mlflow_uri: str, capsys, mirror: str, model: str = "{name: logreg}",
-             root: str = "fetched") -> str:
+             root: str = "fetched", dataset: str = "mnist", keys: str = "") -> str:
     """``fedray run`` of an MNIST scenario with ``download: true`` from ``mirror``: exit 2,
     one line on stderr (returned, the scenario's path as SCENARIO, the folder as TMP), and no
     MLflow run in the store."""
@@ -104,7 +104,7 @@ def run_line(tmp_path: Path, mlflow_uri: str, capsys, mirror: str, model: str = 
     p = tmp_path / "s.yaml"
     p.write_text(textwrap.dedent(f"""\
         rounds: 2
-        data: {{dataset: {{name: mnist, root: {root}, download: true, mirror: '{mirror}'}}}}
+        data: {{dataset: {{name: {dataset}, root: {root}, download: true, mirror: '{mirror}'{keys}}}}}
         model: {model}
         clients: {{total: 4}}
         local: {{steps: 2, batch_size: 4}}
@@ -118,19 +118,34 @@ def run_line(tmp_path: Path, mlflow_uri: str, capsys, mirror: str, model: str = 
     return lines[0].replace(str(p), "SCENARIO").replace(str(tmp_path), "TMP")
 
 
-@pytest.mark.parametrize("kind", ["drip", "dripheaders"])
+@pytest.mark.parametrize(("kind", "dataset", "seconds"), [
+    ("drip", "mnist", 1.5), ("dripheaders", "mnist", 0.7), ("drip", "fashion-mnist", 1),
+    ("drip", "cifar10", 0.5), ("dripheaders", "cifar100", 1.2)])
 def test_a_server_that_drips_bytes_is_cut_at_the_deadline(tmp_path, mlflow_uri, capsys, server,
-                                                          monkeypatch, kind):
+                                                          kind, dataset, seconds):
     """A byte every 0.3 s (in the body, or in the headers) never trips the 60 s read timeout;
-    the overall deadline (1.5 s here, DEADLINE) ends it."""
+    the data set's ``deadline`` key (seconds for all its files) ends it."""
     _, url = server
-    monkeypatch.setattr(download, "DEADLINE", 1.5)
     start = time.monotonic()
-    line = run_line(tmp_path, mlflow_uri, capsys, f"{url}{kind}/")
-    assert time.monotonic() - start < 15
-    assert line == (f"fedray run: download: {url}{kind}/{NAMES[0]}: not complete after 1.5 s "
-                    "(the download deadline); nothing was kept")
+    line = run_line(tmp_path, mlflow_uri, capsys, f"{url}{kind}/", dataset=dataset,
+                    keys=f", deadline: {seconds}")
+    assert time.monotonic() - start < seconds + 10
+    first = NAMES[0] if "mnist" in dataset else \
+        f"{dataset.replace('cifar', 'cifar-')}-python.tar.gz"
+    assert line == (f"fedray run: download: {url}{kind}/{first}: not complete after {seconds:g} "
+                    "s (the download deadline); nothing was kept")
     assert not list((tmp_path / "fetched").glob("*"))
+
+
+def test_the_deadline_key_defaults_to_minutes_and_is_bounded(tmp_path):
+    from simulator.config import ScenarioError, load
+
+    assert MNIST("x").deadline == download.DEADLINE == 600
+    p = tmp_path / "s.yaml"
+    p.write_text("rounds: 1\nmodel: {name: logreg}\nclients: {total: 2}\n"
+                 "data: {dataset: {name: mnist, root: r, download: true, deadline: 0}}\n")
+    with pytest.raises(ScenarioError, match=r"data.dataset.deadline: must be > 0.0, got 0$"):
+        load(p)
 
 
 def test_the_deadline_is_one_for_all_the_files_of_a_data_set(tmp_path, mlflow_uri, capsys,
@@ -142,8 +157,7 @@ def test_the_deadline_is_one_for_all_the_files_of_a_data_set(tmp_path, mlflow_ur
     served, url = server
     formats.write_mnist(served)
     monkeypatch.setattr(MNIST, "FILES", {n: md5(served / n) for n in NAMES})
-    monkeypatch.setattr(download, "DEADLINE", 2.0)
-    assert run_line(tmp_path, mlflow_uri, capsys, f"{url}slow/") == (
+    assert run_line(tmp_path, mlflow_uri, capsys, f"{url}slow/", keys=", deadline: 2") == (
         f"fedray run: download: {url}slow/{NAMES[2]}: not complete after 2 s (the download "
         "deadline); nothing was kept")
     assert sorted(p.name for p in (tmp_path / "fetched").iterdir()) == sorted(NAMES[:2])

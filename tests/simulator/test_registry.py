@@ -153,13 +153,19 @@ def test_a_trait_meaningless_for_its_kind_is_refused_at_registration(monkeypatch
     declare pass."""
     from dataclasses import fields
 
-    from strategies.protocols import CONTRACTS, KIND_TRAITS, Traits, stray_traits
+    from strategies.protocols import (
+        ANY_KIND_TRAITS,
+        CONTRACTS,
+        KIND_TRAITS,
+        Traits,
+        stray_traits,
+    )
 
     module = sys.modules[__name__]
     made: dict[str, dict[str, str]] = {}
     for kind, base in CONTRACTS.items():
         stray = next(f.name for f in fields(Traits) if f.name not in KIND_TRAITS[kind]
-                     and f.name not in ("context", "path_params") and f.type == "bool")
+                     and f.name not in ANY_KIND_TRAITS and f.type == "bool")
         cls = type(f"Stray_{kind}", (base,), {"traits": Traits(**{stray: True})})
         monkeypatch.setattr(module, cls.__name__, cls, raising=False)
         made[kind] = {"stray_one": f"{__name__}:{cls.__name__}"}

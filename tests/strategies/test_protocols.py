@@ -29,7 +29,7 @@ def test_each_kind_has_its_base_class_in_the_contracts():
 
 
 def test_the_registry_and_the_scenario_use_the_table_of_kinds():
-    from simulator.config.validate import PLUGIN_FIELDS, PLUGIN_LISTS
+    from simulator.config.blocks import PLUGIN_FIELDS, PLUGIN_LISTS
 
     assert tuple(registry.KINDS) == tuple(KINDS)
     # a plugin block per kind, but the lists (pre-aggregators, codecs) and dsgd.defense's name
