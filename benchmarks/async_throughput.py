@@ -48,8 +48,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     a = ap.parse_args()
     from simulator.config.load import load
-    from simulator.engine import Engine
     from simulator.runtime.backend import InlineBackend, RayBackend
+    from simulator.sim.engine import Engine
 
     backend = RayBackend() if a.backend == "ray" else InlineBackend()
     print(f"{a.updates} client updates each, {a.backend} backend, {a.workers} workers")

@@ -20,7 +20,7 @@ of one page that share a sweep (same scenario file and overrides) share its stor
     python benchmarks/docs_tables.py docs/datasets.md [ID ...] [--runner sweep|inline]
                                      [--parallel N] [--store DIR] [--check]
 
-``--runner sweep`` (the default) runs ``fedray sweep``'s code (``simulator.runner.run_sweep``,
+``--runner sweep`` (the default) runs ``fedray sweep``'s code (``simulator.run.runner.run_sweep``,
 points in parallel Ray tasks); ``inline`` runs the points one after another in this process
 (``fedray run --backend inline``): the numbers are the same, by the engine's contract.
 ``--store DIR`` keeps the stores in DIR (``DIR/ID.db``) instead of a temporary folder, so an
@@ -120,12 +120,12 @@ def run_points(scenario: str, sets: Sequence[str], uri: str, runner: str,
     fails stops the regeneration (a table of the others would be silently short)."""
     loaded = load(scenario, sets)
     if runner == "inline":
-        from simulator.runner import run_loaded
+        from simulator.run.runner import run_loaded
 
         out = run_loaded(loaded, "inline", None, uri, quiet=True)
         failed = out["unfinished"]
     else:
-        from simulator.runner import run_sweep
+        from simulator.run.runner import run_sweep
 
         out = run_sweep(loaded, None, uri, parallel)
         failed = out["failed"] + list(out["unfinished"])

@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 
 from simulator.config.load import load
-from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
+from simulator.sim.engine import Engine
 
 SCENARIO = """\
 name: engine-overhead

@@ -108,8 +108,8 @@ def fedray(workers: int, threads: int, rounds: int, backend: str = "ray"
     """(steady-state seconds per round, final accuracy, the medians of the engine's round
     timings: the slowest worker's training, the server's step, the whole round)."""
     from simulator.config.load import load
-    from simulator.engine import Engine
     from simulator.runtime.backend import InlineBackend, RayBackend
+    from simulator.sim.engine import Engine
 
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "floor.yaml"

@@ -53,8 +53,8 @@ def write_images(path: Path, n: int, seed: int = 0) -> None:
 def run(path: Path, clients: int, workers: int, device: str, precision: str,
         model: str = "resnet18") -> dict:
     from simulator.config.load import load
-    from simulator.engine import Engine
     from simulator.runtime.backend import RayBackend
+    from simulator.sim.engine import Engine
 
     text = SCENARIO.format(path=path, clients=clients, workers=workers, device=device,
                            precision=precision, model=model)

@@ -32,7 +32,7 @@ CHILD = """
 import json, sys, tempfile
 from pathlib import Path
 from simulator.config.load import load
-from simulator.engine import Engine
+from simulator.sim.engine import Engine
 from simulator.runtime.backend import RayBackend
 text, skip = sys.argv[1], int(sys.argv[2])
 p = Path(tempfile.mkdtemp()) / "s.yaml"

@@ -47,8 +47,8 @@ def one(total: int, per_round: int, load_: str, rounds: int) -> dict:
     import numpy as np
 
     from simulator.config.load import load
-    from simulator.engine import Engine
     from simulator.runtime.backend import InlineBackend
+    from simulator.sim.engine import Engine
 
     with TemporaryDirectory() as tmp:
         p = Path(tmp) / "s.yaml"

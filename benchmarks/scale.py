@@ -36,8 +36,8 @@ runtime: {{backend: inline, state_dtype: {dtype}}}
 
 def one(per_round: int, dtype: str, rounds: int) -> dict:
     from simulator.config.load import load
-    from simulator.engine import Engine
     from simulator.runtime.backend import InlineBackend
+    from simulator.sim.engine import Engine
 
     with TemporaryDirectory() as tmp:
         p = Path(tmp) / "s.yaml"

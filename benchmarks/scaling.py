@@ -41,7 +41,7 @@ runtime: {{backend: ray, workers: {workers}}}
 def per_round(backend, rounds: int, per_round: int, hidden: int) -> tuple[float, int]:
     """(steady-state seconds per round, d) of one configuration on ``backend``."""
     from simulator.config.load import load
-    from simulator.engine import Engine
+    from simulator.sim.engine import Engine
 
     total = max(2 * per_round, 100)
     with tempfile.TemporaryDirectory() as d:

@@ -67,7 +67,7 @@ def _child_timeline(argv: list[str]) -> None:
     command returned; the parent stamps the lines as they come."""
     import functools
 
-    from simulator import callbacks, experiment
+    from simulator.run import callbacks, experiment
 
     def say(text: str) -> None:
         print(f"@@ {text}", file=sys.stderr, flush=True)

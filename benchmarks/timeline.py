@@ -92,8 +92,8 @@ def main() -> None:
                 workers=args.workers, threads=1).replace("backend: ray", f"backend: {args.backend}"))
         restart_clock()
         from simulator.config.load import load
-        from simulator.engine import Engine
         from simulator.runtime.backend import InlineBackend, RayBackend
+        from simulator.sim.engine import Engine
         mark("imports")
         backend = (RayBackend(include_dashboard=False, num_cpus=os.cpu_count())
                    if args.backend == "ray" else InlineBackend())

@@ -14,9 +14,9 @@ from tempfile import TemporaryDirectory
 import torch
 
 from simulator.config.load import load
-from simulator.engine import Engine
 from simulator.messages import TrainRequest
 from simulator.runtime.backend import InlineBackend
+from simulator.sim.engine import Engine
 
 SCENARIO = """\
 name: vec-bench

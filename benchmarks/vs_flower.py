@@ -102,8 +102,8 @@ def measure(cmd: list[str], env: dict | None = None) -> tuple[dict, float, int]:
 def fedray_side(scenario: str) -> None:
     """Run in a subprocess: the fedray simulation; prints one JSON line."""
     from simulator.config.load import load
-    from simulator.engine import Engine
     from simulator.runtime.backend import RayBackend
+    from simulator.sim.engine import Engine
 
     t0 = time.perf_counter()
     backend = RayBackend(include_dashboard=False, num_cpus=2)
@@ -118,9 +118,9 @@ def export(scenario: str, path: Path) -> None:
 
     from simulator.config.load import load
     from simulator.data import client_arrays
-    from simulator.engine import Engine
     from simulator.models import build_model
     from simulator.runtime.backend import InlineBackend
+    from simulator.sim.engine import Engine
 
     sc = load(scenario).points[0].scenario
     data = Engine(sc, InlineBackend()).data

@@ -59,8 +59,8 @@ def fedray_side(scenario: str) -> None:
     """Run in a subprocess: the fedray simulation on a fresh local Ray; one JSON line."""
     t0 = time.perf_counter()
     from simulator.config.load import load
-    from simulator.engine import Engine
     from simulator.runtime.backend import RayBackend
+    from simulator.sim.engine import Engine
 
     backend = RayBackend(include_dashboard=False, num_cpus=os.cpu_count())
     ends: list[float] = []
@@ -78,9 +78,9 @@ def export(scenario: str, path: Path, threads: int) -> None:
     """fedray's partition, test set and initial weights, for the pfl side."""
     from simulator.config.load import load
     from simulator.data import client_arrays
-    from simulator.engine import Engine
     from simulator.models import build_model
     from simulator.runtime.backend import InlineBackend
+    from simulator.sim.engine import Engine
 
     sc = load(scenario).points[0].scenario
     data = Engine(sc, InlineBackend()).data

@@ -1,6 +1,6 @@
 """A table's cells, for ``fedray table`` (``dashboards.tables``) and a search's tables
 (``dashboards.search``): a column's name, a run's number for it (``METRIC:HOW``, reduced by
-``simulator.reductions``) from its history in MLflow, and a number over seeds written as
+``simulator.run.reductions``) from its history in MLflow, and a number over seeds written as
 ``mean ± std``."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from dashboards.stats import summarize
 from simulator.metric_names import SIM_TIME, mlflow_name
-from simulator.reductions import TimeTo, lower_is_better, parse_how, run_summary, time_to
+from simulator.run.reductions import TimeTo, lower_is_better, parse_how, run_summary, time_to
 
 
 def column(metric: str, how: str) -> str:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from dashboards.svg import line_chart
-from simulator.callbacks import Callback, PointRun
 from simulator.metric_names import SIM_TIME
+from simulator.run.callbacks import Callback, PointRun
 
 PANELS = [
     ("accuracy", ["test_accuracy", "averaged_test_accuracy"]),

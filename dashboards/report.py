@@ -35,7 +35,7 @@ from dashboards.search import search_section
 from dashboards.stats import Summary, summarize
 from dashboards.svg import MAX_SERIES, heat_map, line_chart, pick_series
 from simulator.metric_names import SIM_TIME, mlflow_name
-from simulator.reductions import from_mlflow
+from simulator.run.reductions import from_mlflow
 
 if TYPE_CHECKING:
     from dashboards.export import Exports
@@ -57,7 +57,7 @@ def collect(target: str, tracking_uri: str | None = None) -> tuple[str, str | No
     """(title, parent run id or None, runs) for an experiment name or a run id."""
     from mlflow.tracking import MlflowClient
 
-    from simulator.tracking import child_runs, default_uri, ensure_store, latest_scenario_run
+    from simulator.run.tracking import child_runs, default_uri, ensure_store, latest_scenario_run
 
     uri = tracking_uri or default_uri()
     ensure_store(uri)  # a store that cannot be used: one line
@@ -618,7 +618,7 @@ def _search_of(run_id: str, tracking_uri: str | None
     from mlflow.tracking import MlflowClient
 
     from dashboards.search import best_rows, best_table, find_search, load_search
-    from simulator.tracking import default_uri
+    from simulator.run.tracking import default_uri
 
     client = MlflowClient(tracking_uri or default_uri())
     parent = find_search(client, "", run_id)
@@ -655,7 +655,7 @@ def build_report(target: str | Sequence[str], out_dir: Path | None = None,
     write_figures(exports, out / "figures")
     write_tables(exports, out / "tables")
     if log:
-        from simulator.tracking import Tracker, default_uri
+        from simulator.run.tracking import Tracker, default_uri
 
         for _, parent, _ in collected:
             if parent is not None:

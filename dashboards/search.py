@@ -1,4 +1,4 @@
-"""Views of a search (``fedray tune``, simulator/tuning.py) from what MLflow holds: per
+"""Views of a search (``fedray tune``, simulator/run/tuning.py) from what MLflow holds: per
 search (one per value of ``tune.per``, e.g. each aggregator) its best setting, its score,
 its trials, and the metric of its best trial's points under each value of
 ``tune.worst_over`` (e.g. each attack), the worst one marked: "each aggregator at its best
@@ -31,7 +31,7 @@ from dashboards.cells import column, histories, number, reach_cell, run_value
 from dashboards.stats import Summary, summarize
 from dashboards.svg import PALETTE, pick_series
 from simulator.metric_names import SIM_TIME
-from simulator.reductions import TimeTo, from_mlflow, lower_is_better, parse_how, parse_metrics
+from simulator.run.reductions import TimeTo, from_mlflow, lower_is_better, parse_how, parse_metrics
 
 KIND = "fedray.kind"
 OUTCOMES = ("finished", "stopped by ASHA", "failed", "interrupted", "running")
@@ -185,7 +185,7 @@ def _history(client: Any, run_id: str, key: str) -> list[tuple[int, float]]:
 
 def load_search(client: Any, parent: Any) -> Search:
     """The search of ``parent`` (a ``fedray.kind=tune`` run) and its trials."""
-    from simulator.tracking import child_runs
+    from simulator.run.tracking import child_runs
 
     scenario = resolved_scenario(client, parent)
     trials = []
@@ -202,7 +202,7 @@ def load_search(client: Any, parent: Any) -> Search:
 
 def best_points(client: Any, search: Search) -> list[Any]:
     """The FINISHED points (grandchild runs) of each search's best trial, search by search."""
-    from simulator.tracking import child_runs
+    from simulator.run.tracking import child_runs
 
     out = []
     for label in search.labels:
@@ -229,7 +229,7 @@ def _same(a: str | None, b: str) -> bool:
 def _flat(key: str, value: Any) -> dict[str, str]:
     """A sweep key's value as the params a point logs it as (a zipped key ``"a.b, c.d"``:
     each path with its value)."""
-    from simulator.tracking import flatten
+    from simulator.run.tracking import flatten
 
     paths = [p.strip() for p in key.split(",")]
     values = value if len(paths) > 1 and isinstance(value, list) else [value]
@@ -283,7 +283,7 @@ class BestRow:
 def _cells(client: Any, search: Search, trial: Trial, metrics: Sequence[tuple[str, str]]
            ) -> dict[str, dict[str, dict[str, float]]]:
     """Condition -> seed -> column -> the mean over the points of that seed and condition."""
-    from simulator.tracking import child_runs
+    from simulator.run.tracking import child_runs
 
     needs = {m for m, h in metrics if h not in ("final", "param")}
     if any(isinstance(parse_how(h), TimeTo) for _, h in metrics):
@@ -413,7 +413,7 @@ def search_table(experiment: str, metrics: Sequence[tuple[str, str]] | None = No
     to show is not a search's."""
     from mlflow.tracking import MlflowClient
 
-    from simulator.tracking import default_uri, ensure_store
+    from simulator.run.tracking import default_uri, ensure_store
 
     uri = tracking_uri or default_uri()
     ensure_store(uri)

@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from simulator.reductions import from_mlflow
+from simulator.run.reductions import from_mlflow
 
 
 class Summary(NamedTuple):

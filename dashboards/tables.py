@@ -54,7 +54,7 @@ from dashboards.stats import Summary, summarize
 from simulator.errors import FedrayError, UsageError
 from simulator.log import logger, to_stderr
 from simulator.metric_names import SIM_TIME, mlflow_name, plain_name
-from simulator.reductions import TimeTo, parse_how, parse_metrics
+from simulator.run.reductions import TimeTo, parse_how, parse_metrics
 from simulator.usage import OneLineParser
 
 DEFAULT: list[tuple[str, str]] = [
@@ -87,7 +87,7 @@ def _children(client: Any, experiment: str, parent_run_id: str | None,
     """The FINISHED children of the scenario run (default: the latest); none is an error
     naming the latest scenario run that has some (a failed last attempt printed an empty
     table)."""
-    from simulator.tracking import child_runs, latest_scenario_run
+    from simulator.run.tracking import child_runs, latest_scenario_run
 
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -170,7 +170,7 @@ def collect_rows(experiment: str, by: Sequence[str], metrics: Sequence[tuple[str
     logged by some run), not the defaults."""
     from mlflow.tracking import MlflowClient
 
-    from simulator.tracking import default_uri, ensure_store
+    from simulator.run.tracking import default_uri, ensure_store
 
     uri = tracking_uri or default_uri()
     ensure_store(uri)  # a store that cannot be used: one line
@@ -355,7 +355,7 @@ def search_main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from simulator.store_uri import check_command_uri
+    from simulator.run.store_uri import check_command_uri
 
     p = build_parser()
     args = p.parse_args(argv)

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import simulator
 from simulator import registry
-from simulator.checkpoint import WorkingDirectoryGone
 from simulator.config import ScenarioError
 from simulator.config.load import LoadedScenario, load
 from simulator.errors import (
@@ -30,8 +29,9 @@ from simulator.errors import (
     printable,
     redact,
 )
-from simulator.interrupts import SIGNALS, Unfinished, trap_sigterm, unfinished_of
 from simulator.log import to_stderr
+from simulator.run.checkpoint import WorkingDirectoryGone
+from simulator.run.interrupts import SIGNALS, Unfinished, trap_sigterm, unfinished_of
 from simulator.usage import OneLineParser
 
 EXIT_INVALID = 2
@@ -61,8 +61,8 @@ def _before_anything(loaded: LoadedScenario | None, args: argparse.Namespace) ->
     runtime.workers allows anywhere."""
     from simulator.config.checks import check_local_workers
     from simulator.config.schema import MAX_WORKERS
+    from simulator.run.store_uri import default_uri
     from simulator.runtime.backend import check_address, refuse_local_instance_in_job
-    from simulator.store_uri import default_uri
 
     _lasting_store(args.tracking_uri or default_uri())
     workers = getattr(args, "workers", None)
@@ -89,8 +89,8 @@ def _lasting_store(uri: str) -> None:
     --working-dir` job runs in a folder that Ray removes (the runs would vanish with it, and
     `fedray report` could not find them). Refused rather than moved elsewhere: no folder of
     the node that runs the driver is sure to last or to be found again (docs/cluster.md)."""
+    from simulator.run.store_uri import sqlite_path
     from simulator.runtime.backend import ray_temporary_folder
-    from simulator.store_uri import sqlite_path
 
     path = sqlite_path(uri)
     if path is None:
@@ -110,7 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if loaded is None:
         return EXIT_INVALID
     _before_anything(loaded, args)
-    from simulator.runner import final_text, run_loaded
+    from simulator.run.runner import final_text, run_loaded
 
     out = run_loaded(loaded, args.backend, args.address, args.tracking_uri, args.quiet, args.workers,
                      callbacks=_figures())
@@ -138,7 +138,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     _before_anything(None, args)
     _tasks_fit_here(loaded, args, "a sweep point's Ray task")
-    from simulator.runner import run_sweep
+    from simulator.run.runner import run_sweep
 
     out = run_sweep(loaded, args.address, args.tracking_uri, args.parallel, args.fresh,
                     callbacks=_figures())
@@ -174,7 +174,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                          "to search and how to score a trial; docs/tuning.md)")
     _before_anything(None, args)
     _tasks_fit_here(loaded, args, "a search's trial")
-    from simulator.tuning import run_tune
+    from simulator.run.tuning import run_tune
 
     out = run_tune(loaded, args.address, args.tracking_uri, args.fresh)
     for best in out.best:  # each search's best trial among those that ran every round
@@ -189,8 +189,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     _before_anything(None, args)
-    from simulator.resume import resume_run
-    from simulator.runner import final_text
+    from simulator.run.resume import resume_run
+    from simulator.run.runner import final_text
 
     out = resume_run(args.run_id, args.tracking_uri, args.backend, args.address, args.quiet,
                      args.workers, callbacks=_figures())
@@ -200,7 +200,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    from simulator.tracking import sync
+    from simulator.run.tracking import sync
 
     out = sync(uri=args.tracking_uri)
     print(f"synced {out['runs']} run(s): {out['metrics']} metric values, {out['artifacts']} "
@@ -225,7 +225,7 @@ def _out_folder(text: str) -> Path:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from simulator.tracking import default_uri, require_store
+    from simulator.run.tracking import default_uri, require_store
 
     out = _out_folder(args.out) if args.out else None
     require_store(args.tracking_uri or default_uri(),
@@ -245,7 +245,7 @@ def cmd_privacy(args: argparse.Namespace) -> int:
     if args.delta is not None and not 0 < args.delta < 1:
         print(f"--delta: must be in (0, 1), got {args.delta:g}", file=sys.stderr)
         return EXIT_INVALID
-    from simulator.privacy_compare import privacy_compare
+    from simulator.run.privacy_compare import privacy_compare
 
     try:
         rows = privacy_compare(args.scenarios, args.set, args.delta)
@@ -398,7 +398,7 @@ def ui_command(tracking_uri: str, host: str, port: int) -> list[str]:
     """The ``mlflow ui`` command line ``fedray ui`` runs. A store URI that carries
     credentials is not on it (a command line is visible to every user of the machine): it
     goes in the environment, MLFLOW_BACKEND_STORE_URI (``cmd_ui`` sets it)."""
-    from simulator.tracking import artifact_root
+    from simulator.run.tracking import artifact_root
 
     mlflow = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
     store = [] if redact(tracking_uri) != tracking_uri else ["--backend-store-uri", tracking_uri]
@@ -417,7 +417,7 @@ def ui_links(tracking_uri: str, base: str, limit: int = 10) -> list[tuple[str, s
     that hold fedray runs."""
     from mlflow.tracking import MlflowClient
 
-    from simulator.tracking import ensure_store
+    from simulator.run.tracking import ensure_store
 
     ensure_store(tracking_uri)
     client = MlflowClient(tracking_uri)
@@ -474,7 +474,7 @@ def _bindable(host: str, port: int) -> None:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from simulator.tracking import default_uri
+    from simulator.run.tracking import default_uri
 
     _bindable(args.host, args.port)
     uri = args.tracking_uri or default_uri()
@@ -662,7 +662,7 @@ def _pending_note(command: str, start: Path) -> None:
     """What a tracking outage left in the journal under ``start`` (the working directory the
     command started in), and the command that sends it; or, where that directory was removed
     while the command ran, that its journal and checkpoints went with it."""
-    from simulator.tracking import pending
+    from simulator.run.tracking import pending
 
     if not start.is_dir():
         print(printable(f"fedray {command}: the working directory {start} was removed while "
@@ -697,10 +697,10 @@ def main(argv: list[str] | None = None) -> int:
 def _check_tracking_uri(args: argparse.Namespace) -> None:
     """The tracking URI of every command that takes --tracking-uri (run, sweep, tune, resume,
     sync, report, ui; ``fedray table`` calls the same check), or the default one, checked by
-    class before anything else (``simulator.store_uri``); ``fedray sync`` checks only the one
+    class before anything else (``simulator.run.store_uri``); ``fedray sync`` checks only the one
     it is given."""
     if "tracking_uri" in vars(args):
-        from simulator.store_uri import check_command_uri
+        from simulator.run.store_uri import check_command_uri
 
         if args.command == "sync" and args.tracking_uri is None:
             return  # each journal names its own store; nothing else is opened

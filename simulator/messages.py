@@ -10,7 +10,7 @@ with a ``Ref[np.ndarray]`` by its typed handle (``simulator.runtime.handles``).
 
 Checkpoint parts are ``TypedDict``s, not dataclasses: a checkpoint is saved with
 ``torch.save`` and read back with ``torch.load(weights_only=True)``, which loads tensors,
-numbers, strings, lists and dicts only (``simulator.checkpoint``).
+numbers, strings, lists and dicts only (``simulator.run.checkpoint``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from fedray.cli import _pending_note, main
-from simulator import checkpoint
+from simulator.run import checkpoint
 from simulator.runtime.backend import RAYLET_DIED_BLOCK, ray_temporary_folder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,7 +161,7 @@ def test_the_pending_note_of_a_removed_working_directory_is_one_line(tmp_path, m
 _REMOVE_CWD = """\
 import shutil, sys
 from pathlib import Path
-from simulator import callbacks
+from simulator.run import callbacks
 on_round = callbacks.Progress.on_round
 def remove_cwd(self, run, round_, metrics):
     if round_ == int(sys.argv[1]):

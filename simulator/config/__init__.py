@@ -13,7 +13,7 @@ Every error is one line, ``file:line: dotted.path: message`` (``errors``); ``swe
 a grid x seeds into run points and ``load`` reads a file with its ``--set`` overrides.
 
 This package hands on only the scenario's types (``schema``) and its errors (``errors``),
-which import nothing else of the package: ``simulator.plan`` and the clock import the schema,
+which import nothing else of the package: ``simulator.config.plan`` and the clock import the schema,
 and the checks import them, so handing on ``load`` or ``validate`` here would close a cycle.
 Import those from their modules (``from simulator.config.load import load``).
 """

@@ -15,11 +15,11 @@ from typing import Any
 
 from simulator import registry
 from simulator.config.errors import Problem, problem
+from simulator.config.plan import Plan, resolve
 from simulator.config.schema import MODES, Scenario, default_at
 from simulator.errors import DataError, brief_text
-from simulator.plan import Plan, resolve
 from simulator.registry import instantiate
-from simulator.sampling import byzantine_clients
+from simulator.sim.sampling import byzantine_clients
 
 
 def cross_field(sc: Scenario, problems: list[Problem]) -> None:
@@ -165,7 +165,7 @@ def _check_plugins(sc: Scenario, problems: list[Problem]) -> bool:
     """Every plugin's ``check(n)`` for what it will be given: the pipeline's rules the rows
     of a full round, the attack its Byzantine rows, data plugins the clients. False when the
     dataset refused (nothing further can be checked)."""
-    from simulator.clock import rows_per_step
+    from simulator.sim.clock import rows_per_step
 
     c = sc.clients
     # the rows of a full round, or of an asynchronous step
@@ -576,10 +576,10 @@ def _check_async(sc: Scenario, problems: list[Problem]) -> None:
     """The asynchronous modes (``server.mode``, the ``asynchrony`` block) against the rest:
     what they replace (dropout and deadlines: the simulated clock), what they do not support
     yet, and the block's keys against each other."""
-    from simulator.clock import settings
+    from simulator.sim.clock import settings
 
     if sc.speeds is not None:
-        from simulator.speeds import check_speeds
+        from simulator.sim.speeds import check_speeds
 
         for loc, message in check_speeds(sc.speeds, sc.clients.total):
             problems.append(Problem(loc, message))
@@ -635,7 +635,7 @@ def _check_round_optimizer(sc: Scenario, problems: list[Problem]) -> None:
     """A server optimizer that steps once per round of sampled clients (it takes the
     sampling fraction, ``participation``, or broadcasts a state its client half reads:
     SCAFFOLD, FedDyn) has no round in an asynchronous mode."""
-    from simulator.plan import client_rule
+    from simulator.config.plan import client_rule
 
     name, mode = sc.server.optimizer["name"], sc.server.mode
     rule, _, traits = client_rule(sc)
@@ -655,7 +655,7 @@ def _check_round_optimizer(sc: Scenario, problems: list[Problem]) -> None:
 
 def _check_async_keys(sc: Scenario, problems: list[Problem]) -> None:
     """The ``asynchrony`` block's keys against each other and the population."""
-    from simulator.clock import concurrency, settings
+    from simulator.sim.clock import concurrency, settings
 
     c, a, mode = sc.clients, settings(sc), sc.server.mode
     on = sc.server.resolved_mode.steps_on

@@ -155,7 +155,7 @@ class Local(Strict):
 
     optimizer: PluginSpec = {"name": "sgd"}
     # the trainer plugin that computes the clients' updates on the workers; by default the
-    # one the rest asks for (``simulator.plan.choose_trainer``), else DEFAULT_TRAINER
+    # one the rest asks for (``simulator.config.plan.choose_trainer``), else DEFAULT_TRAINER
     trainer: PluginSpec | None = None
 
     epochs: Annotated[int, Ge(1), Le(MAX_EPOCHS)] | None = None
@@ -172,7 +172,7 @@ class ModePlan:
     once (no other module compares the mode's name)."""
 
     name: str
-    # the round protocol that runs it (a simulator.rounds.RoundProtocol's ``name``)
+    # the round protocol that runs it (a simulator.sim.rounds.RoundProtocol's ``name``)
     protocol: str = "server"
     # the server steps on the simulated clock: model versions are kept while clients train
     # from them, the asynchrony block applies; the clock replaces dropout and stragglers
@@ -231,7 +231,7 @@ class ServerSettings(Strict):
     # ``fedbuff`` (Nguyen et al. 2022), ``basgd`` (Yang & Li 2023), ``latest`` (Dahan & Levy
     # 2024: on each update, the latest update of every client that has sent one), or
     # ``deadline``: semi-synchronous rounds closed at ``deadline`` simulated seconds
-    # (simulator/rounds/deadline.py)
+    # (simulator/sim/rounds/deadline.py)
     mode: Literal["sync", "fedasync", "fedbuff", "basgd", "latest", "deadline"] = "sync"
     # server.mode deadline: when a round closes (simulated seconds after it starts), and
     # what happens to the updates that arrive later: dropped, or carried into the next
@@ -372,7 +372,7 @@ class Tracking(Strict):
     resolved scenario and the final state_dict (``model/model.pt``), which it always logs.
     ``log_model: true`` adds the final model as an MLflow pytorch model in ``model/``
     (torch.export's graph: ``mlflow.pytorch.load_model`` without fedray), which costs about
-    2 s a run (``simulator.callbacks``)."""
+    2 s a run (``simulator.run.callbacks``)."""
 
     log_model: bool = False
 

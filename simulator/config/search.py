@@ -20,7 +20,7 @@ from simulator.config.schema import Tune
 from simulator.config.validate import validate_point
 from simulator.errors import brief
 from simulator.metric_names import MLFLOW
-from simulator.reductions import TimeTo, lower_is_better, parse_how, parse_metrics
+from simulator.run.reductions import TimeTo, lower_is_better, parse_how, parse_metrics
 
 # paths a search cannot set: the scenario's identity and its blocks of points
 UNSEARCHABLE = ("name", "description", "seeds", "sweep", "tune")

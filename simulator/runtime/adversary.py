@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from simulator.config.plan import Plan, build_codecs
 from simulator.errors import guarded
 from simulator.messages import ByzantineRows, ClientRows, stack_groups
-from simulator.plan import Plan, build_codecs
 from simulator.registry import instantiate
 from simulator.runtime.common import combine_buffers, single_thread
 from simulator.runtime.pipeline import Pipeline

@@ -10,9 +10,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from simulator.config.plan import Plan
 from simulator.errors import guarded
 from simulator.messages import EvalData, EvalScores
-from simulator.plan import Plan
 from simulator.registry import instantiate
 from simulator.runtime.common import (
     client_accuracy,

@@ -11,8 +11,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from simulator.config.plan import Plan
 from simulator.messages import ClientRows, EvalData, EvalScores, PersonalScores
-from simulator.plan import Plan
 from simulator.registry import instantiate
 from simulator.runtime.common import evaluate_model, score_spans, torch_threads, vector_to_buffers
 from simulator.runtime.state import ClientStateStore

@@ -7,10 +7,10 @@ import numpy as np
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from simulator.config.plan import Plan
 from simulator.errors import guarded
 from simulator.messages import ClientRows, EvalData, stack_rows
 from simulator.models import build_model
-from simulator.plan import Plan
 from simulator.registry import instantiate
 from simulator.runtime.common import evaluate_model, single_thread, torch_threads
 from simulator.seeding import torch_generator

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from simulator.config.plan import PipelinePlan
 from simulator.errors import TooFewRows, guarded
-from simulator.plan import PipelinePlan
 from simulator.registry import PluginSpec, instantiate
 from simulator.seeding import torch_generator
 from strategies.protocols import (

@@ -10,8 +10,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from simulator.config.plan import Plan
 from simulator.messages import ClientRows, StepLayout
-from simulator.plan import Plan
 from strategies.geometry import group_means
 
 

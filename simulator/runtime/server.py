@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from simulator.config.plan import Plan, build_codecs, build_server_optimizer
 from simulator.errors import TooFewRows, guarded
 from simulator.messages import (
     ByzantineRows,
@@ -25,7 +26,6 @@ from simulator.messages import (
     stack_groups,
 )
 from simulator.models import build_model
-from simulator.plan import Plan, build_codecs, build_server_optimizer
 from simulator.registry import instantiate
 from simulator.runtime.common import (
     buffers_to_vector,

@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from simulator.config.plan import Plan, build_client_rule, build_codecs, build_privacy
 from simulator.data import ClientSource
 from simulator.errors import ClientStateLost, guarded
 from simulator.messages import ClientRows, TrainRequest
 from simulator.models import build_model
-from simulator.plan import Plan, build_client_rule, build_codecs, build_privacy
 from simulator.registry import PluginSpec, instantiate
 from simulator.runtime.common import (
     buffers_to_vector,

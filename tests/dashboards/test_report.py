@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from dashboards.figures import PANELS, RunFigure
 from dashboards.report import build_report
 from simulator.config.load import load
-from simulator.runner import run_loaded
+from simulator.run.runner import run_loaded
 
 SWEEP = """\
 name: report-test

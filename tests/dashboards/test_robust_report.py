@@ -19,7 +19,7 @@ import pytest
 
 from dashboards.report import RunData, build_report, render
 from simulator.config.load import load
-from simulator.runner import run_loaded
+from simulator.run.runner import run_loaded
 
 AGGREGATORS = ["mean", "median", "cwtm", "krum", "geomed", "cc"]
 ATTACKS = ["sign_flip", "alie", "gaussian"]

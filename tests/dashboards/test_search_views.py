@@ -50,7 +50,7 @@ def searched(_mlflow_template, tmp_path_factory, ray_backend):
     """A real ``fedray tune`` of two searches (cwtm, median) x 3 trials x 2 attacks x 2
     seeds into a fresh store; its tracking URI."""
     from simulator.config.load import load
-    from simulator.tuning import run_tune
+    from simulator.run.tuning import run_tune
 
     tmp = tmp_path_factory.mktemp("tune-views")
     shutil.copy(_mlflow_template, tmp / "mlflow.db")

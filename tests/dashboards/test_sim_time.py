@@ -19,7 +19,7 @@ from dashboards.cells import reach_cell
 from dashboards.tables import collect_rows, paired_difference, table
 from fedray.cli import main
 from simulator.metric_names import mlflow_name
-from simulator.reductions import parse_metrics, time_to
+from simulator.run.reductions import parse_metrics, time_to
 from tests.conftest import own_lines
 
 ACC, LOSS = "test_accuracy", "test_loss"
@@ -296,7 +296,7 @@ def test_a_run_with_speeds_end_to_end(tmp_path, _mlflow_template):
     and the report draws both points against simulated time."""
     from dashboards.report import build_report
     from simulator.config.load import load
-    from simulator.runner import run_loaded
+    from simulator.run.runner import run_loaded
 
     shutil.copy(_mlflow_template, tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

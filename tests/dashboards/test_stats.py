@@ -7,7 +7,7 @@ import pytest
 
 from dashboards.report import RunData, render
 from dashboards.stats import summarize
-from simulator.reductions import from_mlflow
+from simulator.run.reductions import from_mlflow
 
 
 def test_summarize_mean_std_missing_and_diverged():

@@ -14,8 +14,8 @@ from dashboards.tables import collect_rows, paired_difference, table
 from fedray.cli import main
 from simulator.config.load import load
 from simulator.metric_names import mlflow_name
-from simulator.reductions import parse_metrics
-from simulator.runner import run_loaded
+from simulator.run.reductions import parse_metrics
+from simulator.run.runner import run_loaded
 from tests.conftest import own_lines
 
 SWEEP = """\

@@ -17,8 +17,8 @@ import ray
 from ray.cluster_utils import Cluster
 
 from simulator.config.load import load
-from simulator.engine import Engine
 from simulator.runtime.backend import RayBackend
+from simulator.sim.engine import Engine
 
 
 def main(scenario_path: str) -> None:

@@ -56,8 +56,8 @@ def digest(params) -> str:
 
 
 def main(out: str) -> None:
-    from simulator.engine import Engine
     from simulator.runtime.backend import InlineBackend
+    from simulator.sim.engine import Engine
 
     got = {}
     with tempfile.TemporaryDirectory() as tmp:

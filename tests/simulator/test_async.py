@@ -1,5 +1,5 @@
-"""Asynchronous server modes on the simulated clock (``server.mode``; simulator/clock.py,
-simulator/rounds/asynchronous.py): the schedule by hand, FedAsync's mixed model by hand,
+"""Asynchronous server modes on the simulated clock (``server.mode``; simulator/sim/clock.py,
+simulator/sim/rounds/asynchronous.py): the schedule by hand, FedAsync's mixed model by hand,
 FedBuff reducing to synchronous FedAvg, inline = Ray, resume, and what validation refuses."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.clock import Rule, Schedule, staleness_scale
 from simulator.config import ScenarioError
 from simulator.config.load import load
-from simulator.engine import Engine
 from simulator.messages import TrainRequest
 from simulator.runtime.backend import InlineBackend
+from simulator.sim.clock import Rule, Schedule, staleness_scale
+from simulator.sim.engine import Engine
 from tests.simulator.test_checkpoint import _roundtrip
 from tests.simulator.test_engine import point as engine_point
 
@@ -240,8 +240,8 @@ def test_a_synchronous_round_with_speeds_lasts_as_long_as_its_slowest_participan
                    InlineBackend()).run()
     np.testing.assert_array_equal(plain.final_params, timed.final_params)
     assert "sim_time" not in plain.metrics[0]
-    from simulator.sampling import sample_clients
-    from simulator.speeds import profiles
+    from simulator.sim.sampling import sample_clients
+    from simulator.sim.speeds import profiles
 
     sc = point(tmp_path, "speeds: {distribution: pareto, a: 1.5, jitter: 0.3}\n")
     assert sc.speeds is not None
@@ -356,7 +356,7 @@ def test_byzantine_identities_that_switch(tmp_path):
     """clients.byzantine_period: 2: a new Byzantine set every 2 rounds (Dorfman, Yehya,
     Levy, ICML 2024); each round's Byzantine count is its sample's overlap with its period's
     set. Without it, the one set of today."""
-    from simulator.sampling import byzantine_clients, sample_clients
+    from simulator.sim.sampling import byzantine_clients, sample_clients
 
     over = ["clients.byzantine=3", "attack={name: sign_flip}", "aggregator={name: cwtm, f: 2}",
             "rounds=8"]

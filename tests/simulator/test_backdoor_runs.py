@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
+from simulator.sim.engine import Engine
 from tests.simulator.test_engine import point
 
 BACKDOOR = """\
@@ -58,7 +58,7 @@ def test_dba_gives_its_parts_to_the_byzantine_clients_in_order(tmp_path, monkeyp
     """DBA's i-th attacker (by id) trains with part i: with 4 Byzantine clients and 4 parts
     every part is trained, whatever their ids (seed 0's Byzantine ids are 1, 2, 8, 18: by id
     mod 4 parts 0 and 2 only)."""
-    from simulator.sampling import attacker_ranks, byzantine_clients
+    from simulator.sim.sampling import attacker_ranks, byzantine_clients
 
     byz = byzantine_clients(0, 20, 4)
     assert sorted(attacker_ranks(set(byz.tolist())).values()) == [0, 1, 2, 3]

@@ -324,7 +324,7 @@ def test_a_sweep_point_needing_more_cpus_than_this_machine_has_is_refused(tmp_pa
 def test_resume_refuses_more_workers_than_this_machine_has_before_ray_starts(monkeypatch):
     from simulator.config import Scenario
     from simulator.errors import UsageError
-    from simulator.resume import _Pool
+    from simulator.run.resume import _Pool
 
     def no_ray(*a, **k):
         raise AssertionError("Ray started")

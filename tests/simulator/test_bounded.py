@@ -12,11 +12,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from simulator import registry, speeds
+from simulator import registry
 from simulator.config import load
 from simulator.config import sweep as sweep_module
 from simulator.config import validate as validate_module
-from simulator.speeds import TraceError, read_trace
+from simulator.sim import speeds
+from simulator.sim.speeds import TraceError, read_trace
 
 ENTRY = {"computation": 1.5, "communication": 300.0}
 

@@ -14,11 +14,11 @@ import torch
 from simulator.config import ScenarioError
 from simulator.config.load import load
 from simulator.data import client_arrays
-from simulator.engine import Engine
 from simulator.models import build_model
 from simulator.runtime.backend import InlineBackend
 from simulator.runtime.common import model_input
 from simulator.seeding import torch_generator
+from simulator.sim.engine import Engine
 from strategies.trainers import local_sgd, minibatches
 
 BN = """\
@@ -139,7 +139,7 @@ def test_fedbn_keeps_each_clients_batchnorm_weights_and_measures_its_own_model(t
     one with its BatchNorm weights and statistics) is measured on its own test samples."""
     from simulator.models import build_model
     from simulator.runtime.common import norm_parameter_mask
-    from simulator.sampling import sample_clients
+    from simulator.sim.sampling import sample_clients
 
     eng = Engine(point(tmp_path, BN, "server.buffers=fedbn", "rounds=4"), InlineBackend(),
                  workers=2)

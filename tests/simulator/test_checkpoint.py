@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from simulator import checkpoint
 from simulator.config.load import load
-from simulator.engine import Engine
 from simulator.metric_names import mlflow_name
+from simulator.run import checkpoint
 from simulator.runtime.backend import InlineBackend
+from simulator.sim.engine import Engine
 
 FL = """\
 name: ckpt

@@ -41,7 +41,7 @@ def test_commands_that_run_nothing_import_neither_ray_nor_mlflow():
     quick = str(ROOT / "scenarios" / "quickstart.yaml")
     code = ("import sys\nfrom fedray.cli import main\n"
             "assert main(sys.argv[1:]) == 0\n"
-            "heavy = ('ray', 'mlflow', 'torch', 'simulator.runner', 'simulator.tracking')\n"
+            "heavy = ('ray', 'mlflow', 'torch', 'simulator.run.runner', 'simulator.run.tracking')\n"
             "print('imported:', *(m for m in heavy if m in sys.modules))")
     for args, allowed in ((["validate", quick], ["torch"]), (["show", quick], ["torch"]),
                           (["list"], []), (["list", "-v", "aggregators"], ["torch"])):
@@ -167,7 +167,7 @@ def test_fedray_ui_serves_on_127_0_0_1_only(mlflow_uri, tmp_path):
     """``fedray ui`` binds the loopback only and prints each experiment's link to MLflow's
     ML view, where a browser sees the runs table (MLflow 3 opens on its GenAI view)."""
     from simulator.config.load import load
-    from simulator.runner import run_loaded
+    from simulator.run.runner import run_loaded
 
     run_loaded(load(ROOT / "scenarios" / "quickstart.yaml", ["rounds=1"]), "inline",
                tracking_uri=mlflow_uri, quiet=True)
@@ -231,7 +231,7 @@ def test_sweep_prints_each_result_once_and_names_the_report(tmp_path, shared_ray
 def test_progress_shows_elapsed_time_left_and_the_pace_after_the_first_round():
     import io
 
-    from simulator.progress import Progress
+    from simulator.run.progress import Progress
 
     t = [100.0]
     out = io.StringIO()
@@ -256,7 +256,7 @@ def test_a_sweep_point_reports_its_progress(tmp_path, capsys):
     """The Ray task of a sweep point prints its progress lines (Ray forwards them to the
     driver's terminal, prefixed with the task's pid)."""
     from simulator.config.load import load
-    from simulator.executors import _simulate
+    from simulator.run.executors import _simulate
 
     p = tmp_path / "s.yaml"
     p.write_text("rounds: 2\ndata: {dataset: {name: digits}}\nmodel: {name: logreg}\n"
@@ -308,10 +308,10 @@ def test_counts_and_ports_out_of_range_are_one_line_exit_2(args, line, tmp_path,
 
 def test_the_api_refuses_worker_and_parallel_counts_below_one(tmp_path):
     from simulator.config.load import load
-    from simulator.engine import Engine
     from simulator.errors import UsageError
-    from simulator.runner import run_sweep
+    from simulator.run.runner import run_sweep
     from simulator.runtime.backend import InlineBackend
+    from simulator.sim.engine import Engine
 
     loaded = load(ROOT / "scenarios" / "quickstart.yaml", ["rounds=1"])
     for bad in (0, -1):

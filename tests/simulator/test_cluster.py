@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from simulator.config.load import load
-from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
+from simulator.sim.engine import Engine
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,4 +1,4 @@
-"""The semi-synchronous server (``server.mode: deadline``, simulator/rounds/deadline.py): who
+"""The semi-synchronous server (``server.mode: deadline``, simulator/sim/rounds/deadline.py): who
 is late by hand from the devices' speeds, the round's simulated time, a deadline nobody
 misses equal to synchronous rounds, late updates dropped or carried, checkpoints, and what
 validation refuses."""
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from simulator.config import ScenarioError
-from simulator.engine import Engine
-from simulator.rounds.deadline import CARRIED_SCALE
 from simulator.runtime.backend import InlineBackend
-from simulator.sampling import sample_clients
-from simulator.speeds import profiles
+from simulator.sim.engine import Engine
+from simulator.sim.rounds.deadline import CARRIED_SCALE
+from simulator.sim.sampling import sample_clients
+from simulator.sim.speeds import profiles
 from tests.simulator.test_checkpoint import _roundtrip
 from tests.simulator.test_engine import point as engine_point
 

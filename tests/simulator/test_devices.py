@@ -11,9 +11,9 @@ import torch
 
 from simulator.config import ScenarioError
 from simulator.config.load import load
-from simulator.engine import Engine
 from simulator.errors import DeviceUnavailable
 from simulator.runtime.backend import InlineBackend, RayBackend
+from simulator.sim.engine import Engine
 
 SMALL = """\
 name: dev
@@ -148,7 +148,7 @@ def test_ray_workers_hold_the_resources_asked_for(tmp_path, shared_ray):
 
 
 def test_sweep_tasks_take_the_points_resources(tmp_path):
-    from simulator.executors import task_resources
+    from simulator.run.executors import task_resources
 
     assert task_resources(point(tmp_path), 2.0, 4) == {"num_cpus": 1.0}
     assert task_resources(point(tmp_path, "runtime.device=auto"), 2.0, 4) == \

@@ -253,7 +253,7 @@ def test_a_sweep_fetches_before_its_store_or_ray(tmp_path, mlflow_uri, server, m
 
     from simulator.config.load import load
     from simulator.errors import DataError
-    from simulator.runner import run_sweep
+    from simulator.run.runner import run_sweep
 
     _, url = server
     p = tmp_path / "s.yaml"
@@ -286,8 +286,8 @@ def test_resume_fetches_before_it_opens_a_run_again(tmp_path, mlflow_uri, server
     from simulator.config.load import load
     from simulator.data.download import md5
     from simulator.errors import DataError
-    from simulator.resume import resume_run
-    from simulator.runner import run_loaded
+    from simulator.run.resume import resume_run
+    from simulator.run.runner import run_loaded
 
     served, url = server
     formats.write_mnist(served)

@@ -8,10 +8,10 @@ import torch
 
 from simulator.config import ScenarioError
 from simulator.config.load import load
-from simulator.engine import Engine
 from simulator.messages import TrainRequest
 from simulator.runtime.backend import InlineBackend
-from simulator.sampling import byzantine_clients, sample_clients
+from simulator.sim.engine import Engine
+from simulator.sim.sampling import byzantine_clients, sample_clients
 from tests.simulator.equivalence import CASES
 from tests.simulator.equivalence import scenario as equivalence_scenario
 
@@ -198,7 +198,7 @@ def test_mu2sgd_runs_the_same_on_any_number_of_workers_and_learns(tmp_path):
 
 def test_dropout_and_stragglers_are_seeded_per_client_and_logged(tmp_path):
     from simulator.config import Stragglers
-    from simulator.sampling import missed_round
+    from simulator.sim.sampling import missed_round
 
     steps = np.full(1000, 4.0)
     dropped, late = missed_round(0, 3, list(range(1000)), steps, 0.3, None)
@@ -228,7 +228,7 @@ def test_a_round_with_too_few_clients_is_skipped_and_counted(tmp_path, caplog):
     no honest update arrived at all (that said nothing); the run's headline counts them."""
     import re
 
-    from simulator.runner import final_text, summary
+    from simulator.run.runner import final_text, summary
 
     over = ["rounds=12", "clients.per_round=3", "clients.dropout=0.95"]
     sc = point(tmp_path, overrides=over)

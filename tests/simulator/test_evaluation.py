@@ -95,9 +95,9 @@ def test_workers_shares_combine_to_the_servers_numbers(tmp_path):
     """The final evaluation dealt out over three ClientWorkers (a CNN with BatchNorm, so
     the global buffers travel too) gives the server's accuracy and losses to the bit."""
     from simulator.config.load import load
-    from simulator.engine import Engine
     from simulator.runtime.backend import InlineBackend
     from simulator.runtime.common import combine_scores, eval_spans, gather_scores, score_spans
+    from simulator.sim.engine import Engine
 
     p = tmp_path / "s.yaml"
     p.write_text("name: e\nrounds: 2\ndata: {dataset: {name: digits}}\n"
@@ -137,9 +137,9 @@ def test_a_ray_run_evaluates_on_its_workers_with_the_inline_numbers(tmp_path, sh
     """On Ray the final evaluation (nothing prefetched: the workers are idle) is the
     workers'; its numbers are the inline run's, where the server evaluates alone."""
     from simulator.config.load import load
-    from simulator.engine import Engine
-    from simulator.rounds.server import ServerRounds
     from simulator.runtime.backend import InlineBackend
+    from simulator.sim.engine import Engine
+    from simulator.sim.rounds.server import ServerRounds
 
     dealt: list[int] = []
     real = ServerRounds._worker_scores

@@ -1,4 +1,4 @@
-"""``simulator.executors``: the pool executor's last point on a local Ray instance, whose
+"""``simulator.run.executors``: the pool executor's last point on a local Ray instance, whose
 shutdown runs on a thread while the point's ends are logged."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_the_data_prefetched_while_ray_starts_is_the_data_the_engine_gets(monkey
     import threading
     import time
 
-    from simulator import engine
+    from simulator.sim import engine
 
     real, calls, started = engine.fdata.build, [], threading.Event()
 
@@ -80,7 +80,7 @@ def test_a_prefetch_that_fails_leaves_the_error_to_the_engines_own_load(monkeypa
     to (the thread's future keeps its copy unread: nothing printed, nothing cached)."""
     import threading
 
-    from simulator import engine
+    from simulator.sim import engine
 
     calls, done = [], threading.Event()
 

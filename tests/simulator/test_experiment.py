@@ -1,4 +1,4 @@
-"""One lifecycle for run, sweep and resume (``simulator.experiment``): sweep points stream
+"""One lifecycle for run, sweep and resume (``simulator.run.experiment``): sweep points stream
 their rounds and checkpoints to the driver's callbacks, an interrupted sweep point goes on
 from its checkpoint when the sweep runs again, and what is left unfinished comes back in the
 result (or on the exception)."""
@@ -14,14 +14,14 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from fedray.cli import main
-from simulator import checkpoint
-from simulator.callbacks import Callback
 from simulator.config.load import load
-from simulator.engine import Engine
-from simulator.interrupts import unfinished_of
 from simulator.metric_names import mlflow_name
-from simulator.runner import run_loaded, run_sweep
+from simulator.run import checkpoint
+from simulator.run.callbacks import Callback
+from simulator.run.interrupts import unfinished_of
+from simulator.run.runner import run_loaded, run_sweep
 from simulator.runtime.backend import InlineBackend
+from simulator.sim.engine import Engine
 
 SWEEP = """\
 name: ckpt-sweep
@@ -171,7 +171,7 @@ def test_a_process_that_ran_an_experiment_exits_without_its_last_collection(tmp_
     and every object alive is frozen out of its reach."""
     code = """
 import atexit, gc
-from simulator.experiment import Experiment, _AT_EXIT, exit_without_collection
+from simulator.run.experiment import Experiment, _AT_EXIT, exit_without_collection
 
 class Fake:
     parent = None

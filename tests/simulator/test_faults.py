@@ -21,13 +21,13 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from fedray.cli import main
-from simulator import tracking
 from simulator.config.load import load
-from simulator.engine import Engine
 from simulator.metric_names import mlflow_name
-from simulator.resume import resume_run
-from simulator.runner import run_loaded
+from simulator.run import tracking
+from simulator.run.resume import resume_run
+from simulator.run.runner import run_loaded
 from simulator.runtime.backend import InlineBackend
+from simulator.sim.engine import Engine
 
 ROOT = Path(__file__).resolve().parents[2]
 FEDRAY = [sys.executable, "-m", "fedray"]
@@ -237,7 +237,7 @@ def test_too_few_rows_still_skips_the_round(tmp_path):
 
 def _interrupt_at(monkeypatch, label: str, round_: int) -> None:
     """Ctrl-C (KeyboardInterrupt) in the round loop of point ``label`` after ``round_``."""
-    from simulator import progress
+    from simulator.run import progress
 
     real = progress.Progress.update
 
@@ -287,7 +287,7 @@ def test_resume_of_one_point_finishes_the_parent_and_refuses_a_finished_run(
 
     assert main(["resume", child.info.run_id]) == 2  # FINISHED: refused in one line
     for run_id in (child.info.run_id, parent):
-        from simulator.resume import ResumeRefused
+        from simulator.run.resume import ResumeRefused
 
         with pytest.raises(ResumeRefused, match="is FINISHED: nothing to resume"):
             resume_run(run_id)
@@ -400,8 +400,8 @@ def test_a_checkpoint_that_does_not_load_is_one_line(tmp_path, mlflow_uri, monke
 def test_an_interrupt_in_a_run_points_end_marks_it_killed(tmp_path, mlflow_uri):
     """`fedray run`: Ctrl-C while a finished point's end is logged marks it KILLED (an end
     that raises an error marks it FAILED), and the command names it."""
-    from simulator.callbacks import Callback
-    from simulator.interrupts import unfinished_of
+    from simulator.run.callbacks import Callback
+    from simulator.run.interrupts import unfinished_of
 
     class Ends(Callback):
         def __init__(self, error):

@@ -7,8 +7,8 @@ import statistics
 from pathlib import Path
 
 from simulator.config.load import load
-from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
+from simulator.sim.engine import Engine
 from strategies.subsampling import hypergeometric_tail
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"

@@ -14,8 +14,8 @@ from simulator import registry
 from simulator.config import ScenarioError
 from simulator.config.schema import MODES
 from simulator.config.validate import validate_point
-from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
+from simulator.sim.engine import Engine
 
 
 def _rules() -> list[dict[str, Any]]:

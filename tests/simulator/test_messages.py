@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from simulator.config import ScenarioError
-from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
+from simulator.sim.engine import Engine
 from strategies.codecs import Float16, chain_bytes
 from strategies.fairness import QFedAvg, qfedavg_message, qfedavg_step
 from strategies.protocols import DELTA, MessageLayout, Part

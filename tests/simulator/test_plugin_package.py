@@ -16,8 +16,8 @@ from fedray.testing import check_plugin
 from simulator import registry
 from simulator.config import ScenarioError
 from simulator.config.load import load
-from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
+from simulator.sim.engine import Engine
 
 PACKAGE = Path(__file__).parent.parent / "plugin_package"
 NAMES = {"aggregators": "nanmedian", "preaggregators": "shrink", "meta": "recentered",

@@ -13,9 +13,9 @@ import pytest
 import simulator.data as fdata
 from simulator.config import ScenarioError
 from simulator.data.datasets import ParquetDataset, Synthetic
-from simulator.engine import Engine
 from simulator.errors import DataError
 from simulator.runtime.backend import InlineBackend
+from simulator.sim.engine import Engine
 from tests.simulator.test_engine import point
 
 GENERATED = """\

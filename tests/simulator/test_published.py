@@ -17,9 +17,9 @@ from simulator import registry
 from simulator.config import ScenarioError
 from simulator.config.load import load
 from simulator.data import build
-from simulator.engine import Engine
 from simulator.errors import DataError
 from simulator.runtime.backend import InlineBackend
+from simulator.sim.engine import Engine
 from tests import formats
 
 

@@ -10,8 +10,8 @@ import pytest
 from simulator import registry
 from simulator.config import ScenarioError
 from simulator.config.load import load
-from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
+from simulator.sim.engine import Engine
 
 BUILTINS = {
     "aggregators": {"mean", "median", "cwtm"},

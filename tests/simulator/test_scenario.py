@@ -231,9 +231,9 @@ def test_inf_is_kept_where_it_means_something_and_survives_json(tmp_path):
     (it used to turn into null on its way through JSON)."""
     import json
 
-    from simulator.engine import Engine
+    from simulator.run.tracking import flatten
     from simulator.runtime.backend import InlineBackend
-    from simulator.tracking import flatten
+    from simulator.sim.engine import Engine
 
     p = tmp_path / "s.yaml"
     p.write_text(BASE + "preaggregators: [{name: clipping, c: .inf}]\naggregator: {name: cc, tau: .inf}\n")

@@ -1,4 +1,4 @@
-"""Simulated device speeds and availability (simulator/speeds.py): FedScale's two trace
+"""Simulated device speeds and availability (simulator/sim/speeds.py): FedScale's two trace
 formats written here from their description (benchmark/dataset/data/device_info/README.md)
 and read back as pickle, JSON and Parquet, with task times and next starts checked against
 numbers computed by hand; the parametric factors against their distributions; the files a
@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 from scipy import special
 
-from simulator import speeds
 from simulator.config.schema import Speeds
 from simulator.seeding import numpy_rng
-from simulator.speeds import Availability, TraceError, check_speeds, profiles, read_trace
+from simulator.sim import speeds
+from simulator.sim.speeds import Availability, TraceError, check_speeds, profiles, read_trace
 
 NONE = np.array([], dtype=np.int64)
 
@@ -417,7 +417,7 @@ def test_jitter_draw_per_client_and_task():
 def test_max_factor_caps_the_heavy_tail():
     """Zipf(1.2) draws factors in the millions; max_factor caps them, the rest unchanged."""
     from simulator.config.schema import Speeds
-    from simulator.speeds import factors
+    from simulator.sim.speeds import factors
 
     free = factors(Speeds(distribution="zipf", a=1.2), 2000, 0)
     capped = factors(Speeds(distribution="zipf", a=1.2, max_factor=30), 2000, 0)

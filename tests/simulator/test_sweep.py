@@ -7,10 +7,10 @@ from mlflow.tracking import MlflowClient
 
 from dashboards.figures import RunFigure
 from simulator.config.load import load
-from simulator.engine import Engine
 from simulator.metric_names import mlflow_name
-from simulator.runner import point_key, run_sweep
+from simulator.run.runner import point_key, run_sweep
 from simulator.runtime.backend import InlineBackend
+from simulator.sim.engine import Engine
 
 SWEEP = """\
 name: par-sweep
@@ -80,8 +80,8 @@ def test_an_interrupt_while_a_finished_point_is_logged_marks_it_killed(tmp_path,
     """Ctrl-C (or SIGTERM) while the sweep logs a finished point's model and figure (a second
     or two a point): that point is marked KILLED and named beside the points in flight, not
     left RUNNING; the next sweep runs it again."""
-    from simulator.callbacks import Callback
-    from simulator.interrupts import unfinished_of
+    from simulator.run.callbacks import Callback
+    from simulator.run.interrupts import unfinished_of
 
     class CtrlC(Callback):
         def on_end(self, run, result, status):

@@ -17,8 +17,8 @@ import torch
 
 from simulator.config import ScenarioError
 from simulator.config.load import load
-from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend, RayBackend
+from simulator.sim.engine import Engine
 from strategies.tasks import Classification, NextToken, Regression
 from tests import formats
 

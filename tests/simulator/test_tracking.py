@@ -11,8 +11,8 @@ from mlflow.tracking import MlflowClient
 from simulator.config.load import load
 from simulator.log import to_stderr
 from simulator.metric_names import mlflow_name
-from simulator.runner import run_loaded
-from simulator.tracking import Tracker, flatten
+from simulator.run.runner import run_loaded
+from simulator.run.tracking import Tracker, flatten
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -176,7 +176,7 @@ def test_by_default_the_model_is_its_state_dict_and_no_mlflow_model(tmp_path, ml
 def test_a_tracking_block_at_its_defaults_keeps_the_points_identity(tmp_path):
     """Runs made before ``tracking:`` existed keep their point and sweep keys (a sweep goes
     on in its parent); asking for the MLflow model makes another point."""
-    from simulator.layout import _digest, point_key, sweep_key
+    from simulator.run.layout import _digest, point_key, sweep_key
 
     p = tmp_path / "s.yaml"
     p.write_text(SWEEP)
@@ -270,8 +270,8 @@ def test_mlflow_opens_while_the_first_rounds_run_and_loses_none(tmp_path, mlflow
     rounds wait in the backlog, and MLflow still gets every round once, in order."""
     import time
 
-    import simulator.layout as cb
-    from simulator.callbacks import Callback
+    import simulator.run.layout as cb
+    from simulator.run.callbacks import Callback
 
     opened: list[float] = []
     parents: list[float] = []
@@ -316,7 +316,7 @@ def test_the_backend_shuts_down_while_the_last_points_model_is_logged(tmp_path, 
     import threading
     import time
 
-    from simulator.callbacks import Callback
+    from simulator.run.callbacks import Callback
     from simulator.runtime import backend as backends
 
     events: list[tuple[str, str]] = []
@@ -345,7 +345,7 @@ def test_the_backend_shuts_down_while_the_last_points_model_is_logged(tmp_path, 
     assert MlflowClient(mlflow_uri).get_run(out["runs"][1]["run_id"]).info.status == "FINISHED"
 
     events.clear()
-    monkeypatch.setattr("simulator.rounds.server.ServerRounds.run_round", _boom)
+    monkeypatch.setattr("simulator.sim.rounds.server.ServerRounds.run_round", _boom)
     with pytest.raises(RuntimeError, match="boom"):
         run_loaded(load(p, ["sweep={}"]), tracking_uri=mlflow_uri, quiet=True,
                    callbacks=[Ends()])
@@ -366,7 +366,7 @@ def test_a_run_that_ends_before_mlflow_opens_tags_where_it_ran(tmp_path, mlflow_
     seen once in CI)."""
     import time
 
-    import simulator.layout as cb
+    import simulator.run.layout as cb
     from simulator.runtime import backend as backends
 
     class SlowTracker(Tracker):
@@ -409,7 +409,7 @@ def test_a_store_that_cannot_be_used_is_one_line_before_anything_runs(tmp_path, 
 
     from fedray.cli import main
     from simulator.errors import UsageError
-    from simulator.tracking import HTTP_DEFAULTS, check_uri
+    from simulator.run.tracking import HTTP_DEFAULTS, check_uri
 
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     for k in HTTP_DEFAULTS:  # restored after the test: ensure_store sets them for http

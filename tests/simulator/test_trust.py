@@ -15,7 +15,7 @@ import pytest
 
 from fedray.cli import main
 from simulator.errors import UsageError, redact
-from simulator.store_uri import SCHEMES, check_store_uri
+from simulator.run.store_uri import SCHEMES, check_store_uri
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = str(ROOT / "scenarios" / "quickstart.yaml")
@@ -259,7 +259,7 @@ class _Answers500:
 def test_nothing_trains_before_the_store_has_answered(clean_env, capsys, monkeypatch):
     """A store that does not answer, or answers wrongly, is one line, exit 2, before round 0:
     no round printed, nothing journaled."""
-    from simulator.tracking import HTTP_DEFAULTS
+    from simulator.run.tracking import HTTP_DEFAULTS
 
     for k in HTTP_DEFAULTS:
         monkeypatch.delenv(k, raising=False)
@@ -287,11 +287,11 @@ def test_nothing_trains_before_the_store_has_answered(clean_env, capsys, monkeyp
 def test_the_run_waits_for_the_stores_answer_before_round_0(tmp_path, mlflow_uri, monkeypatch):
     """The wait sits just before round 0 (after the engine's start): the store still opens
     while the engine starts; the first round starts once it has answered."""
-    from simulator import layout
     from simulator.config.load import load
-    from simulator.engine import Engine
-    from simulator.runner import run_loaded
-    from simulator.tracking import Tracker
+    from simulator.run import layout
+    from simulator.run.runner import run_loaded
+    from simulator.run.tracking import Tracker
+    from simulator.sim.engine import Engine
 
     events: list[tuple[str, float]] = []
 
@@ -334,7 +334,7 @@ def test_no_error_path_prints_a_password(clean_env, monkeypatch, capfd):
     anything a library writes). The passwords remembered so far are forgotten before each
     case, so each form is redacted on its own."""
     from simulator import errors
-    from simulator.tracking import HTTP_DEFAULTS
+    from simulator.run.tracking import HTTP_DEFAULTS
 
     for k, v in HTTP_DEFAULTS.items():
         monkeypatch.setenv(k, v)
@@ -378,7 +378,7 @@ def test_log_lines_tags_and_params_are_redacted(mlflow_uri, capsys):
     from mlflow.tracking import MlflowClient
 
     from simulator.log import logger, to_stderr
-    from simulator.tracking import Tracker
+    from simulator.run.tracking import Tracker
 
     with to_stderr():
         logger.warning("sending to %s", f"https://u:{MARK}@h:5000")

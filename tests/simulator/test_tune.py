@@ -1,4 +1,4 @@
-"""``fedray tune``: searches on Ray Tune from a scenario's ``tune:`` block (simulator.tuning).
+"""``fedray tune``: searches on Ray Tune from a scenario's ``tune:`` block (simulator.run.tuning).
 
 The search layer finds a quadratic's optimum; a real search's trial scores are recomputed
 from its point runs' MLflow histories (the worst over attacks of the mean over seeds); ASHA
@@ -24,7 +24,7 @@ import pytest
 from simulator.config import ScenarioError
 from simulator.config.load import load
 from simulator.config.schema import Tune
-from simulator.tuning import Score, domain, run_tune, scheduler, searcher
+from simulator.run.tuning import Score, domain, run_tune, scheduler, searcher
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -326,7 +326,7 @@ tune:
 
 
 def test_a_random_search_over_choices_tries_each_setting_once_in_a_seeded_order(tmp_path):
-    from simulator.tuning import SETTING, discrete_settings, param_space, searched_values
+    from simulator.run.tuning import SETTING, discrete_settings, param_space, searched_values
 
     space = {"local.lr": {"choice": [0.01, 0.1, 1.0]},
              "attack": {"choice": [{"name": "sign_flip"}, {"name": "alie"}]}}

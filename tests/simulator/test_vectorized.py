@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from simulator.config.load import load
-from simulator.engine import Engine
 from simulator.messages import TrainRequest
 from simulator.runtime.backend import InlineBackend
+from simulator.sim.engine import Engine
 from strategies.trainers import local_sgd, minibatches, vectorized_sgd
 
 BASE = """\

@@ -14,9 +14,9 @@ import torch
 
 from simulator import registry
 from simulator.config.load import load
-from simulator.engine import Engine
-from simulator.rounds.server import ServerRounds
 from simulator.runtime.backend import InlineBackend
+from simulator.sim.engine import Engine
+from simulator.sim.rounds.server import ServerRounds
 from strategies.protocols import ClientRule, Trainer, Traits
 from strategies.trainers import local_sgd, minibatches
 
@@ -98,7 +98,7 @@ def test_a_client_rule_with_state_needs_no_engine_change(tmp_path, drift_registe
     res = eng.run(on_checkpoint=lambda r, state: saved.update({r: copy.deepcopy(state)}))
     # each client's state counts the rounds it was sampled in, on the worker that owns it
     sampled = np.zeros(10)
-    from simulator.sampling import sample_clients
+    from simulator.sim.sampling import sample_clients
     for r in range(sc.rounds):
         sampled[sample_clients(sc.seeds[0], r, 10, 4)] += 1
     states = eng.pool.client_states()
@@ -136,7 +136,7 @@ def test_a_trainer_that_cannot_hold_the_rules_state_is_refused(tmp_path, drift_r
 def test_a_round_protocol_sees_the_engine_through_its_hooks(tmp_path, monkeypatch):
     """The engine drives a protocol by its hooks only, in the documented order; the numbers
     are the protocol's."""
-    import simulator.engine as engine_module
+    import simulator.sim.engine as engine_module
 
     calls = []
 
@@ -198,7 +198,7 @@ def test_a_round_protocol_is_two_files(tmp_path):
     """The semi-synchronous server: its protocol module and its mode's line in the schema
     (the mode's name, its keys); the engine finds the protocol by name."""
     assert _sources_naming(r'"deadline"|DeadlineRounds') == \
-        {"simulator/rounds/deadline.py", "simulator/config/schema.py"}
+        {"simulator/sim/rounds/deadline.py", "simulator/config/schema.py"}
     res = Engine(_point(tmp_path, "server.mode=deadline", "server.deadline=1e9"),
                  InlineBackend()).run()
     plain = Engine(_point(tmp_path), InlineBackend()).run()

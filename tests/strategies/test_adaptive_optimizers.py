@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from simulator.config import ScenarioError
-from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
+from simulator.sim.engine import Engine
 from strategies.optimizers import FedAdagrad, FedAdam, FedYogi, adagrad_step, adam_step, yogi_step
 from tests.simulator.test_engine import point
 

@@ -197,8 +197,8 @@ def test_robust_aggregators_stay_near_the_honest_mean_under_huge_rows(name):
 
 def test_mean_divergence_is_reported_by_the_server_metric(tmp_path):
     from simulator.config.load import load
-    from simulator.engine import Engine
     from simulator.runtime.backend import InlineBackend
+    from simulator.sim.engine import Engine
 
     p = tmp_path / "s.yaml"
     p.write_text("name: inf\nrounds: 6\ndata: {dataset: {name: digits}}\nmodel: {name: logreg}\n"

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from simulator.config.load import load
-from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
 from simulator.runtime.pipeline import Pipeline
+from simulator.sim.engine import Engine
 from strategies import aggregators as A
 from strategies import attacks as K
 

@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from simulator.config import Local, ScenarioError
-from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
-from simulator.sampling import sample_clients
+from simulator.sim.engine import Engine
+from simulator.sim.sampling import sample_clients
 from strategies.drift import (
     Ditto,
     DriftSGD,

@@ -1,6 +1,6 @@
 """``fedray resume``: an interrupted run continues in the same MLflow runs, from the newest
 checkpoint of each point, then the points of its parent that never finished. The same
-lifecycle as ``fedray run`` (``simulator.experiment``) on the actor pool."""
+lifecycle as ``fedray run`` (``simulator.run.experiment``) on the actor pool."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from typing import Any
 
 import yaml
 
-from simulator.callbacks import Callback, default_callbacks
 from simulator.config import RunPoint, Scenario
 from simulator.config.sweep import expand
 from simulator.errors import UsageError
-from simulator.executors import PoolExecutor
-from simulator.experiment import Experiment, ExperimentResult, Work
-from simulator.interrupts import trap_sigterm
-from simulator.layout import Opening
 from simulator.log import logger
-from simulator.tracking import Tracker, default_uri, sync
+from simulator.run.callbacks import Callback, default_callbacks
+from simulator.run.executors import PoolExecutor
+from simulator.run.experiment import Experiment, ExperimentResult, Work
+from simulator.run.interrupts import trap_sigterm
+from simulator.run.layout import Opening
+from simulator.run.tracking import Tracker, default_uri, sync
 
 
 class ResumeRefused(UsageError):
@@ -131,7 +131,7 @@ def _logged_scenario(tracker: Tracker, run_id: str, tmp: Path, name: str = "scen
 def _point_work(tracker: Tracker, run_id: str, tmp: Path) -> Work:
     """The point run ``run_id`` to go on from its newest checkpoint (read before anything
     starts: a checkpoint that does not load stops the resume here)."""
-    from simulator import checkpoint
+    from simulator.run import checkpoint
 
     sc = _logged_scenario(tracker, run_id, tmp)
     state = checkpoint.latest(run_id)

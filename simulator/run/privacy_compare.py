@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from simulator.config.load import load
-from simulator.engine import Engine
 from simulator.runtime.backend import InlineBackend
+from simulator.sim.engine import Engine
 from strategies.privacy import advantage, delta_divergence, excess_bayes_vulnerability
 
 

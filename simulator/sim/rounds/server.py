@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from simulator.config.plan import build_codecs
 from simulator.config.schema import Speeds
 from simulator.errors import WorkerLost
 from simulator.messages import (
@@ -23,13 +24,12 @@ from simulator.messages import (
     RoundReport,
     StepLayout,
 )
-from simulator.plan import build_codecs
-from simulator.rounds import RoundProtocol, RunContext
 from simulator.runtime.adversary import Adversary
 from simulator.runtime.common import personal_accuracy
 from simulator.runtime.handles import AdversaryHandle, ServerHandle
 from simulator.runtime.server import Server
-from simulator.sampling import attacker_ranks, missed_round, sample_clients
+from simulator.sim.rounds import RoundProtocol, RunContext
+from simulator.sim.sampling import attacker_ranks, missed_round, sample_clients
 from strategies.codecs import chain_bytes
 
 
@@ -74,7 +74,7 @@ class ServerRounds(RoundProtocol):
     :meth:`step_rows`, evaluate; it lasts :meth:`duration` on the simulated clock and adds
     :meth:`round_metrics`. A protocol that changes who takes part, what a step aggregates,
     how long a round lasts or what it logs overrides those hooks (the semi-synchronous
-    server, simulator/rounds/deadline.py), not the round."""
+    server, simulator/sim/rounds/deadline.py), not the round."""
 
     name = "server"
     prefetch = True
@@ -133,7 +133,7 @@ class ServerRounds(RoundProtocol):
     def _devices(self) -> Callable[[int, int], float] | None:
         """``task_seconds(client, task)`` of the scenario's simulated devices (``speeds``;
         None without)."""
-        from simulator.speeds import profiles
+        from simulator.sim.speeds import profiles
 
         ctx = self.ctx
         sc = ctx.plan.scenario

@@ -1,8 +1,8 @@
 """Asynchronous server steps on a simulated clock (``server.mode``: ``fedasync``, ``fedbuff``,
 ``basgd``; docs/async.md).
 
-One "round" of the engine's loop is one server step. The clock (``simulator.clock``)
-decides ahead, from the seed and the devices' simulated speeds (``simulator.speeds``), who
+One "round" of the engine's loop is one server step. The clock (``simulator.sim.clock``)
+decides ahead, from the seed and the devices' simulated speeds (``simulator.sim.speeds``), who
 trains from which model version and which updates each step applies; nothing in it depends
 on the updates' values. A step's arrivals train when the step comes, grouped by the model
 version they started from: one worker call per version (a client's seeds are (seed,
@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from simulator.clock import (
+from simulator.messages import ByzantineRows, ClientRows, Group, Ref, RoundReport, StepLayout
+from simulator.sim.clock import (
     DRAW_POWER,
     Schedule,
     StepPlan,
@@ -35,10 +36,9 @@ from simulator.clock import (
     staleness_scale,
     step_rule,
 )
-from simulator.messages import ByzantineRows, ClientRows, Group, Ref, RoundReport, StepLayout
-from simulator.rounds import RunContext
-from simulator.rounds.server import ServerRounds
-from simulator.sampling import attacker_ranks
+from simulator.sim.rounds import RunContext
+from simulator.sim.rounds.server import ServerRounds
+from simulator.sim.sampling import attacker_ranks
 
 
 class AsyncRounds(ServerRounds):

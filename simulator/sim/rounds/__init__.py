@@ -1,4 +1,4 @@
-"""Round protocols: what a round is, composed with the engine's loop (``simulator.engine``).
+"""Round protocols: what a round is, composed with the engine's loop (``simulator.sim.engine``).
 
 The engine owns the loop, fault handling and checkpoint timing; a protocol owns its actors
 besides the ClientWorker pool, and what one round does with them: server rounds (the FedAvg
@@ -18,11 +18,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from simulator import data as fdata
-from simulator.accounting import PrivacyAccountant
+from simulator.config.plan import Plan
 from simulator.messages import RoundReport
-from simulator.placement import WorkerPool
-from simulator.plan import Plan
 from simulator.runtime.backend import Backend
+from simulator.sim.accounting import PrivacyAccountant
+from simulator.sim.placement import WorkerPool
 
 _REGISTERED: dict[str, type[RoundProtocol]] = {}
 
@@ -54,7 +54,7 @@ class RunContext:
         epoch = round_ // c.byzantine_period if c.byzantine_period else 0
         if epoch == 0:
             return self.byzantine
-        from simulator.sampling import byzantine_clients
+        from simulator.sim.sampling import byzantine_clients
 
         return set(byzantine_clients(self.plan.seed, c.total, c.byzantine, epoch).tolist())
 

@@ -1,11 +1,11 @@
 """The loop of a run point, shared by every backend and every round protocol.
 
-``Engine`` resolves the point into its Plan (``simulator.plan``), starts the ClientWorker
-pool (``simulator.placement``) and the round protocol the Plan names (``simulator.rounds``:
+``Engine`` resolves the point into its Plan (``simulator.config.plan``), starts the ClientWorker
+pool (``simulator.sim.placement``) and the round protocol the Plan names (``simulator.sim.rounds``:
 server rounds or gossip rounds), and runs the rounds: faults (a lost worker's clients move
 and the round is computed again; lost per-client state sends the run back to its newest
 state in memory), checkpoint timing, the callbacks. Privacy accounting is
-``simulator.accounting``.
+``simulator.sim.accounting``.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from typing import Any
 import numpy as np
 
 from simulator import data as fdata
-from simulator.accounting import PrivacyAccountant
 from simulator.config import Scenario
+from simulator.config.plan import Plan, resolve
 from simulator.errors import ClientStateLost, UsageError, WorkerLost
 from simulator.messages import RoundReport
-from simulator.placement import WorkerPool
-from simulator.plan import Plan, resolve
-from simulator.rounds import RoundProtocol, RunContext, protocols
 from simulator.runtime.backend import Backend
-from simulator.sampling import byzantine_clients
+from simulator.sim.accounting import PrivacyAccountant
+from simulator.sim.placement import WorkerPool
+from simulator.sim.rounds import RoundProtocol, RunContext, protocols
+from simulator.sim.sampling import byzantine_clients
 from strategies.trainers import step_counts
 
 LOG = logging.getLogger("fedray.engine")

@@ -1,5 +1,5 @@
 """A run's metric history reduced to one number, ``METRIC:HOW``: what ``fedray table``
-(``dashboards.tables``) puts in a cell and ``fedray tune`` (``simulator.tuning``) scores a
+(``dashboards.tables``) puts in a cell and ``fedray tune`` (``simulator.run.tuning``) scores a
 trial's point by, so that the two always agree. ``HOW`` is ``final`` (the last value),
 ``lastK`` (the mean of the last K), ``mean`` (over rounds), ``sum``, ``param`` (a numeric run
 param) or ``time_toX`` (the simulated seconds, ``sim_time``, at the first step where the

@@ -17,11 +17,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from simulator.callbacks import PointRun
 from simulator.config import Scenario
-from simulator.experiment import Experiment, Work, final_text, summary
-from simulator.interrupts import end_status
 from simulator.log import logger, to_stderr
+from simulator.run.callbacks import PointRun
+from simulator.run.experiment import Experiment, Work, final_text, summary
+from simulator.run.interrupts import end_status
 
 POLL_SECONDS = 0.2  # how often the driver drains the tasks' queue while it waits
 
@@ -47,7 +47,7 @@ class PoolExecutor:
                 engine_done: Callable[[], None] | None = None) -> dict[str, Any]:
         """Run one point into its child run (from ``state``, a checkpoint, when given), then
         its end; a failure keeps what was computed."""
-        from simulator.engine import Engine
+        from simulator.sim.engine import Engine
 
         status, error, result = "FAILED", None, None
         try:
@@ -79,9 +79,9 @@ def _simulate(scenario: Scenario, label: str = "", resume: dict[str, Any] | None
     metrics and each checkpoint go to the driver as ``(kind, token, round, payload)``, and
     the driver shows the progress; alone, it prints its own progress lines. The engine's
     messages are printed on the task's stderr, which Ray forwards to the driver's terminal."""
-    from simulator.engine import Engine
-    from simulator.progress import Progress
+    from simulator.run.progress import Progress
     from simulator.runtime.backend import InlineBackend
+    from simulator.sim.engine import Engine
 
     with to_stderr():
         engine = Engine(scenario, InlineBackend())

@@ -1,9 +1,9 @@
 """What happens around a point's run, as a list of callbacks (pfl-research's shape: a run is a
 loop plus callbacks): per-round metrics to MLflow, the progress line, checkpoints, the
-artifacts at the end. ``simulator.experiment`` owns the runs' lifecycle and its executors call
+artifacts at the end. ``simulator.run.experiment`` owns the runs' lifecycle and its executors call
 the same callbacks, whether a point runs on the actor pool or in a Ray task; a caller adds its
 own callbacks (``dashboards.figures.RunFigure`` draws each run's curves). The MLflow layout
-(parent and child runs, their tags and params) is ``simulator.layout``.
+(parent and child runs, their tags and params) is ``simulator.run.layout``.
 
 The ends run in the driver after a point's last round, and the last point's are on the user's
 path to the command's end: ``fedray run`` returns once MLflow holds them (never a background
@@ -37,7 +37,7 @@ from typing import Any
 from simulator.config import RunPoint
 from simulator.errors import brief_text
 from simulator.log import logger
-from simulator.tracking import Tracker, write_metrics
+from simulator.run.tracking import Tracker, write_metrics
 
 
 class PointRun:
@@ -158,7 +158,7 @@ class Progress(Callback):
         self.bars: dict[PointRun, Any] = {}
 
     def on_round(self, run: PointRun, round_: int, metrics: dict[str, float]) -> None:
-        from simulator.progress import Progress as Bar
+        from simulator.run.progress import Progress as Bar
 
         if run not in self.bars:
             self.bars[run] = Bar(run.point.label, run.point.scenario.rounds, self.quiet,
@@ -173,13 +173,13 @@ class Checkpoints(Callback):
     """Checkpoints in ``.fedray/checkpoints/RUN_ID/``, removed once the run FINISHED."""
 
     def on_checkpoint(self, run: PointRun, round_: int, state: dict[str, Any]) -> None:
-        from simulator import checkpoint
+        from simulator.run import checkpoint
 
         path = checkpoint.save(run.run_id, round_, state)
         logger.debug("%s: checkpoint after round %d: %s", run.point.label, round_ + 1, path)
 
     def on_end(self, run: PointRun, result: Any, status: str) -> None:
-        from simulator import checkpoint
+        from simulator.run import checkpoint
 
         if status == "FINISHED":
             checkpoint.remove(run.run_id)

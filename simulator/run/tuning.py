@@ -36,7 +36,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from simulator.callbacks import MLflowArtifacts, MLflowMetrics, PointRun
 from simulator.config import RunPoint, ScenarioError
 from simulator.config.dotted import set_path
 from simulator.config.load import LoadedScenario
@@ -44,11 +43,12 @@ from simulator.config.schema import Distribution, Tune, short
 from simulator.config.search import evaluations
 from simulator.config.sweep import expand
 from simulator.errors import UsageError, brief_text
-from simulator.experiment import Experiment, ExperimentResult, Work
-from simulator.interrupts import raise_received, stopping_ray_tune, trap_sigterm
-from simulator.layout import Opening, sweep_key
 from simulator.log import logger
-from simulator.reductions import (
+from simulator.run.callbacks import MLflowArtifacts, MLflowMetrics, PointRun
+from simulator.run.experiment import Experiment, ExperimentResult, Work
+from simulator.run.interrupts import raise_received, stopping_ray_tune, trap_sigterm
+from simulator.run.layout import Opening, sweep_key
+from simulator.run.reductions import (
     TimeTo,
     lower_is_better,
     parse_how,
@@ -56,7 +56,7 @@ from simulator.reductions import (
     run_summary,
     time_to,
 )
-from simulator.tracking import Tracker, default_uri, flatten
+from simulator.run.tracking import Tracker, default_uri, flatten
 
 # the Tune loggers fedray does not use (its results go to MLflow), before Ray Tune is imported
 os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
@@ -105,7 +105,7 @@ def trial_points(raw: dict, group: dict[str, Any], config: dict[str, Any]) -> li
 
 class Score:
     """A trial's score from its points' rounds: ``metric`` reduced per point (``HOW`` as
-    ``fedray table`` reduces a run's history, ``simulator.reductions``), then the mean over
+    ``fedray table`` reduces a run's history, ``simulator.run.reductions``), then the mean over
     the points, or with ``worst_over`` the worst over those keys' values of the mean over
     the rest (ByzFL's worst case). A point with no number (a diverged run: nan) counts as
     the worst number there is (-inf when maximizing)."""
@@ -142,9 +142,9 @@ def run_trial(config: dict[str, Any], raw: dict, group: dict[str, Any], tune: di
     the last report (the driver logs them to MLflow)."""
     from ray import tune as rt
 
-    from simulator.engine import Engine
     from simulator.log import to_stderr
     from simulator.runtime.backend import InlineBackend
+    from simulator.sim.engine import Engine
 
     t = Tune.model_validate(tune)
     points = trial_points(raw, group, searched_values(t, config))
@@ -420,7 +420,7 @@ class TuneResult(ExperimentResult):
 
 
 def _resources(sc: Any, backend: Any, parallel: int) -> dict[str, float]:
-    from simulator.executors import task_resources
+    from simulator.run.executors import task_resources
 
     r = task_resources(sc, backend.gpus(), parallel)
     return {"cpu": r["num_cpus"], **({"gpu": r["num_gpus"]} if "num_gpus" in r else {})}

@@ -34,11 +34,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import simulator
-from simulator import store_uri
 from simulator.errors import TrackingUnavailable, UsageError, brief_text, printable, redact
 from simulator.log import logger
 from simulator.metric_names import mlflow_name
-from simulator.store_uri import check_store_uri, sqlite_path
+from simulator.run import store_uri
+from simulator.run.store_uri import check_store_uri, sqlite_path
 
 PENDING = Path(".fedray") / "pending"
 PARAMS_PER_BATCH = 100
@@ -57,7 +57,7 @@ END_WAIT_SECONDS = 15.0  # what the end of a run waits for metrics still being s
 
 def default_uri(cwd: Path | None = None) -> str:
     """``MLFLOW_TRACKING_URI`` if set, else the embedded store ``sqlite:///<cwd>/mlflow.db``
-    (``simulator.store_uri.default_uri``)."""
+    (``simulator.run.store_uri.default_uri``)."""
     return store_uri.default_uri(cwd)
 
 
@@ -69,7 +69,7 @@ def artifact_root(uri: str) -> str | None:
 
 def check_uri(uri: str) -> None:
     """The tracking URI checked by its class, without opening the store
-    (``simulator.store_uri.check_store_uri``; UsageError in one line)."""
+    (``simulator.run.store_uri.check_store_uri``; UsageError in one line)."""
     check_store_uri(uri)
 
 

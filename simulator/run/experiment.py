@@ -1,11 +1,11 @@
 """One lifecycle for ``fedray run``, ``fedray sweep`` and ``fedray resume``: an ``Experiment``
-owns a scenario's runs in MLflow (a parent run, a child run per point; ``simulator.layout``),
+owns a scenario's runs in MLflow (a parent run, a child run per point; ``simulator.run.layout``),
 their statuses and what is left unfinished, and hands each point to an executor
-(``simulator.executors``: the actor pool, or Ray tasks) with the same callbacks.
+(``simulator.run.executors``: the actor pool, or Ray tasks) with the same callbacks.
 
 A command's result (``ExperimentResult``) says what it ran, skipped, failed and left
 unfinished; when the command raises, the exception carries the unfinished runs
-(``simulator.interrupts.unfinished_of``).
+(``simulator.run.interrupts.unfinished_of``).
 
 A process that ran an experiment skips the interpreter's last garbage collection when it
 exits (``exit_without_collection``): with torch and MLflow loaded it walked their object
@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simulator.callbacks import Callback, PointRun
 from simulator.config import RunPoint
 from simulator.config.load import LoadedScenario
-from simulator.interrupts import Unfinished, carry_unfinished, end_status
-from simulator.layout import Opening, point_key, sweep_key
 from simulator.log import logger
 from simulator.metric_names import mlflow_name
-from simulator.tracking import Tracker, journaled_steps
+from simulator.run.callbacks import Callback, PointRun
+from simulator.run.interrupts import Unfinished, carry_unfinished, end_status
+from simulator.run.layout import Opening, point_key, sweep_key
+from simulator.run.tracking import Tracker, journaled_steps
 
 ROUND_MARKERS = ("sampled", "participants", "byzantine_peers")
 
@@ -160,7 +160,7 @@ class Experiment:
         is skipped (``result.skipped``); one whose unfinished child run has a checkpoint goes
         on from it in that run (the newest such run); the others start over in a new child
         run. Children a dead driver left RUNNING and that do not go on are marked KILLED."""
-        from simulator import checkpoint
+        from simulator.run import checkpoint
 
         assert self.opening.parent is not None
         finished: set[str] = set()

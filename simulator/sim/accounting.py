@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from simulator.plan import Plan, build_privacy
+from simulator.config.plan import Plan, build_privacy
 
 
 class PrivacyAccountant:

@@ -65,7 +65,7 @@ class Plan:
     seed: int
     # server rounds (the FedAvg family), gossip rounds (D-SGD) or asynchronous server
     # steps on a simulated clock (server.mode)
-    protocol: str  # the RoundProtocol's name (simulator.rounds)
+    protocol: str  # the RoundProtocol's name (simulator.sim.rounds)
     trainer: PluginSpec  # the trainer plugin the workers run
     trainer_key: Loc  # the scenario key that chose it (where its problems are reported)
     # the loop trainer that gives the same numbers as ``trainer``, which batches clients:

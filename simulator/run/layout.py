@@ -1,7 +1,7 @@
 """The layout of a scenario's runs in MLflow: a parent run per scenario, a child run per
 point (sweep point x seed), the tags and params each carries, the identity of a point and of a
 sweep (how a later command finds them again), and ``Opening``, which opens them on a
-background thread while the engine starts. ``simulator.experiment`` owns their lifecycle."""
+background thread while the engine starts. ``simulator.run.experiment`` owns their lifecycle."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import simulator
 from simulator.config import RunPoint
 from simulator.config.load import LoadedScenario
 from simulator.config.schema import Tracking
-from simulator.tracking import Tracker, check_uri, flatten, git_commit
+from simulator.run.tracking import Tracker, check_uri, flatten, git_commit
 
 
 def _digest(obj: Any) -> str:

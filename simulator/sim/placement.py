@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from simulator import data as fdata
+from simulator.config.plan import Plan
 from simulator.errors import ClientStateLost, DeviceUnavailable, UsageError, WorkerLost
 from simulator.messages import (
     ClientRows,
@@ -20,13 +21,12 @@ from simulator.messages import (
     Ref,
     TrainRequest,
 )
-from simulator.plan import Plan
 from simulator.runtime import backend as backend_module
 from simulator.runtime.backend import PING_TIMEOUT, Backend, gpu_share
 from simulator.runtime.common import eval_shares
 from simulator.runtime.handles import WorkerHandle
 from simulator.runtime.worker import ClientWorker
-from simulator.sampling import sample_clients
+from simulator.sim.sampling import sample_clients
 
 LOG = logging.getLogger("fedray.engine")
 

@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from simulator.clock import staleness_scale
 from simulator.config.schema import Staleness
 from simulator.messages import ClientRows, Group, Ref, stack_rows
-from simulator.rounds import RunContext
-from simulator.rounds.server import Participation, ServerRounds, Training
-from simulator.sampling import missed_round
+from simulator.sim.clock import staleness_scale
+from simulator.sim.rounds import RunContext
+from simulator.sim.rounds.server import Participation, ServerRounds, Training
+from simulator.sim.sampling import missed_round
 
 # a carried update's scale: FedBuff's default staleness function at one round
 _DEFAULT = Staleness()

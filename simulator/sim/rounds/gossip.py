@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from simulator.messages import ClientRows, Ref, RoundReport, stack_rows
-from simulator.rounds import RoundProtocol
 from simulator.runtime.handles import MixerHandle
 from simulator.runtime.mixer import Mixer
+from simulator.sim.rounds import RoundProtocol
 
 
 class GossipRounds(RoundProtocol):

@@ -1,6 +1,6 @@
 """A tracking URI checked by its class before anything runs, without opening the store and
 without importing MLflow: every command that takes ``--tracking-uri`` calls
-``check_store_uri`` first (the CLI before Ray starts; ``simulator.tracking`` again before it
+``check_store_uri`` first (the CLI before Ray starts; ``simulator.run.tracking`` again before it
 opens a store).
 
 The class is the URI's scheme, looked up in ``SCHEMES`` (the schemes MLflow's tracking-store

@@ -1,9 +1,9 @@
 """Running a loaded scenario: every point into its MLflow child run, one after another on the
 ClientWorker pool (``run_loaded``, ``fedray run``) or several at once as single-process Ray
-tasks (``run_sweep``, ``fedray sweep``). Both are one ``simulator.experiment.Experiment``
-with the same callbacks (``simulator.callbacks``) and an executor
-(``simulator.executors``); what they leave unfinished is in their result, or on the
-exception they raise (``simulator.interrupts.unfinished_of``).
+tasks (``run_sweep``, ``fedray sweep``). Both are one ``simulator.run.experiment.Experiment``
+with the same callbacks (``simulator.run.callbacks``) and an executor
+(``simulator.run.executors``); what they leave unfinished is in their result, or on the
+exception they raise (``simulator.run.interrupts.unfinished_of``).
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from simulator.callbacks import Callback, default_callbacks
 from simulator.config.load import LoadedScenario
 from simulator.data.prepare import fetch
 from simulator.errors import UsageError
-from simulator.executors import PoolExecutor, TaskExecutor
-from simulator.experiment import Experiment, ExperimentResult, Work, final_text, summary
-from simulator.interrupts import trap_sigterm
-from simulator.layout import Opening, point_key, sweep_key
 from simulator.log import logger
-from simulator.tracking import default_uri
+from simulator.run.callbacks import Callback, default_callbacks
+from simulator.run.executors import PoolExecutor, TaskExecutor
+from simulator.run.experiment import Experiment, ExperimentResult, Work, final_text, summary
+from simulator.run.interrupts import trap_sigterm
+from simulator.run.layout import Opening, point_key, sweep_key
+from simulator.run.tracking import default_uri
 
 __all__ = ["final_text", "point_key", "run_loaded", "run_sweep", "summary", "sweep_key"]
 
@@ -43,8 +43,8 @@ def run_loaded(
     ``tracking_uri``, ``runs`` (``[{run_id, label, values, seed, final_test_accuracy,
     ...}]``) and ``unfinished``.
     """
-    from simulator.engine import prefetch_data
     from simulator.runtime.backend import make_backend
+    from simulator.sim.engine import prefetch_data
 
     fetch(loaded)  # downloads and their checks, before any run exists
     sc = loaded.scenario
