@@ -123,12 +123,12 @@ def run_points(scenario: str, sets: Sequence[str], uri: str, runner: str,
         from simulator.run.runner import run_loaded
 
         out = run_loaded(loaded, "inline", None, uri, quiet=True)
-        failed = out["unfinished"]
+        failed = out.unfinished
     else:
         from simulator.run.runner import run_sweep
 
         out = run_sweep(loaded, None, uri, parallel)
-        failed = out["failed"] + list(out["unfinished"])
+        failed = out.failed + list(out.unfinished)
     if failed:
         raise SystemExit(f"{scenario}: points did not finish: {failed}")
 

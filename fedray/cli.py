@@ -114,11 +114,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     out = run_loaded(loaded, args.backend, args.address, args.tracking_uri, args.quiet, args.workers,
                      callbacks=_figures())
-    for r in out["runs"]:
+    for r in out.runs:
         print(f"{r['label']}: {final_text(r)}  (run {r['run_id']})")
-    print(f"MLflow parent run: {out['parent_run_id']}  experiment: {loaded.scenario.name}")
-    print(f"tracking URI: {redact(out['tracking_uri'])}")
-    _closing(args, loaded.scenario.name, out["tracking_uri"])
+    print(f"MLflow parent run: {out.parent_run_id}  experiment: {loaded.scenario.name}")
+    print(f"tracking URI: {redact(out.tracking_uri)}")
+    _closing(args, loaded.scenario.name, out.tracking_uri)
     return 0
 
 
@@ -143,14 +143,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out = run_sweep(loaded, args.address, args.tracking_uri, args.parallel, args.fresh,
                     callbacks=_figures())
     # each point's result was printed as it finished
-    print(f"MLflow parent run: {out['parent_run_id']}  experiment: {loaded.scenario.name}  "
-          f"({len(out['runs'])} run, {len(out['skipped'])} already finished, "
-          f"{len(out['failed'])} failed)")
-    if out["failed"]:
-        print(f"failed: {', '.join(out['failed'])}; run the same command again to retry them",
+    print(f"MLflow parent run: {out.parent_run_id}  experiment: {loaded.scenario.name}  "
+          f"({len(out.runs)} run, {len(out.skipped)} already finished, "
+          f"{len(out.failed)} failed)")
+    if out.failed:
+        print(f"failed: {', '.join(out.failed)}; run the same command again to retry them",
               file=sys.stderr)
         return 1
-    _closing(args, loaded.scenario.name, out["tracking_uri"])
+    _closing(args, loaded.scenario.name, out.tracking_uri)
     return 0
 
 
@@ -194,7 +194,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     out = resume_run(args.run_id, args.tracking_uri, args.backend, args.address, args.quiet,
                      args.workers, callbacks=_figures())
-    for r in out["runs"]:
+    for r in out.runs:
         print(f"{r['label']}: {final_text(r)}  (run {r['run_id']})")
     return 0
 

@@ -55,6 +55,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
@@ -79,6 +80,7 @@ __all__ = [
     "DatasetInfo",
     "DatasetSplit",
     "DriftRule",
+    "FetchedFile",
     "GossipAttack",
     "GossipDefense",
     "GossipStep",
@@ -761,6 +763,16 @@ class DatasetSplit:
 
 
 @dataclass(frozen=True)
+class FetchedFile:
+    """A published file a data set needs, in its folder: ``downloaded`` now, or found there
+    already with its published checksum (``Dataset.fetch``)."""
+
+    path: Path
+    size: int
+    downloaded: bool
+
+
+@dataclass(frozen=True)
 class DatasetInfo:
     """What validation needs to know of a dataset before anything runs, found without
     loading it: the training samples (after the test split), one sample's shape, the classes."""
@@ -803,6 +815,13 @@ class Dataset(Plugin, ABC):
         """What ``load`` would give, cheaply (None: unknown until loaded; validation then
         skips the data and model checks)."""
         return None
+
+    def fetch(self) -> list[FetchedFile]:
+        """The published files it reads, fetched into its folder and checked (a data set
+        with ``download: true``; ``fedray fetch`` and every run call it before any MLflow
+        run exists), each downloaded now or found there with its published checksum; it
+        raises one located line when a file cannot be had. The default has none to fetch."""
+        return []
 
 
 class Population(ABC):

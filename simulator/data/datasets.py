@@ -110,12 +110,6 @@ def feature_block(columns: list[np.ndarray]) -> np.ndarray:
                           axis=1)
 
 
-def pa_is_float(values: object) -> bool:
-    import pyarrow.types as pt
-
-    return bool(pt.is_floating(values.type))  # type: ignore[attr-defined]
-
-
 def _n_train(n: int, test_fraction: float) -> int:
     return n - round(n * test_fraction)
 

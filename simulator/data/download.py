@@ -36,16 +36,6 @@ REDIRECTS = 5
 SCHEMES = ("http", "https")
 
 
-@dataclass(frozen=True)
-class FetchedFile:
-    """A published file a scenario needs, in its ``root``: ``downloaded`` now, or found
-    there already with its published checksum."""
-
-    path: Path
-    size: int
-    downloaded: bool
-
-
 def check_mirror(mirror: str, key: str = "mirror") -> str:
     """``mirror`` when it is an ``http://`` or ``https://`` URL with a host; DataError naming
     ``key`` otherwise (a ``file://`` mirror, a path, a URL with a bad port)."""

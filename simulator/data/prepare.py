@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 from simulator import registry
-from simulator.data.download import FetchedFile
 from simulator.errors import DataError
+from strategies.protocols import FetchedFile
 
 if TYPE_CHECKING:
     from simulator.config import Scenario
@@ -42,12 +42,9 @@ def fetch(target: LoadedScenario | Iterable[Scenario]) -> list[FetchedFile]:
             continue
         key = json.dumps(spec, sort_keys=True)
         dataset = _instance(spec)
-        files: Any = getattr(dataset, "fetch", None)
-        if not callable(files):
-            continue
         if key not in fetched:
             fetched.add(key)
-            out += files()
+            out += dataset.fetch()
         seed = sc.seeds[0] if sc.seeds else 0
         point = (key, sc.clients.total, seed, sc.data.test_fraction)
         if point not in described:  # the files' content, now that they are there

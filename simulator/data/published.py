@@ -17,7 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar, cast
 import numpy as np
 from annotated_types import Ge, Gt, Le
 
-from simulator.data.download import DEADLINE, MAX_DEADLINE, FetchedFile
+from simulator.data.download import DEADLINE, MAX_DEADLINE
 from simulator.data.formats import (
     find,
     idx_header,
@@ -29,7 +29,7 @@ from simulator.data.formats import (
 )
 from simulator.errors import DataError, brief
 from strategies.paths import PathRefused, guard
-from strategies.protocols import Dataset, DatasetInfo, DatasetSplit, Traits
+from strategies.protocols import Dataset, DatasetInfo, DatasetSplit, FetchedFile, Traits
 
 T = TypeVar("T")
 

@@ -61,10 +61,6 @@ class ExperimentResult:
     failed: list[str] = field(default_factory=list)
     unfinished: list[Unfinished] = field(default_factory=list)
 
-    def __getitem__(self, key: str) -> Any:
-        """``result["runs"]``: the commands' results read as the mappings they used to be."""
-        return getattr(self, key)
-
 
 @dataclass
 class Work:

@@ -52,7 +52,7 @@ def report(tmp_path_factory, _mlflow_template):
     p.write_text(SWEEP)
     out = run_loaded(load(p), tracking_uri=uri, quiet=True, callbacks=[RunFigure()])
     path = build_report("report-test", tmp / "out", uri)
-    return {"path": path, "uri": uri, "parent": out["parent_run_id"], "runs": out["runs"], "tmp": tmp}
+    return {"path": path, "uri": uri, "parent": out.parent_run_id, "runs": out.runs, "tmp": tmp}
 
 
 def test_report_content_and_mlflow_artifacts(report):

@@ -53,10 +53,10 @@ def sweep(tmp_path_factory, _mlflow_template):
     uri = f"sqlite:///{db}"
     (tmp / "sweep.yaml").write_text(SWEEP)
     out = run_loaded(load(tmp / "sweep.yaml"), tracking_uri=uri, quiet=True)
-    assert len(out["runs"]) == 36
+    assert len(out.runs) == 36
     path = build_report("robust-report", tmp / "out", uri, log=False)
     acc = {(r["values"]["aggregator.name"], r["values"]["attack"]["name"],
-            r["values"]["clients.byzantine"]): r["final_test_accuracy"] for r in out["runs"]}
+            r["values"]["clients.byzantine"]): r["final_test_accuracy"] for r in out.runs}
     return {"path": path, "text": path.read_text(), "acc": acc, "tmp": tmp}
 
 

@@ -304,7 +304,7 @@ def test_a_run_with_speeds_end_to_end(tmp_path, _mlflow_template):
     out = run_loaded(load(tmp_path / "s.yaml"), tracking_uri=uri, quiet=True)
     client = MlflowClient(uri)
     logged = {}
-    for r in out["runs"]:
+    for r in out.runs:
         acc = {m.step: m.value for m in client.get_metric_history(r["run_id"],
                                                                  mlflow_name(ACC))}
         clock = {m.step: m.value for m in client.get_metric_history(r["run_id"],

@@ -304,7 +304,7 @@ def test_resume_fetches_before_it_opens_a_run_again(tmp_path, mlflow_uri, server
     """))
     out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True)
     client = MlflowClient(mlflow_uri)
-    parent, child = out["parent_run_id"], out["runs"][0]["run_id"]
+    parent, child = out.parent_run_id, out.runs[0]["run_id"]
     for run in (parent, child):
         client.set_terminated(run, "KILLED")
     shutil.rmtree(tmp_path / "fetched")

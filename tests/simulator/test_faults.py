@@ -273,7 +273,7 @@ def test_resume_of_one_point_finishes_the_parent_and_refuses_a_finished_run(
     assert child.info.status == "KILLED" and client.get_run(parent).info.status == "KILLED"
 
     out = resume_run(child.info.run_id)
-    assert [r["label"] for r in out["runs"]] == ["mean seed=0", "median seed=0"]
+    assert [r["label"] for r in out.runs] == ["mean seed=0", "median seed=0"]
     assert client.get_run(parent).info.status == "FINISHED"
     children = client.search_runs([exp.experiment_id], "tags.`fedray.kind` = 'point'")
     assert sorted(c.info.status for c in children) == ["FINISHED", "FINISHED"]

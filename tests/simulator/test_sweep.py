@@ -32,9 +32,9 @@ def test_parallel_sweep_then_resume_runs_only_unfinished_points(tmp_path, mlflow
     p.write_text(SWEEP)
     loaded = load(p)
     first = run_sweep(loaded, tracking_uri=mlflow_uri, parallel=2, callbacks=[RunFigure()])
-    assert first["skipped"] == [] and first["failed"] == [] and len(first["runs"]) == 4
+    assert first.skipped == [] and first.failed == [] and len(first.runs) == 4
     client = MlflowClient(mlflow_uri)
-    parent = first["parent_run_id"]
+    parent = first.parent_run_id
     children = client.search_runs([client.get_experiment_by_name("par-sweep").experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{parent}'")
     assert sorted(r.data.tags["mlflow.runName"] for r in children) == [
@@ -64,15 +64,15 @@ def test_parallel_sweep_then_resume_runs_only_unfinished_points(tmp_path, mlflow
     victim = next(r for r in children if r.data.tags["mlflow.runName"] == "median seed=1")
     client.set_terminated(victim.info.run_id, status="FAILED")
     again = run_sweep(load(p), tracking_uri=mlflow_uri, parallel=2)
-    assert again["parent_run_id"] == parent
-    assert sorted(again["skipped"]) == ["mean seed=0", "mean seed=1", "median seed=0"]
-    assert [r["label"] for r in again["runs"]] == ["median seed=1"]
-    assert again["runs"][0]["final_test_accuracy"] == pytest.approx(
-        next(r for r in first["runs"] if r["label"] == "median seed=1")["final_test_accuracy"])
+    assert again.parent_run_id == parent
+    assert sorted(again.skipped) == ["mean seed=0", "mean seed=1", "median seed=0"]
+    assert [r["label"] for r in again.runs] == ["median seed=1"]
+    assert again.runs[0]["final_test_accuracy"] == pytest.approx(
+        next(r for r in first.runs if r["label"] == "median seed=1")["final_test_accuracy"])
     # an edited scenario is another sweep: a new parent, every point runs
     other = run_sweep(load(p, ["rounds=2"]), tracking_uri=mlflow_uri, parallel=2)
-    assert other["parent_run_id"] != parent and len(other["runs"]) == 4
-    assert other["skipped"] == []
+    assert other.parent_run_id != parent and len(other.runs) == 4
+    assert other.skipped == []
 
 
 def test_an_interrupt_while_a_finished_point_is_logged_marks_it_killed(tmp_path, mlflow_uri,
@@ -98,4 +98,4 @@ def test_an_interrupt_while_a_finished_point_is_logged_marks_it_killed(tmp_path,
     assert [(label, s) for _, label, s in unfinished_of(e.value)] == [
         ("mean seed=0", "KILLED"), ("sweep parent", "KILLED")]
     again = run_sweep(load(p), tracking_uri=mlflow_uri, parallel=1)
-    assert [r["label"] for r in again["runs"]] == ["mean seed=0", "median seed=0"]
+    assert [r["label"] for r in again.runs] == ["mean seed=0", "median seed=0"]

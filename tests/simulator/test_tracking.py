@@ -40,7 +40,7 @@ def test_sweep_leaves_one_parent_and_four_children(tmp_path, mlflow_uri):
     exp = client.get_experiment_by_name("sweep-test")
     runs = client.search_runs([exp.experiment_id])
     assert len(runs) == 5
-    parent = client.get_run(out["parent_run_id"])
+    parent = client.get_run(out.parent_run_id)
     assert parent.data.tags["mlflow.note.content"] == "two aggregators x two seeds"
     assert parent.data.params["sweep.aggregator.name"] == "[mean, median]"
     children = client.search_runs(
@@ -59,7 +59,7 @@ def test_sweep_leaves_one_parent_and_four_children(tmp_path, mlflow_uri):
     found = client.search_runs([exp.experiment_id],
                                filter_string="params.`aggregator.name` = 'median' and params.`seeds` = '[1]'")
     assert [r.data.tags["mlflow.runName"] for r in found] == ["median seed=1"]
-    by_id = {r["run_id"]: r for r in out["runs"]}
+    by_id = {r["run_id"]: r for r in out.runs}
     for r in children:
         acc = r.data.metrics[mlflow_name("test_accuracy")]
         assert acc == pytest.approx(by_id[r.info.run_id]["final_test_accuracy"])
@@ -92,7 +92,7 @@ def test_a_run_without_sweep_is_named_after_its_scenario(tmp_path, mlflow_uri):
     p.write_text(SWEEP.replace("seeds: [0, 1]", "seeds: [0]").replace(
         "sweep:\n  aggregator.name: [mean, median]\n", ""))
     out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True)
-    child = MlflowClient(mlflow_uri).get_run(out["runs"][0]["run_id"])
+    child = MlflowClient(mlflow_uri).get_run(out.runs[0]["run_id"])
     assert child.info.run_name == "sweep-test seed=0"
 
 
@@ -102,10 +102,10 @@ def test_zipped_sweep_is_tracked(tmp_path, mlflow_uri):
         "  aggregator.name: [mean, median]\n", "  'local.steps, local.lr': [[1, 0.4], [4, 0.1]]\n"))
     out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True)
     client = MlflowClient(mlflow_uri)
-    parent = client.get_run(out["parent_run_id"])
+    parent = client.get_run(out.parent_run_id)
     assert parent.data.params["sweep.local.steps / local.lr"] == "[[1, 0.4], [4, 0.1]]"
-    assert [r["label"] for r in out["runs"]] == ["steps=1 lr=0.4 seed=0", "steps=4 lr=0.1 seed=0"]
-    assert client.get_run(out["runs"][1]["run_id"]).data.params["local.steps"] == "4"
+    assert [r["label"] for r in out.runs] == ["steps=1 lr=0.4 seed=0", "steps=4 lr=0.1 seed=0"]
+    assert client.get_run(out.runs[1]["run_id"]).data.params["local.steps"] == "4"
 
 
 def test_artifacts_metrics_parquet_and_model(tmp_path, mlflow_uri):
@@ -114,11 +114,11 @@ def test_artifacts_metrics_parquet_and_model(tmp_path, mlflow_uri):
         "sweep:\n  aggregator.name: [mean, median]\n", "tracking: {log_model: true}\n"))
     out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True)
     client = MlflowClient(mlflow_uri)
-    child = out["runs"][0]["run_id"]
+    child = out.runs[0]["run_id"]
     names = {a.path for a in client.list_artifacts(child)} | {
         a.path for a in client.list_artifacts(child, "model")}
     assert {"metrics.parquet", "scenario.yaml", "model/model.pt"} <= names
-    assert {a.path for a in client.list_artifacts(out["parent_run_id"], "scenario")} == {
+    assert {a.path for a in client.list_artifacts(out.parent_run_id, "scenario")} == {
         "scenario/one.yaml", "scenario/resolved.yaml"}
     local = client.download_artifacts(child, "metrics.parquet", str(tmp_path))
     table = pq.read_table(local)
@@ -160,7 +160,7 @@ def test_by_default_the_model_is_its_state_dict_and_no_mlflow_model(tmp_path, ml
         "sweep:\n  aggregator.name: [mean, median]\n", "").replace("rounds: 3", "rounds: 2"))
     out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True)
     client = MlflowClient(mlflow_uri)
-    child = out["runs"][0]["run_id"]
+    child = out.runs[0]["run_id"]
     run = client.get_run(child)
     assert run.info.status == "FINISHED"
     assert run.data.params["tracking.log_model"] == "false"
@@ -250,7 +250,7 @@ def test_a_model_torch_export_cannot_capture_keeps_its_state_dict(tmp_path, mlfl
         .replace("rounds: 3", "rounds: 1"))
     with to_stderr():  # what the command line shows of fedray's messages
         out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True)
-    child = out["runs"][0]["run_id"]
+    child = out.runs[0]["run_id"]
     client = MlflowClient(mlflow_uri)
     assert client.get_run(child).info.status == "FINISHED"
     assert {a.path for a in client.list_artifacts(child, "model")} == {"model/model.pt"}
@@ -303,7 +303,7 @@ def test_mlflow_opens_while_the_first_rounds_run_and_loses_none(tmp_path, mlflow
         "sweep:\n  aggregator.name: [mean, median]\n", "").replace("rounds: 3", "rounds: 12"))
     out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True, callbacks=[Clock()])
     assert len(opened) == 1 and len(ends) == 12 and opened[0] < ends[0] < parents[0]
-    history = MlflowClient(mlflow_uri).get_metric_history(out["runs"][0]["run_id"],
+    history = MlflowClient(mlflow_uri).get_metric_history(out.runs[0]["run_id"],
                                                           mlflow_name("client_loss"))
     assert sorted(m.step for m in history) == list(range(12))
 
@@ -335,14 +335,14 @@ def test_the_backend_shuts_down_while_the_last_points_model_is_logged(tmp_path, 
     p = tmp_path / "sweep.yaml"
     p.write_text(SWEEP.replace("seeds: [0, 1]", "seeds: [0]"))
     out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True, callbacks=[Ends()])
-    assert [r["label"] for r in out["runs"]] == ["mean seed=0", "median seed=0"]
+    assert [r["label"] for r in out.runs] == ["mean seed=0", "median seed=0"]
     names = [e[0] for e in events]
     # the last point's ends run while the backend shuts down; which of the two is done first
     # depends on the machine (the model and figure take 0.3-2 s, the shutdown here 0.5 s)
     assert names[:2] == ["end of mean seed=0", "shutdown starts"]
     assert sorted(names[2:]) == ["end of median seed=0", "shutdown ends"]
     assert events[1][1].startswith("fedray-shutdown")
-    assert MlflowClient(mlflow_uri).get_run(out["runs"][1]["run_id"]).info.status == "FINISHED"
+    assert MlflowClient(mlflow_uri).get_run(out.runs[1]["run_id"]).info.status == "FINISHED"
 
     events.clear()
     monkeypatch.setattr("simulator.sim.rounds.server.ServerRounds.run_round", _boom)
@@ -393,7 +393,7 @@ def test_a_run_that_ends_before_mlflow_opens_tags_where_it_ran(tmp_path, mlflow_
         "sweep:\n  aggregator.name: [mean, median]\n", "").replace("rounds: 3", "rounds: 1"))
     out = run_loaded(load(p), tracking_uri=mlflow_uri, quiet=True)
     client = MlflowClient(mlflow_uri)
-    for run_id in (out["parent_run_id"], out["runs"][0]["run_id"]):
+    for run_id in (out.parent_run_id, out.runs[0]["run_id"]):
         run = client.get_run(run_id)
         assert run.info.status == "FINISHED"
         assert (run.data.tags["backend"], run.data.tags["ray_nodes"]) == ("gone", "3")

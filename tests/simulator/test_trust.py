@@ -311,7 +311,7 @@ def test_the_run_waits_for_the_stores_answer_before_round_0(tmp_path, mlflow_uri
     monkeypatch.setattr(Engine, "start", start)
     out = run_loaded(load(QUICK, ["rounds=2"]), "inline", tracking_uri=mlflow_uri, quiet=True)
     assert [e[0] for e in events] == ["engine starts", "answered"]
-    assert out["runs"][0]["rounds"] == 2
+    assert out.runs[0]["rounds"] == 2
 
 
 # ------------------------------------------------------------ 2. credentials
