@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from simulator import registry
-from simulator.config import load
 from simulator.config import sweep as sweep_module
 from simulator.config import validate as validate_module
+from simulator.config.load import load
 from simulator.sim import speeds
 from simulator.sim.speeds import TraceError, read_trace
 

@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from simulator import registry
-from simulator.config import ScenarioError, load
+from simulator.config import ScenarioError
+from simulator.config.load import load
 from strategies.protocols import DatasetInfo
 
 BASE = """\

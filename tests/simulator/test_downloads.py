@@ -138,7 +138,8 @@ def test_a_server_that_drips_bytes_is_cut_at_the_deadline(tmp_path, mlflow_uri, 
 
 
 def test_the_deadline_key_defaults_to_minutes_and_is_bounded(tmp_path):
-    from simulator.config import ScenarioError, load
+    from simulator.config import ScenarioError
+    from simulator.config.load import load
 
     assert MNIST("x").deadline == download.DEADLINE == 600
     p = tmp_path / "s.yaml"

@@ -17,8 +17,9 @@ import pytest
 from pydantic import BaseModel
 
 from simulator import registry
-from simulator.config import ScenarioError, load
+from simulator.config import ScenarioError
 from simulator.config.blocks import PLUGIN_FIELDS
+from simulator.config.load import load
 from simulator.config.paths import check_paths, path_keys, schema_path_keys
 from simulator.config.schema import PathKey
 from strategies.paths import PathRefused, guard, open_file, read_bytes
