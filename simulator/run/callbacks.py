@@ -31,6 +31,7 @@ from __future__ import annotations
 import shutil
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +81,30 @@ class PointRun:
         return True
 
 
+@dataclass(frozen=True)
+class RoundAnswer:
+    """What a callback may answer after a round (``Callback.after_round``; pfl-research's
+    ``(should_stop, metrics)``): ``metrics`` logged with the round's own, and ``stop``: end
+    the point's run after this round."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    stop: bool = False
+
+
 class Callback:
     """Hooks of a point's run; every default does nothing."""
+
+    def after_round(self, run: PointRun, round_: int, metrics: dict[str, float]
+                    ) -> RoundAnswer | None:
+        """After round ``round_`` (0-based), before any ``on_round`` sees it: metrics of the
+        callback's own to log with the round, or a request to stop the point after it (the
+        run ends FINISHED with the model of that round, the run param
+        ``stopped_after_round`` saying when). ``metrics`` holds the round's and those of
+        the callbacks before this one. A stop is honoured where the point runs on the actor
+        pool (``fedray run``, ``resume``); a point of a parallel sweep or a search trial
+        runs in a Ray task or a Tune trial and goes on to its last round (Tune's own
+        schedulers stop trials)."""
+        return None
 
     def on_round(self, run: PointRun, round_: int, metrics: dict[str, float]) -> None:
         """After round ``round_`` (0-based) with its metrics (each round once)."""
@@ -183,6 +206,33 @@ class Checkpoints(Callback):
 
         if status == "FINISHED":
             checkpoint.remove(run.run_id)
+
+
+class EarlyStopping(Callback):
+    """Stops a point once ``metric`` has not improved on its best by more than
+    ``min_delta`` over ``patience`` evaluations in a row (Keras's and Lightning's
+    ``EarlyStopping``; ``mode`` max for an accuracy, min for a loss). Rounds without the
+    metric (no evaluation) do not count. It logs ``early_stopping_wait``, the evaluations
+    since the best. An example of a callback that answers (``after_round``)."""
+
+    def __init__(self, metric: str = "test_accuracy", patience: int = 3,
+                 min_delta: float = 0.0, mode: str = "max") -> None:
+        if patience < 1 or mode not in ("max", "min") or min_delta < 0:
+            raise ValueError("EarlyStopping: patience >= 1, mode max or min, min_delta >= 0; "
+                             f"got {patience}, {mode!r}, {min_delta}")
+        self.metric, self.patience, self.min_delta = metric, patience, min_delta
+        self.sign = 1.0 if mode == "max" else -1.0
+        self.best: dict[int, tuple[float, int]] = {}  # per run: (best, evaluations since)
+
+    def after_round(self, run: PointRun, round_: int, metrics: dict[str, float]
+                    ) -> RoundAnswer | None:
+        if self.metric not in metrics:
+            return None
+        value = self.sign * metrics[self.metric]
+        best, wait = self.best.get(id(run), (float("-inf"), 0))
+        best, wait = (value, 0) if value > best + self.min_delta else (best, wait + 1)
+        self.best[id(run)] = (best, wait)
+        return RoundAnswer({"early_stopping_wait": float(wait)}, stop=wait >= self.patience)
 
 
 def default_callbacks(quiet: bool = False) -> list[Callback]:

@@ -235,10 +235,20 @@ class Experiment:
                 logged.add(r)
         return PointRun(work.point, run_id, tracker, tmp, logged, rows)
 
-    def on_round(self, run: PointRun, round_: int, metrics: dict[str, float]) -> None:
+    def on_round(self, run: PointRun, round_: int, metrics: dict[str, float]) -> bool:
+        """The round through every callback: first their answers (``after_round``: metrics
+        added to the round's, a request to stop), then ``on_round``. Returns whether one
+        asked the point to stop."""
+        stop = False
+        for cb in self.callbacks:
+            answer = cb.after_round(run, round_, metrics)
+            if answer is not None:
+                metrics.update(answer.metrics)
+                stop = stop or answer.stop
         run.rows.append(metrics)
         for cb in self.callbacks:
             cb.on_round(run, round_, metrics)
+        return stop
 
     def on_checkpoint(self, run: PointRun, round_: int, state: dict[str, Any]) -> None:
         for cb in self.callbacks:

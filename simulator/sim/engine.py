@@ -34,7 +34,8 @@ from strategies.trainers import step_counts
 
 LOG = logging.getLogger("fedray.engine")
 
-RoundCallback = Callable[[int, dict[str, float]], None]
+# called after each round with its metrics; True asks the run to stop after this round
+RoundCallback = Callable[[int, dict[str, float]], bool | None]
 CheckpointCallback = Callable[[int, dict[str, Any]], None]
 
 PROTOCOLS: dict[str, type[RoundProtocol]] = protocols()  # by name: Plan.protocol
@@ -90,13 +91,15 @@ def prefetch_data(sc: Scenario) -> None:
 @dataclass
 class _Progress:
     """Where the loop is: the rows and timings so far, the next round, the last round the
-    callback saw, and the state to go back to when per-client state is lost."""
+    callback saw, the state to go back to when per-client state is lost, and the round
+    after which a callback asked the run to stop."""
 
     rows: list[dict[str, float]]
     timings: list[dict[str, float]]
     round_: int
     reported: int
     rewind: tuple[int, dict[str, Any]] | None
+    stopped: int | None = None
 
 
 class Engine:
@@ -152,7 +155,9 @@ class Engine:
         round, or the start) and computes the rounds since then again, on the live workers,
         with the same numbers; ``on_round`` is not called again for rounds it has seen.
         ``before_rounds`` is called once the actors are up, before the first round (the
-        run's tracking store must have answered by then)."""
+        run's tracking store must have answered by then). When ``on_round`` returns True
+        the run ends after that round, with its model then (the run param
+        ``stopped_after_round`` says which)."""
         steps = self.steps(on_round, on_checkpoint, resume, before_rounds)
         while True:
             try:
@@ -175,10 +180,13 @@ class Engine:
             if before_rounds is not None:
                 before_rounds()
             p = self._begin(resume)
-            while p.round_ < self.sc.rounds:
+            while p.round_ < self.sc.rounds and p.stopped is None:
                 self._step(p, on_round, on_checkpoint)
-                if p.round_ < self.sc.rounds:
+                if p.round_ < self.sc.rounds and p.stopped is None:
                     yield p.round_
+            if p.stopped is not None:  # a callback asked: the prefetched round is not run
+                self.protocol.drop_prefetched()
+                self.derived["stopped_after_round"] = str(p.stopped + 1)
             return self._result(p)
         finally:
             self.backend.release(self._handles)
@@ -214,7 +222,8 @@ class Engine:
         p.rows.append(report.metrics)
         p.timings.append(report.timings)
         if on_round is not None and r > p.reported:
-            on_round(r, report.metrics)
+            if on_round(r, report.metrics):
+                p.stopped = r
             p.reported = r
         if saved is not None:
             state = {**saved, "metrics": p.rows}
