@@ -743,28 +743,47 @@ def _defense(make: Callable[..., Any]) -> Callable[[], Any]:
     return lambda: make(clip_tau=None, aggregator=CoordinateWiseMedian())
 
 
+def declared_rule(trainer: Any) -> ClientRule | None:
+    """A client rule that declares it runs with ``trainer`` (a registered trainer class):
+    the first, by name, of the registered client rules and the server optimizers' client
+    halves whose ``traits.trainer`` names it (or, for the gradient-rule trainer, that are
+    gradient rules); None when none does."""
+    from simulator import registry
+    from simulator.config.schema import GRADIENT_RULE_TRAINER
+
+    names = [n for n in registry.available("trainers") if registry.get("trainers", n) is trainer]
+    rules: list[ClientRule] = [registry.instantiate("client_optimizers", {"name": n})
+                               for n in registry.available("client_optimizers")]
+    for n in registry.available("optimizers"):
+        half = registry.instantiate("optimizers", {"name": n}, participation=0.5).client_rule()
+        if half is not None:
+            rules.append(half)
+    for rule in rules:
+        t = rule.traits
+        if t.trainer in names or (t.gradient_rule and t.trainer is None
+                                  and GRADIENT_RULE_TRAINER["name"] in names):
+            return rule
+    return None
+
+
 def _trainer(make: Callable[..., Any], cls: Any) -> tuple[Callable[..., Any], MessageLayout]:
-    """The trainer with the engine's context: a rule of the class its constructor asks for
-    (worker momentum, or a default instance of a narrower rule class such as DriftRule),
+    """The trainer with the engine's context: the client rule that declares it runs with it
+    (``declared_rule``; a trainer that takes a rule no registered rule names fails here),
     the clients' sizes of ``_trainer_checks`` (6, 7 and 8 samples); and the layout of the
     messages it then sends (the rule's, when it takes one)."""
-    import typing
-
-    from strategies.optimizers import WorkerMomentum
     from strategies.privacy import DPSGD
     from strategies.tasks import Classification
 
-    wanted = typing.get_type_hints(cls.__init__).get("rule") \
-        if "rule" in cls.traits.context else None
-    rule = typing.cast(ClientRule, wanted() if inspect.isclass(wanted) and
-                       not issubclass(WorkerMomentum, wanted) else WorkerMomentum())
+    rule = declared_rule(cls) if "rule" in cls.traits.context else None
+    assert rule is not None or "rule" not in cls.traits.context, (
+        f"{cls.__name__} takes a client rule, and no registered rule declares it "
+        "(traits.trainer): register the rule it runs with")
 
     def with_context(**context: Any) -> Any:
         return make(rule=rule, privacy=DPSGD(noise_multiplier=0.0), task=Classification(),
                     client_sizes=np.array([6, 7, 8]), **context)
 
-    layout = rule.traits.message if "rule" in cls.traits.context else MessageLayout()
-    return with_context, layout
+    return with_context, rule.traits.message if rule is not None else MessageLayout()
 
 
 def check_plugin(kind: str, cls: Any, params: dict[str, Any] | None = None,
