@@ -234,10 +234,11 @@ class ServerSettings(Strict):
     # (simulator/sim/rounds/deadline.py)
     mode: Literal["sync", "fedasync", "fedbuff", "basgd", "latest", "deadline"] = "sync"
     # server.mode deadline: when a round closes (simulated seconds after it starts), and
-    # what happens to the updates that arrive later: dropped, or carried into the next
-    # round's step as stale (``drop`` when absent)
+    # what happens to the updates that arrive later: dropped, carried into the next
+    # round's step as stale, or cut at the deadline (the steps finished by then are sent;
+    # ``drop`` when absent)
     deadline: Annotated[float, Gt(0), Le(1e12)] | None = None
-    late: Literal["drop", "carry"] | None = None
+    late: Literal["drop", "carry", "partial"] | None = None
 
     @property
     def resolved_mode(self) -> ModePlan:

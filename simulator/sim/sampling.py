@@ -39,11 +39,22 @@ def missed_round(seed: int, round_: int, clients: list[int], steps: np.ndarray, 
         z = numpy_rng(seed, "speed").standard_normal(total)
         e = numpy_rng(seed, "jitter", round_).standard_normal(total)
         duration = steps * np.exp(stragglers.sigma * z + stragglers.jitter * e)
-        over = ids[duration[ids] > stragglers.deadline]
-        done = np.floor(steps[over] * (stragglers.deadline / duration[over])).astype(np.int64)
-        late = {int(c): min(int(k), int(steps[c]) - 1)
-                for c, k in zip(over.tolist(), done.tolist(), strict=True) if c not in dropped}
+        late = {c: k for c, k in late_work(ids, duration, stragglers.deadline, steps).items()
+                if c not in dropped}
     return dropped, late
+
+
+def late_work(ids: np.ndarray, duration: np.ndarray, deadline: float, steps: np.ndarray
+              ) -> dict[int, int]:
+    """The clients of ``ids`` whose task takes longer than ``deadline`` (``duration`` and
+    ``steps`` indexed by client id), each with the minibatch steps it finished by then,
+    ``floor(steps[c] * deadline / duration[c])``, at most ``steps[c] - 1``: the one deadline
+    rule of both sources of stragglers (``clients.stragglers``' step times, and the devices
+    of ``server.mode: deadline``)."""
+    over = ids[duration[ids] > deadline]
+    done = np.floor(steps[over] * (deadline / duration[over])).astype(np.int64)
+    return {int(c): min(int(k), int(steps[c]) - 1)
+            for c, k in zip(over.tolist(), done.tolist(), strict=True)}
 
 
 def attacker_ranks(byzantine: set[int] | frozenset[int] | np.ndarray) -> dict[int, int]:

@@ -78,6 +78,28 @@ def test_late_updates_dropped_or_carried_one_round(tmp_path):
     assert CARRIED_SCALE == pytest.approx(2 ** -0.5)
 
 
+def test_late_clients_send_the_steps_they_finished_by_hand(tmp_path):
+    """``late: partial``: a client of 2 local steps whose task takes t > 0.2 s finishes
+    floor(2 * 0.2 / t) of them by the deadline (at most 1): those with t <= 0.4 send one step,
+    the others nothing (FedProx's rule, the one clients.stragglers applies)."""
+    sc = point(tmp_path, "server: {mode: deadline, deadline: 0.2, late: partial}\n")
+    res = run(sc)
+    assert sc.speeds is not None
+    prof = profiles(sc.speeds, 12, 0, np.zeros(0, dtype=np.int64))
+    sent_some = 0
+    for r, m in enumerate(res.metrics):
+        times = {c: prof.task_seconds(c, 2 * 8, 0.0, r) for c in
+                 sample_clients(0, r, 12, 6).tolist()}
+        late = [c for c, t in times.items() if t > 0.2]
+        partial = [c for c in late if np.floor(2 * 0.2 / times[c]) >= 1]
+        assert (m["late"], m["partial_work"]) == (len(late), len(partial))
+        assert m["participants"] == 6 - len(late) + len(partial)
+        sent_some += len(partial)
+    assert sent_some > 0
+    drop = run(point(tmp_path, "server: {mode: deadline, deadline: 0.2}\n"))
+    assert not np.array_equal(res.final_params, drop.final_params)
+
+
 def test_a_deadline_everybody_misses_skips_the_step(tmp_path):
     res = run(point(tmp_path, "server: {mode: deadline, deadline: 1.0e-6}\n",
                     ["rounds=2"]))

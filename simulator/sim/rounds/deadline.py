@@ -10,7 +10,9 @@ its update is lost, as FedAvg's deadline-based client selection does (Bonawitz e
 deadline); with ``carry`` it trains from the round's model and its update joins the next
 round's step, one round stale, scaled by FedBuff's default staleness ``1 / sqrt(1 + 1)``
 (Nguyen et al., AISTATS 2022), as a semi-synchronous server that keeps stragglers' work
-does. A round lasts until its last on-time participant's task ends, or until the deadline
+does; with ``partial`` it sends the minibatch steps it finished by the deadline,
+``floor(steps * deadline / duration)`` (FedProx's systems heterogeneity, Li et al., MLSys
+2020), the rule ``clients.stragglers`` applies to its own step times (``late_work``). A round lasts until its last on-time participant's task ends, or until the deadline
 when someone is late. Byzantine clients are never late (the worst case), as under
 ``clients.stragglers``.
 
@@ -30,7 +32,7 @@ from simulator.messages import ClientRows, Group, Ref, stack_rows
 from simulator.sim.clock import staleness_scale
 from simulator.sim.rounds import RunContext
 from simulator.sim.rounds.server import Participation, ServerRounds, Training
-from simulator.sim.sampling import missed_round
+from simulator.sim.sampling import late_work, missed_round
 
 # a carried update's scale: FedBuff's default staleness function at one round
 _DEFAULT = Staleness()
@@ -48,23 +50,28 @@ class DeadlineRounds(ServerRounds):
         server = ctx.plan.scenario.server
         assert server.deadline is not None  # required with this mode (validation)
         self.deadline = float(server.deadline)
-        self.carry = server.late == "carry"
+        self.late = server.late or "drop"
         # the last round's late updates, applied in this round's step (rows in client order)
         self._carried: ClientRows | None = None
         self._applied = 0  # how many carried updates the round's step applies
 
     def participants(self, round_: int, honest: list[int]) -> Participation:
-        """The dropouts, then the clients whose task ends after the deadline: late (carried
-        into the next round's step with ``late: carry``)."""
+        """The dropouts, then the clients whose task ends after the deadline (the deadline
+        rule ``clients.stragglers`` follows too, ``late_work``): dropped, carried into the
+        next round's step (``late: carry``) or sending the steps they finished (``late:
+        partial``)."""
         assert self.task_seconds is not None  # a timed mode always has devices
         c = self.ctx.plan.scenario.clients
-        dropped, _ = missed_round(self.ctx.plan.seed, round_, honest,
-                                  self.ctx.pool.local_steps, c.dropout, None)
-        late = {i for i in honest if i not in dropped and
-                self.task_seconds(i, round_) > self.deadline}
-        on_time = [i for i in honest if i not in dropped and i not in late]
-        return Participation(dropped, late, {}, on_time,
-                             sorted(late) if self.carry else [])
+        steps = self.ctx.pool.local_steps
+        dropped, _ = missed_round(self.ctx.plan.seed, round_, honest, steps, c.dropout, None)
+        ids = np.asarray([i for i in honest if i not in dropped], dtype=np.int64)
+        duration = np.zeros(len(steps))
+        duration[ids] = [self.task_seconds(int(i), round_) for i in ids]
+        late = late_work(ids, duration, self.deadline, np.asarray(steps))
+        partial = {i: k for i, k in late.items() if k > 0} if self.late == "partial" else {}
+        sent = [int(i) for i in ids if i not in late or i in partial]
+        return Participation(dropped, set(late), partial, sent,
+                             sorted(late) if self.late == "carry" else [])
 
     def step_rows(self, round_: int, tr: Training
                   ) -> tuple[tuple[Group, ...], list[Ref[ClientRows]], tuple[float, ...] | None]:
@@ -99,8 +106,11 @@ class DeadlineRounds(ServerRounds):
 
     def round_metrics(self, round_: int, tr: Training) -> dict[str, float]:
         """``late``: the round's late clients; ``carried``: last round's late updates this
-        step applied."""
-        return {"late": float(len(tr.who.late)), "carried": float(self._applied)}
+        step applied; ``partial_work`` (``late: partial``): late clients that sent some."""
+        out = {"late": float(len(tr.who.late)), "carried": float(self._applied)}
+        if self.late == "partial":
+            out["partial_work"] = float(len(tr.who.partial))
+        return out
 
     def checkpoint(self) -> dict[str, Any]:
         """The server's state and the late updates the next round applies (as tensors)."""
