@@ -66,7 +66,7 @@ def find_search(client: Any, experiment_id: str, parent_run_id: str | None) -> A
 
 
 @dataclass
-class Trial:
+class TrialRecord:
     """A trial's child run: its searched values (params, as logged) and scores."""
 
     run_id: str
@@ -100,7 +100,7 @@ class Search:
 
     parent: Any
     scenario: dict[str, Any]
-    trials: list[Trial]
+    trials: list[TrialRecord]
 
     @property
     def tune(self) -> dict[str, Any]:
@@ -132,7 +132,7 @@ class Search:
                   if k.startswith("fedray.best.")]
         return list(dict.fromkeys([t.search for t in self.trials] + sorted(tagged)))
 
-    def best(self, label: str) -> Trial | None:
+    def best(self, label: str) -> TrialRecord | None:
         run_id = self.parent.data.tags.get(f"fedray.best.{label}")
         return next((t for t in self.trials if t.run_id == run_id), None)
 
@@ -192,7 +192,7 @@ def load_search(client: Any, parent: Any) -> Search:
     for r in child_runs(client, parent.info.experiment_id, parent.info.run_id):
         if r.data.tags.get(KIND) != "trial":
             continue
-        trials.append(Trial(
+        trials.append(TrialRecord(
             r.info.run_id, r.info.run_name, r.data.tags.get("fedray.search", "search"),
             r.info.status, r.data.tags.get("fedray.trial_end", ""),
             {k: v for k, v in r.data.params.items() if not k.startswith("search.")},
@@ -269,7 +269,7 @@ class BestRow:
     the number of its points of that seed (mean over the point's other sweep values)."""
 
     search: str
-    trial: Trial | None
+    trial: TrialRecord | None
     counts: dict[str, int]
     by_cond: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
@@ -280,7 +280,7 @@ class BestRow:
         return [v[col] for v in self.by_cond.get(cond, {}).values()]
 
 
-def _cells(client: Any, search: Search, trial: Trial, metrics: Sequence[tuple[str, str]]
+def _cells(client: Any, search: Search, trial: TrialRecord, metrics: Sequence[tuple[str, str]]
            ) -> dict[str, dict[str, dict[str, float]]]:
     """Condition -> seed -> column -> the mean over the points of that seed and condition."""
     from simulator.run.tracking import child_runs

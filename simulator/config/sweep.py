@@ -12,7 +12,7 @@ from typing import Any
 from simulator.config.dotted import path_problem, set_path, sweep_parts
 from simulator.config.errors import Loc, Problem, ScenarioError
 from simulator.config.schema import MAX_RUN_NAME, RunPoint, Scenario, check_name, short
-from simulator.config.search import check_tune
+from simulator.config.tune_checks import check_tune
 from simulator.config.validate import validate_point
 from simulator.errors import brief
 

@@ -181,10 +181,10 @@ class Progress(Callback):
         self.bars: dict[PointRun, Any] = {}
 
     def on_round(self, run: PointRun, round_: int, metrics: dict[str, float]) -> None:
-        from simulator.run.progress import Progress as Bar
+        from simulator.run.progress import ProgressLine
 
         if run not in self.bars:
-            self.bars[run] = Bar(run.point.label, run.point.scenario.rounds, self.quiet,
+            self.bars[run] = ProgressLine(run.point.label, run.point.scenario.rounds, self.quiet,
                                      start=run.started)
         self.bars[run].update(round_, metrics)
 

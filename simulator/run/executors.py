@@ -79,7 +79,7 @@ def _simulate(scenario: Scenario, label: str = "", resume: dict[str, Any] | None
     metrics and each checkpoint go to the driver as ``(kind, token, round, payload)``, and
     the driver shows the progress; alone, it prints its own progress lines. The engine's
     messages are printed on the task's stderr, which Ray forwards to the driver's terminal."""
-    from simulator.run.progress import Progress
+    from simulator.run.progress import ProgressLine
     from simulator.runtime.backend import InlineBackend
     from simulator.sim.engine import Engine
 
@@ -88,7 +88,7 @@ def _simulate(scenario: Scenario, label: str = "", resume: dict[str, Any] | None
         if events is not None:
             return engine.run(lambda r, m: events.put(("round", token, r, m)),
                               lambda r, s: events.put(("checkpoint", token, r, s)), resume)
-        bar = Progress(label, scenario.rounds, quiet=True, stream=sys.stderr) if label else None
+        bar = ProgressLine(label, scenario.rounds, quiet=True, stream=sys.stderr) if label else None
         return engine.run(bar.update if bar is not None else None, None, resume)
 
 

@@ -1,4 +1,4 @@
-"""Progress of a run: a one-line bar on a terminal, plain lines otherwise (or with --quiet),
+"""ProgressLine of a run: a one-line bar on a terminal, plain lines otherwise (or with --quiet),
 with the elapsed time and the time left (from the pace of the rounds after the first, so
 start-up does not count)."""
 
@@ -17,7 +17,7 @@ def clock(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-class Progress:
+class ProgressLine:
     def __init__(self, label: str, rounds: int, quiet: bool = False,
                  stream: TextIO | None = None,
                  now: Callable[[], float] = time.perf_counter,

@@ -40,8 +40,8 @@ from simulator.config import RunPoint, ScenarioError
 from simulator.config.dotted import set_path
 from simulator.config.load import LoadedScenario
 from simulator.config.schema import Distribution, Tune, short
-from simulator.config.search import evaluations
 from simulator.config.sweep import expand
+from simulator.config.tune_checks import evaluations
 from simulator.errors import UsageError, brief_text
 from simulator.log import logger
 from simulator.run.callbacks import MLflowArtifacts, MLflowMetrics, PointRun
@@ -255,7 +255,7 @@ def scheduler(t: Tune, n_eval: int) -> Any:
 
 
 @dataclass
-class Trial:
+class LiveTrial:
     """A trial's MLflow runs: its own (``run_id``) and its points' (``runs``)."""
 
     run_id: str
@@ -299,7 +299,7 @@ class TrialRuns:
 
     def __init__(self, search: SearchRun, group: dict[str, Any], n_eval: int) -> None:
         self.search, self.group, self.n_eval = search, group, n_eval
-        self.live: dict[str, Trial] = {}
+        self.live: dict[str, LiveTrial] = {}
 
     def start(self, trial: Any) -> None:
         s = self.search
@@ -330,7 +330,7 @@ class TrialRuns:
             points = []        # trial fails with the same error, reported in its end
         tmp = s.tmp / trial.trial_id
         runs = [exp.start(Work(p), s.backend, tmp / str(i)) for i, p in enumerate(points)]
-        self.live[trial.trial_id] = Trial(run_id, label, exp, runs)
+        self.live[trial.trial_id] = LiveTrial(run_id, label, exp, runs)
 
     def result(self, trial: Any, result: dict) -> None:
         t = self.live[trial.trial_id]
@@ -362,7 +362,7 @@ class TrialRuns:
         self._end(t, "FAILED", f"failed: {text}")
         logger.warning("%s: FAILED (%s)  (run %s)", t.label, text, t.run_id)
 
-    def _end(self, t: Trial, status: str, text: str) -> None:
+    def _end(self, t: LiveTrial, status: str, text: str) -> None:
         tracker = self.search.tracker
         for run in t.runs:
             tracker.client.set_tag(run.run_id, "fedray.trial_end", text)

@@ -56,7 +56,7 @@ def test_list_kinds(capsys):
         "dirichlet  (alpha=0.5, min_size=1)", "iid", "natural", "pathological  (k=2)",
         "shards  (k=2)", "sizes  (alpha=1.0, min_size=1)"]
     assert main(["list", "datasets"]) == 0
-    assert "mnist  (root, download=False, mirror=None)" in capsys.readouterr().out.splitlines()
+    assert "mnist  (root, download=False, mirror=None, deadline=600.0)" in capsys.readouterr().out.splitlines()
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert ("aggregators: bulyan, caf, cc, cwtm, dnc, flame, fltrust, foolsgold, geomed, krum, "
@@ -231,11 +231,11 @@ def test_sweep_prints_each_result_once_and_names_the_report(tmp_path, shared_ray
 def test_progress_shows_elapsed_time_left_and_the_pace_after_the_first_round():
     import io
 
-    from simulator.run.progress import Progress
+    from simulator.run.progress import ProgressLine
 
     t = [100.0]
     out = io.StringIO()
-    bar = Progress("mean seed=0", 10, stream=out, now=lambda: t[0], start=90.0)
+    bar = ProgressLine("mean seed=0", 10, stream=out, now=lambda: t[0], start=90.0)
     t[0] = 100.0
     bar.update(0, {"test_accuracy": 0.5})  # round 1 ends 10 s after the start (start-up)
     t[0] = 104.0
@@ -247,7 +247,7 @@ def test_progress_shows_elapsed_time_left_and_the_pace_after_the_first_round():
     # 2 rounds in 8 s after the first: 0.25 rounds/s, 7 rounds left: 28 s
     assert lines[2] == "mean seed=0: round 3/10 acc 0.7500 (0:18 elapsed, 0:28 left, " \
                        "0.25 rounds/s)"
-    loss = Progress("reg seed=0", 1, stream=out, now=lambda: t[0], start=t[0])
+    loss = ProgressLine("reg seed=0", 1, stream=out, now=lambda: t[0], start=t[0])
     loss.update(0, {"test_loss": 0.125})  # a task without accuracy shows its loss
     assert out.getvalue().splitlines()[-1] == "reg seed=0: round 1/1 loss 0.1250 (0:00 elapsed)"
 

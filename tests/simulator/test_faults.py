@@ -239,14 +239,14 @@ def _interrupt_at(monkeypatch, label: str, round_: int) -> None:
     """Ctrl-C (KeyboardInterrupt) in the round loop of point ``label`` after ``round_``."""
     from simulator.run import progress
 
-    real = progress.Progress.update
+    real = progress.ProgressLine.update
 
     def update(self, r, metrics):
         real(self, r, metrics)
         if self.label == label and r == round_:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(progress.Progress, "update", update)
+    monkeypatch.setattr(progress.ProgressLine, "update", update)
 
 
 def _interrupted(monkeypatch, tmp_path, loaded, label: str, round_: int, uri: str):
