@@ -3,7 +3,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from importlib.metadata import EntryPoint
 
 import pytest
 
@@ -12,6 +11,7 @@ from simulator.config import ScenarioError
 from simulator.config.load import load
 from simulator.runtime.backend import InlineBackend
 from simulator.sim.engine import Engine
+from tests.entry_points import registered
 
 BUILTINS = {
     "aggregators": {"mean", "median", "cwtm"},
@@ -170,23 +170,10 @@ def test_a_trait_meaningless_for_its_kind_is_refused_at_registration(monkeypatch
         monkeypatch.setattr(module, cls.__name__, cls, raising=False)
         made[kind] = {"stray_one": f"{__name__}:{cls.__name__}"}
         assert stray_traits(kind, cls.traits) == [stray]
-    real = registry._entry_points.__wrapped__
-
-    def entry_points(kind):
-        out = dict(real(kind))
-        for name, value in made.get(kind, {}).items():
-            out[name] = EntryPoint(name, value, f"fedray.{kind}")
-        return out
-
-    registry.refresh()
-    monkeypatch.setattr(registry, "_entry_points", entry_points)
-    try:
+    with registered(monkeypatch, made):
         for kind in CONTRACTS:
             with pytest.raises(registry.BadPlugin) as e:
                 registry.get(kind, "stray_one")
             stray = stray_traits(kind, registry._entry_points(kind)["stray_one"].load().traits)
             assert len(str(e.value).splitlines()) == 1
             assert f"traits {stray[0]} mean nothing to {kind}" in str(e.value)
-    finally:
-        monkeypatch.undo()
-        registry.refresh()

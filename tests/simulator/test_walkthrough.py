@@ -5,20 +5,19 @@ round protocol sees the engine only through its hooks."""
 from __future__ import annotations
 
 import copy
-from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from simulator import registry
 from simulator.config.load import load
 from simulator.runtime.backend import InlineBackend
 from simulator.sim.engine import Engine
 from simulator.sim.rounds.server import ServerRounds
 from strategies.protocols import ClientRule, Trainer, Traits
 from strategies.trainers import local_sgd, minibatches
+from tests.entry_points import registered
 
 SMALL = """\
 name: walk
@@ -67,21 +66,9 @@ class DriftSGD(Trainer):
 def drift_registered(monkeypatch):
     """The two entry points a plugin package would declare (pyproject.toml)."""
     here = __name__
-    extra = {"client_optimizers": {"drift": f"{here}:Drift"},
-             "trainers": {"drift_sgd": f"{here}:DriftSGD"}}
-    real = registry._entry_points.__wrapped__
-
-    def entry_points(kind):
-        out = dict(real(kind))
-        for name, value in extra.get(kind, {}).items():
-            out[name] = EntryPoint(name, value, f"fedray.{kind}")
-        return out
-
-    registry.refresh()
-    monkeypatch.setattr(registry, "_entry_points", entry_points)
-    yield
-    monkeypatch.undo()
-    registry.refresh()
+    with registered(monkeypatch, {"client_optimizers": {"drift": f"{here}:Drift"},
+                                  "trainers": {"drift_sgd": f"{here}:DriftSGD"}}):
+        yield
 
 
 def _point(tmp_path: Path, *over: str):
