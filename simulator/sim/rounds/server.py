@@ -78,6 +78,12 @@ class ServerRounds(RoundProtocol):
 
     name = "server"
     prefetch = True
+    # set by ``start``, which spawns the actors: the server's handle, the held-out data in
+    # the object store, its sizes, and whether the workers share the final evaluation
+    server: ServerHandle
+    eval_ref: Any
+    eval_sizes: tuple[int, int]
+    parallel_eval: bool
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
@@ -137,7 +143,7 @@ class ServerRounds(RoundProtocol):
 
         ctx = self.ctx
         sc = ctx.plan.scenario
-        speeds = sc.speeds or Speeds() if ctx.plan.mode.timed else sc.speeds
+        speeds = (sc.speeds or Speeds()) if ctx.plan.mode.timed else sc.speeds
         if speeds is None:
             return None
         prof = self.devices = profiles(speeds, sc.clients.total, ctx.plan.seed,
