@@ -191,7 +191,7 @@ def test_an_explicit_all_that_cannot_fit_is_refused_with_the_estimate(
 
 def test_a_million_client_population_runs_by_default_a_cohort_at_a_time(monkeypatch, tmp_path):
     """The default on the population that exhausts memory loaded whole (1 M FedProx
-    Synthetic clients, 98 M training samples of 60 values: about 26 GiB held whole) with
+    Synthetic clients, 98 M training samples of 60 values: 28.7 GiB held whole) with
     16 GiB available: auto reads it a cohort at a time, and two rounds run."""
     monkeypatch.setenv(MEMORY_ENV, "16GiB")
     sets = ["clients.total=1000000", "clients.per_round=20", "data.dataset.dimension=60",
