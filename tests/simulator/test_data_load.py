@@ -238,3 +238,25 @@ def test_show_and_the_run_say_what_auto_chose(monkeypatch, tmp_path, capsys, mlf
     assert main(["show", str(p), "--set", "data.load=all"]) == 0
     out = capsys.readouterr().out
     assert "\n  load: all\n" in out and "chosen by" not in out
+
+
+def test_the_conformance_checks_hold_value_bytes_to_what_load_gives():
+    """A data set that understates (or overstates) its stored values' bytes sizes its data
+    wrong for ``auto``: fedray.testing refuses it."""
+    import dataclasses
+
+    from fedray.testing import check_plugin
+    from simulator.data.datasets import GaussianMixture
+    from simulator.data.published import MNIST5k
+
+    def lying(base: type, wrong: int) -> type:
+        class Lying(base):  # type: ignore[valid-type, misc]
+            def describe(self, *args):
+                return dataclasses.replace(super().describe(*args), value_bytes=wrong)
+        return Lying
+
+    for base, wrong, dtype in [(MNIST5k, 4, "uint8"), (GaussianMixture, 1, "float32")]:
+        with pytest.raises(AssertionError, match=rf"describe\(\)'s value_bytes {wrong}: the "
+                                                 rf"samples are {dtype}"):
+            check_plugin("datasets", lying(base, wrong))
+        check_plugin("datasets", base)
