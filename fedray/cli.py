@@ -385,6 +385,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"# {printable(args.scenario)}, resolved: every default filled in")
     print(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False).rstrip())
     points = loaded.points
+    chosen = {(p.scenario.data.load, p.scenario.data.load_reason) for p in points}
+    for how, reason in sorted((c for c in chosen if c[1]), key=str):
+        print(printable(f"# data.load: {how}, chosen by {reason}"))
     grid = len({tuple(sorted((k, repr(v)) for k, v in p.values.items())) for p in points})
     print(f"# {len(points)} run{'s' if len(points) != 1 else ''}: {grid} point"
           f"{'s' if grid != 1 else ''} x {len(sc.seeds)} seed{'s' if len(sc.seeds) != 1 else ''}")

@@ -600,6 +600,9 @@ def _dataset_checks(make: Callable[[], Any]) -> list[Check]:
             assert (info.train_samples, tuple(info.input_shape), info.num_classes) == \
                 (n, tuple(split.input_shape), split.num_classes), f"describe() says {info}"
             assert info.tokens == (split.x_train.dtype == np.int32), "describe()'s tokens"
+            assert info.value_bytes == split.x_train.dtype.itemsize, \
+                f"describe()'s value_bytes {info.value_bytes}: the samples are " \
+                f"{split.x_train.dtype} ({split.x_train.dtype.itemsize} bytes a value)"
         again = make().load(4, 0, 0.2)
         np.testing.assert_array_equal(again.y_train, split.y_train)
 

@@ -775,7 +775,8 @@ class FetchedFile:
 @dataclass(frozen=True)
 class DatasetInfo:
     """What validation needs to know of a dataset before anything runs, found without
-    loading it: the training samples (after the test split), one sample's shape, the classes."""
+    loading it: the training samples (after the test split), one sample's shape, the classes,
+    and how many bytes one stored value takes (what the data costs in memory held whole)."""
 
     train_samples: int
     input_shape: tuple[int, ...]
@@ -787,6 +788,10 @@ class DatasetInfo:
     # client column; None: not known before loading (the ``natural`` partitioner's count is
     # then checked when the data loads)
     natural_clients: int | None = None
+    # the bytes of one stored value of a sample: 4 (float32 features, int32 token ids) or 1
+    # (uint8 pixels); with ``train_samples`` and ``input_shape`` it sizes the data held whole
+    # (``data.load: auto`` loads it whole only where that fits comfortably in memory)
+    value_bytes: int = 4
 
     @property
     def images(self) -> bool:

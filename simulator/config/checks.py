@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
-import time
-from pathlib import Path
 from typing import Any
 
 from simulator import registry
+from simulator.config.data_load import LoadChoice, available_memory, choose_load, describe_dataset
 from simulator.config.errors import Problem, problem
 from simulator.config.plan import Plan, resolve
 from simulator.config.schema import MODES, Scenario, default_at
@@ -22,7 +20,10 @@ from simulator.registry import instantiate
 from simulator.sim.sampling import byzantine_clients
 
 
-def cross_field(sc: Scenario, problems: list[Problem]) -> None:
+def cross_field(sc: Scenario, problems: list[Problem]) -> LoadChoice | None:
+    """Every cross-field check; what ``data.load: auto`` chose (None: the scenario gave
+    ``load``, or a problem was found)."""
+    choice = None
     c = sc.clients
     if c.per_round is not None and c.per_round > c.total:
         problems.append(Problem(("clients", "per_round"),
@@ -53,11 +54,12 @@ def cross_field(sc: Scenario, problems: list[Problem]) -> None:
         plan = resolve(sc)  # what the run will do, resolved once for every check below
         _check_clients_rule(sc, plan, problems)
         if not _check_plugins(sc, problems):
-            return
-        _check_cohort(sc, problems)
+            return None
+        choice = _check_load(sc, problems)
         _check_data_and_model(sc, plan, problems)
     except registry.UnknownPlugin:  # already reported by the plugin pass
         pass
+    return choice
 
 
 def _check_clients_rule(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
@@ -192,39 +194,13 @@ def _check_plugins(sc: Scenario, problems: list[Problem]) -> bool:
                   problems)
 
 
-def _check_cohort(sc: Scenario, problems: list[Problem]) -> None:
-    """``data.load: cohort`` reads the data set's own clients a cohort at a time: a data
-    set that gives one client at a time (a ``PopulationDataset``) under a partitioner that
-    keeps its clients (``traits.natural``)."""
-    from strategies.protocols import PopulationDataset
-
-    if sc.data.load != "cohort":
-        return
-    name = sc.data.dataset["name"]
-    if not issubclass(registry.get("datasets", name), PopulationDataset):
-        able = [d for d in registry.available("datasets")
-                if issubclass(registry.get("datasets", d), PopulationDataset)]
-        problems.append(Problem(("data", "load"), f"cohort reads one client at a time; "
-                                f"{name} cannot (data sets that can: {', '.join(able)}); "
-                                "use load: all"))
-    elif not registry.get("partitioners", sc.data.partitioner["name"]).traits.natural:
-        natural = [p for p in registry.available("partitioners")
-                   if registry.get("partitioners", p).traits.natural]
-        problems.append(Problem(("data", "partitioner"), f"data.load: cohort reads the data "
-                                f"set's own clients; use partitioner {' or '.join(natural)}, "
-                                f"got {sc.data.partitioner['name']}"))
-    else:  # the population itself: a file without a client column, a count that differs
-        try:
-            instantiate("datasets", sc.data.dataset).population(
-                sc.clients.total, sc.seeds[0] if sc.seeds else 0, sc.data.test_fraction)
-        except ValueError as e:  # DataError is a ValueError
-            problems.append(problem(("data", "dataset"), e))
-
-
-@functools.lru_cache(maxsize=16)
-def describe_dataset(dataset: str, total: int, seed: int, test_fraction: float) -> Any:
-    """The dataset's DatasetInfo (cached: every sweep point of a file asks for the same)."""
-    return instantiate("datasets", json.loads(dataset)).describe(total, seed, test_fraction)
+def _check_load(sc: Scenario, problems: list[Problem]) -> LoadChoice | None:
+    """``data.load`` against the data and this machine's memory (``data_load.choose_load``):
+    what ``auto`` chose, or None (given, or refused)."""
+    load = choose_load(sc)
+    if isinstance(load, Problem):
+        problems.append(load)
+    return load if isinstance(load, LoadChoice) else None
 
 
 def _check_data_and_model(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
@@ -321,28 +297,6 @@ def _check_targeted(sc: Scenario, info: Any, problems: list[Problem]) -> None:
                                                  info.num_classes, torch.Generator())
     except ValueError as e:
         problems.append(problem(("attack",), e))
-
-
-def _available_memory() -> int | None:
-    """MemAvailable of this machine in bytes (None where /proc/meminfo is missing), read
-    at most once a second (a sweep's points ask one after another)."""
-    now = time.monotonic()
-    if now - _MEMORY[0] > 1.0:
-        _MEMORY[:] = [now, _read_available_memory()]
-    return _MEMORY[1]
-
-
-_MEMORY: list[Any] = [-math.inf, None]  # (when read, MemAvailable)
-
-
-def _read_available_memory() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def check_local_workers(n: int | None, num_cpus: float, where: str,
@@ -468,7 +422,7 @@ def _check_model(sc: Scenario, plan: Plan, info: Any, problems: list[Problem]) -
     need = 4 * d * (4 * workers + 3 + min(sc.clients.sampled, sc.clients.total)) + \
         (per_client * d * sc.clients.total if stateful else 0) + \
         (4 * d * sc.clients.total if sc.topology is not None else 0)  # D-SGD peers' models
-    have = _available_memory()
+    have = available_memory()
     if have is not None and need > have:
         problems.append(Problem(("model",), f"{name} has {d:,} parameters: this run needs about "
                                 f"{need / 2**30:.1f} GiB ({workers} workers, "

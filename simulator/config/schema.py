@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     field_validator,
     model_serializer,
     model_validator,
@@ -87,12 +88,28 @@ class Data(Strict):
     one client at a time: generated, or Parquet files with a client column) and each worker
     generates or reads the clients of its call, so memory grows with the round's cohort,
     not with the population; the model is then evaluated on the samples of 1,000 clients
-    drawn once (simulator.data.EVAL_CLIENTS)."""
+    drawn once (simulator.data.EVAL_CLIENTS). ``auto`` (the default) is ``all`` where the
+    data set's estimated size held whole fits comfortably in this machine's memory, else
+    ``cohort`` (simulator.config.data_load); validation writes the choice into the resolved
+    scenario, and why in ``load_reason``."""
 
     dataset: PluginSpec
     partitioner: PluginSpec = {"name": "iid"}
     test_fraction: Annotated[float, Gt(0), Lt(1)] = 0.2
-    load: Literal["all", "cohort"] = "all"
+    load: Literal["auto", "all", "cohort"] = "auto"
+    # why ``auto`` chose ``load`` (None: the scenario gave it); not a key, never dumped
+    _load_reason: str | None = PrivateAttr(default=None)
+
+    @property
+    def load_reason(self) -> str | None:
+        """Why ``load`` is what it is, where ``auto`` chose it (None: as given)."""
+        return self._load_reason
+
+    def chosen(self, load: str, reason: str) -> Data:
+        """This block with ``auto`` resolved to ``load`` (all or cohort), for ``reason``."""
+        out = self.model_copy(update={"load": load})
+        out._load_reason = reason
+        return out
 
 
 class BHat(Strict):

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from simulator import registry
 from simulator.config.blocks import PLUGIN_FIELDS, PLUGIN_LISTS, get_path, plugin_class
 from simulator.config.checks import cross_field
+from simulator.config.data_load import with_load
 from simulator.config.errors import (
     Loc,
     Problem,
@@ -172,7 +173,7 @@ def validate_point(raw: dict) -> Scenario:
     if problems:
         raise ScenarioError(problems)
     sc = Scenario.model_validate(resolved)
-    cross_field(sc, problems)
+    choice = cross_field(sc, problems)
     if problems:
         raise ScenarioError(problems)
-    return sc
+    return sc if choice is None else with_load(sc, choice)

@@ -530,16 +530,18 @@ class ParquetDataset(PopulationDataset):
         """Rows, feature width and classes, reading the label and feature columns in batches
         (labels must be integers >= 0, features finite); the file is never held whole."""
         self.check(num_clients)
-        x_width, n, top = 0, 0, -1
+        x_width, n, top, pixels = 0, 0, -1, True
         for path in [self.path] + ([self.test_path] if self.test_path else []):
-            width, rows, hi = self._scan(path)
+            width, rows, hi, uint8 = self._scan(path)
+            pixels = pixels and uint8
             if x_width and width != x_width:
                 raise DataError(f"test_path: {width} features per sample, {self.path} has {x_width}")
             x_width, top = width, max(top, hi)
             n = n or rows
         train = n if self.test_path else _n_train(n, test_fraction)
         return DatasetInfo(train, self._shape(x_width), self._classes(top),
-                           natural_clients=self._natural_clients(seed, test_fraction))
+                           natural_clients=self._natural_clients(seed, test_fraction),
+                           value_bytes=1 if pixels else 4)  # uint8 pixels stay uint8
 
     def _natural_clients(self, seed: int, test_fraction: float) -> int:
         """Distinct ids of the client column among the training rows (as ``load`` splits
@@ -561,15 +563,16 @@ class ParquetDataset(PopulationDataset):
         ``describe``'s count of natural clients)."""
         return holdout(n, test_fraction, np.random.default_rng([seed, 0x9A]))
 
-    def _scan(self, path: str) -> tuple[int, int, int]:
-        """(features per sample, rows, largest label) of one file, checked batch by batch."""
+    def _scan(self, path: str) -> tuple[int, int, int, bool]:
+        """(features per sample, rows, largest label, whether every feature is uint8) of one
+        file, checked batch by batch."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
         f = parquet_data(path)
         names = f.schema.names
         feats = self.features or [c for c in names if c not in (self.label, self.client)]
-        width, rows, top = 0, 0, -1
+        width, rows, top, uint8 = 0, 0, -1, True
         for batch in f.to_batches(columns=[self.label, *feats], batch_size=65536):
             y = batch.column(0)
             if not pa.types.is_integer(y.type):
@@ -587,10 +590,12 @@ class ParquetDataset(PopulationDataset):
                 if len(col) and (col.null_count or values.null_count):
                     raise DataError(f"features: {path} has missing feature values")
                 # same lengths; finite, within float32's range
-                w += feature_matrix(col, name, path).shape[1] if len(col) else 0
+                m = feature_matrix(col, name, path)
+                w += m.shape[1] if len(col) else 0
+                uint8 = uint8 and m.dtype == np.uint8
             width = width or w
             rows += batch.num_rows
-        return width, rows, top
+        return width, rows, top, uint8
 
     def _read(self, path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         return self.arrays(parquet_data(path).to_table(), path)

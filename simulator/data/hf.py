@@ -235,7 +235,7 @@ class HuggingFace(Dataset):
         natural = 0 if split.clients_train is None else len(np.unique(split.clients_train))
         return DatasetInfo(len(split.y_train), tuple(split.input_shape), split.num_classes,
                            bool(self.text), TEXT_VOCABULARY if self.text else None,
-                           natural_clients=natural)
+                           natural_clients=natural, value_bytes=split.x_train.dtype.itemsize)
 
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
         self.check(num_clients)

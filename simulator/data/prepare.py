@@ -65,7 +65,7 @@ def _validate_again(loaded: Any) -> None:
     model that validation skipped while the files were not fetched. Its problems in one
     line."""
     from simulator.config import ScenarioError
-    from simulator.config.checks import describe_dataset
+    from simulator.config.data_load import describe_dataset
     from simulator.config.sweep import expand
 
     describe_dataset.cache_clear()  # it remembers that the data could not describe itself yet

@@ -176,7 +176,8 @@ class MNIST(Dataset):
         files = [*self._files("train"), *self._files("test")]
         _once((self.NAME, self.CLASSES), files, self._verify)
         _, dims = idx_header(files[0])
-        return DatasetInfo(dims[0], (1, *self.IMAGE), self.CLASSES, natural_clients=0)
+        return DatasetInfo(dims[0], (1, *self.IMAGE), self.CLASSES, natural_clients=0,
+                           value_bytes=1)  # uint8 pixels
 
     def _verify(self) -> None:
         """Every byte of the four files, as load will read them."""
@@ -277,7 +278,7 @@ class MNIST5k(Dataset):
     def describe(self, num_clients: int, seed: int, test_fraction: float) -> DatasetInfo:
         self.check(num_clients)
         return DatasetInfo(5000 - round(5000 * test_fraction), (1, 28, 28), 10,
-                           natural_clients=0)
+                           natural_clients=0, value_bytes=1)
 
     def load(self, num_clients: int, seed: int, test_fraction: float) -> DatasetSplit:
         import gzip
@@ -391,7 +392,7 @@ class CIFAR10(Dataset):
         self.check(num_clients)
         n = _once((type(self).__name__, self.LABELS), self._paths(self.TRAIN + self.TEST),
                   self._verify)
-        return DatasetInfo(n, (3, 32, 32), self.classes(), natural_clients=0)
+        return DatasetInfo(n, (3, 32, 32), self.classes(), natural_clients=0, value_bytes=1)
 
     def _verify(self) -> int:
         """Every batch read and checked, as load will read them; the training images."""
@@ -447,6 +448,7 @@ class _Leaf(Dataset):
     SHAPE: tuple[int, ...] = ()
     CLASSES = 0
     VOCABULARY: int | None = None  # token data: the number of token ids
+    VALUE_BYTES = 4  # one stored value: int32 token ids (uint8 pixels: 1)
 
     def __init__(self, root: str, min_samples: Annotated[int, Ge(1)] = 1) -> None:
         self.root, self.min_samples = root, min_samples
@@ -519,7 +521,7 @@ class _Leaf(Dataset):
         chosen = self._chosen(counts, num_clients, seed)
         return DatasetInfo(sum(counts[u] for u in chosen), self.SHAPE, self.CLASSES,
                            self.VOCABULARY is not None, self.VOCABULARY,
-                           natural_clients=len(chosen))
+                           natural_clients=len(chosen), value_bytes=self.VALUE_BYTES)
 
     def _read(self, split: str, chosen: dict[str, int]) -> tuple[list, list, list]:
         xs: list[np.ndarray] = []
@@ -553,6 +555,7 @@ class FEMNIST(_Leaf):
 
     SHAPE = (1, 28, 28)
     CLASSES = 62
+    VALUE_BYTES = 1
 
     def _samples(self, x: list, y: list, where: str) -> tuple[np.ndarray, np.ndarray]:
         """784 pixel values in [0, 1] per sample (LEAF's FEMNIST), one of 62 class ids per

@@ -149,12 +149,18 @@ def open_child(point: RunPoint, key: str, where: dict[str, str], tracker: Tracke
                                               "fedray.point_key": key},
                                 parent_id=parent, description=desc.strip())
     tracker.log_params(run_id, flatten(sc.model_dump(mode="json", exclude={"sweep"})) |
-                       {"seed": str(point.seed)})
+                       {"seed": str(point.seed)} | load_param(sc))
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "scenario.yaml").write_text(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False))
     tracker.log_artifact(run_id, tmp / "scenario.yaml")
     log_dataset(tracker, run_id, sc)
     return run_id
+
+
+def load_param(sc: Any) -> dict[str, str]:
+    """``data.load_reason``: why ``data.load: auto`` chose how the data loads (all or
+    cohort), where it chose (a scenario that gives ``load`` has none)."""
+    return {"data.load_reason": sc.data.load_reason} if sc.data.load_reason else {}
 
 
 def dataset_input(sc: Any) -> Any:

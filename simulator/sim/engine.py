@@ -22,6 +22,7 @@ import numpy as np
 
 from simulator import data as fdata
 from simulator.config import Scenario
+from simulator.config.data_load import LoadChoice, choose_load
 from simulator.config.plan import Plan, resolve
 from simulator.errors import ClientStateLost, UsageError, WorkerLost
 from simulator.messages import RoundReport
@@ -72,10 +73,24 @@ def load_data(sc: Scenario) -> fdata.FederatedData:
     with _data_lock:
         if key not in _data_cache:
             _data_cache.clear()
+            load, reason = data_load(sc)
+            LOG.debug("fedray: data.load %s (%s)", load, reason)
             _data_cache[key] = fdata.build(
                 sc.data.dataset, sc.data.partitioner, sc.clients.total, seed,
-                sc.data.test_fraction, sc.data.load)
+                sc.data.test_fraction, load)
         return _data_cache[key]
+
+
+def data_load(sc: Scenario) -> tuple[str, str]:
+    """How the scenario's data loads (all or cohort) and why: as validation resolved it,
+    or, for a scenario that did not go through validation with ``load: auto``, chosen now
+    (``simulator.config.data_load``; a choice it refuses is raised in one line)."""
+    if sc.data.load != "auto":
+        return sc.data.load, sc.data.load_reason or "as the scenario gives it"
+    choice = choose_load(sc)
+    if not isinstance(choice, LoadChoice):
+        raise UsageError(choice.format(None) if choice else "data.load: auto chose nothing")
+    return choice.load, f"auto: {choice.reason}"
 
 
 def prefetch_data(sc: Scenario) -> None:
