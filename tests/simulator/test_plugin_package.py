@@ -24,7 +24,8 @@ NAMES = {"aggregators": "nanmedian", "preaggregators": "shrink", "meta": "recent
          "attacks": "shift", "topologies": "path_graph", "gossip_defenses": "damped",
          "optimizers": "scaled_step", "client_optimizers": "sign_momentum",
          "trainers": "full_batch", "privacy": "gaussian_sgd", "datasets": "blobs",
-         "partitioners": "round_robin", "models": "tiny", "tasks": "hinge"}
+         "partitioners": "round_robin", "models": "tiny", "tasks": "hinge",
+         "codecs": "rounded"}
 
 
 def _install(src: Path, site: Path) -> None:
@@ -76,6 +77,7 @@ def test_the_package_runs_from_scenarios(plugin_site, tmp_path):
         meta: {name: recentered}
         attack: {name: shift, scale: 100.0}
         server: {optimizer: {name: scaled_step, lr: 1.0}}
+        codecs: [{name: rounded, decimals: 4}]
     """)
     assert res.final("test_accuracy") > 0.8  # 3 blobs: chance is 1/3; the shift attack fails
     momentum = _run(tmp_path, """\

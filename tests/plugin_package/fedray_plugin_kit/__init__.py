@@ -18,6 +18,7 @@ from strategies.protocols import (
     Attack,
     ClientData,
     ClientRule,
+    Codec,
     Dataset,
     DatasetInfo,
     DatasetSplit,
@@ -245,3 +246,14 @@ class Hinge(Task):
 
     def hits(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return (output.argmax(dim=1) == target).float()
+
+
+class Rounded(Codec):
+    """Each entry of a message rounded to ``decimals`` decimal places before it travels
+    (a toy transport; the payload keeps its float32 width, so it costs what it did)."""
+
+    def __init__(self, decimals: Annotated[int, Ge(0), Le(8)] = 3) -> None:
+        self.decimals = decimals
+
+    def encode(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.round(rows, decimals=self.decimals)
