@@ -113,6 +113,25 @@ def test_worker_actor_killed_mid_round_its_clients_move_to_a_live_worker(tmp_pat
     assert "constructor arguments in the object store and max_restarts > 0" not in err
 
 
+def test_a_worker_lost_in_a_deadline_round_with_carried_updates_changes_no_number(
+        tmp_path, shared_ray, terminal):
+    """server.mode deadline with late: carry: the round with the lost worker is computed
+    again, and it applies the late updates of the round before it once, as the run without
+    a fault does."""
+    p = tmp_path / "s.yaml"
+    p.write_text(SCENARIO + "speeds: {distribution: exponential, sample_seconds: 0.01}\n"
+                 "server: {mode: deadline, deadline: 0.6, late: carry}\n")
+    sc = load(p).points[0].scenario
+    reference = Engine(sc, InlineBackend()).run()
+    assert sum(m["carried"] for m in reference.metrics) > 0  # late updates were carried
+    backend = KillDuringTrain(shared_ray, True)
+    faulty = Engine(sc, backend, workers=2).run()
+    assert backend.killed == 1
+    assert faulty.metrics == reference.metrics
+    np.testing.assert_array_equal(faulty.final_params, reference.final_params)
+    assert "moved to 1 live worker(s)" in terminal()
+
+
 def _wait_dead(handle, timeout: float = 60.0) -> None:
     """Until the killed actor no longer answers (a loaded machine can take a round)."""
     import time

@@ -51,8 +51,10 @@ class DeadlineRounds(ServerRounds):
         assert server.deadline is not None  # required with this mode (validation)
         self.deadline = float(server.deadline)
         self.late = server.late or "drop"
-        # the last round's late updates, applied in this round's step (rows in client order)
-        self._carried: ClientRows | None = None
+        # the late updates by the round they were late in (rows in client order): round r's
+        # step applies round r - 1's, kept until round r + 1 (a round computed again after a
+        # lost worker applies them again)
+        self._carried: dict[int, ClientRows] = {}
         self._applied = 0  # how many carried updates the round's step applies
 
     def participants(self, round_: int, honest: list[int]) -> Participation:
@@ -77,7 +79,7 @@ class DeadlineRounds(ServerRounds):
                   ) -> tuple[tuple[Group, ...], list[Ref[ClientRows]], tuple[float, ...] | None]:
         """This round's on-time updates, then the last round's late ones (scaled)."""
         groups, refs, _ = super().step_rows(round_, tr)
-        rows = self._carried
+        rows = self._carried.get(round_ - 1)
         self._applied = 0 if rows is None else len(rows.clients)
         if rows is None or not self._applied:
             return groups, refs, None
@@ -89,12 +91,12 @@ class DeadlineRounds(ServerRounds):
     def after_step(self, round_: int, tr: Training) -> None:
         """The round's late updates, fetched for the next round's step (held by the driver,
         so a lost worker loses none of them)."""
+        self._carried = {r: rows for r, rows in self._carried.items() if r == round_ - 1}
         late = tr.who.carried
         if not late:
-            self._carried = None
             return
         got = list(self.ctx.backend.get(tr.carried_refs))
-        self._carried = ClientRows(
+        self._carried[round_] = ClientRows(
             np.asarray(late, dtype=np.int64), stack_rows(late, got, self.dim),
             stack_rows(late, got, 0, "losses"), 0.0,
             stack_rows(late, got, self.d_buffers, "buffers") if self.d_buffers else None)
@@ -113,17 +115,18 @@ class DeadlineRounds(ServerRounds):
         return out
 
     def checkpoint(self) -> dict[str, Any]:
-        """The server's state and the late updates the next round applies (as tensors)."""
-        rows, out = self._carried, super().checkpoint()
-        if rows is not None:
-            out["carried"] = {k: torch.from_numpy(np.array(v)) for k, v in (
+        """The server's state and the late updates it holds, by round (as tensors)."""
+        out = super().checkpoint()
+        if self._carried:
+            out["carried"] = {r: {k: torch.from_numpy(np.array(v)) for k, v in (
                 ("clients", rows.clients), ("updates", rows.updates), ("losses", rows.losses),
                 ("buffers", rows.buffers)) if v is not None}
+                for r, rows in self._carried.items()}
         return out
 
     def restore(self, state: dict[str, Any]) -> list[Any]:
-        c = state.get("carried")
-        self._carried = None if c is None else ClientRows(
+        self._carried = {int(r): ClientRows(
             c["clients"].numpy(), c["updates"].numpy(), c["losses"].numpy(), 0.0,
             c["buffers"].numpy() if "buffers" in c else None)
+            for r, c in state.get("carried", {}).items()}
         return super().restore(state)
