@@ -32,8 +32,11 @@ CHILD = """
 import json, sys, tempfile
 from pathlib import Path
 from simulator.config.load import load
-from simulator.sim.engine import Engine
 from simulator.runtime.backend import RayBackend
+try:
+    from simulator.sim.engine import Engine
+except ImportError:  # a base commit from before simulator/ had sub-packages
+    from simulator.engine import Engine
 text, skip = sys.argv[1], int(sys.argv[2])
 p = Path(tempfile.mkdtemp()) / "s.yaml"
 p.write_text(text)
