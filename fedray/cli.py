@@ -30,6 +30,12 @@ from simulator.errors import (
     redact,
 )
 from simulator.log import to_stderr
+from simulator.pinning import (
+    PINNED_ENV,
+    NeedsPinnedProcess,
+    environment_pinned,
+    pinned_environment,
+)
 from simulator.run.checkpoint import WorkingDirectoryGone
 from simulator.run.interrupts import SIGNALS, Unfinished, trap_sigterm, unfinished_of
 from simulator.usage import OneLineParser
@@ -680,6 +686,7 @@ def _pending_note(command: str, start: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     """The ``fedray`` command. fedray's messages (``logging``) are printed on stderr as they
     are written: information and above, the debug messages too with ``-v``."""
+    own = argv is None  # this process's own command line: it may restart itself
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["table"]:  # its own parser (python -m dashboards.tables is the same)
         with to_stderr():
@@ -694,7 +701,17 @@ def main(argv: list[str] | None = None) -> int:
               "existing folder and run it again", file=sys.stderr)
         return EXIT_INVALID
     with to_stderr(level):
-        return _command(args, tracked, start)
+        return _command(args, tracked, start, own)
+
+
+def _restart_pinned() -> None:
+    """This command again, in a process started with the pinned kernels' environment
+    (``runtime.deterministic: strict``, ``simulator.pinning``): nothing has run yet."""
+    logging.getLogger("fedray").debug("deterministic: strict: restarting with %s",
+                                      " ".join(f"{k}={v}" for k, v in PINNED_ENV.items()))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], pinned_environment())
 
 
 def _check_tracking_uri(args: argparse.Namespace) -> None:
@@ -710,10 +727,12 @@ def _check_tracking_uri(args: argparse.Namespace) -> None:
         check_command_uri(args.tracking_uri)
 
 
-def _command(args: argparse.Namespace, tracked: bool, start: Path) -> int:
+def _command(args: argparse.Namespace, tracked: bool, start: Path, own: bool = False) -> int:
     """``args.func``, its failures reported in one line with the runs they left unfinished:
     exit 2 for a user's mistake (UsageError, DataError: a scenario, an argument, a file, a
-    URI, an address), 1 for a fault during a run, 128 + the signal for an interrupt."""
+    URI, an address), 1 for a fault during a run, 128 + the signal for an interrupt. A
+    ``deterministic: strict`` run found before anything ran restarts the command (``own``: it
+    is this process's command line) in a process started with the pinned kernels."""
     if tracked:
         trap_sigterm()
     note = tracked  # the journal's note at the end
@@ -727,6 +746,8 @@ def _command(args: argparse.Namespace, tracked: bool, start: Path) -> int:
               f"{_unfinished(args.command, True, unfinished_of(e))}", file=sys.stderr)
         return 128 + signum
     except (FedrayError, DataError) as e:
+        if isinstance(e, NeedsPinnedProcess) and own and not environment_pinned():
+            _restart_pinned()  # does not return
         resumable = isinstance(e, (WorkerLost, ClientStateLost))
         note = note and not isinstance(e, WorkingDirectoryGone)  # this line says it all
         # user text in the message (a run id, a path) never reaches the terminal raw

@@ -381,8 +381,10 @@ class Runtime(Strict):
     eval_threads: Annotated[int, Ge(1), Le(MAX_THREADS)] = 1
     # fp32, or bf16 autocast of the clients' forward passes (updates stay float32)
     precision: Literal["fp32", "bf16"] = "fp32"
-    # torch's deterministic algorithms (cuDNN included): bit-identical reruns on one GPU
-    deterministic: bool = False
+    # true: torch's deterministic algorithms (cuDNN included), bit-identical reruns on one
+    # machine, a GPU included; strict: also the portable kernels of torch, MKL and numpy, the
+    # same bits on any x86-64 machine (CPU only, fp32; slower: docs/performance.md)
+    deterministic: bool | Literal["strict"] = False
 
 
 class Tracking(Strict):

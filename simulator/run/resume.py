@@ -98,8 +98,10 @@ class _Pool:
         self.backend: Any = None
 
     def executor(self, sc: Scenario) -> PoolExecutor:
+        from simulator.pinning import require_pinned
         from simulator.runtime.backend import make_backend
 
+        require_pinned([sc.runtime.deterministic], sc.name)  # before this point runs again
         if self.backend is None:
             if (self.name or sc.runtime.backend) == "ray" and self.address is None:
                 import ray

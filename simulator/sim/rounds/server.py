@@ -24,6 +24,7 @@ from simulator.messages import (
     RoundReport,
     StepLayout,
 )
+from simulator.pinning import strict_options
 from simulator.runtime.adversary import Adversary
 from simulator.runtime.common import personal_accuracy
 from simulator.runtime.handles import AdversaryHandle, ServerHandle
@@ -115,8 +116,9 @@ class ServerRounds(RoundProtocol):
         self.server = ServerHandle(b, b.spawn(Server, plan, data.input_shape, data.num_classes,
                                               eval_ref, data.vocabulary, role="server",
                                               options=ctx.pool.server_options))
-        self.adversary = (AdversaryHandle(b, b.spawn(Adversary, plan, role="adversary"))
-                          if plan.attack is not None else None)
+        self.adversary = (AdversaryHandle(b, b.spawn(
+            Adversary, plan, role="adversary", options=strict_options(rt.deterministic == "strict")))
+            if plan.attack is not None else None)
         return [self.server.actor] + ([self.adversary.actor] if self.adversary else [])
 
     def ready(self) -> dict[str, str]:
