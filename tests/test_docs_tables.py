@@ -113,8 +113,9 @@ def the_row(rows: list[dict[str, str]], where: dict[str, str]) -> dict[str, str]
 # (page, block, the --set that leaves the cell's point alone, its row, its columns).
 # Timing outputs have no cell: docs/async.md's async_throughput and async_throughput_ray,
 # docs/models.md's models_zoo and docs/datasets.md's datasets_load are wall-clock seconds of
-# the machine that ran them (a rerun gives other seconds); `make docs-tables` rewrites them,
-# no test compares them.
+# the machine that ran them (a rerun gives other seconds); so is docs/performance.md's kernels
+# (its numbers are tests/simulator/test_strict.py's subject); `make docs-tables` rewrites
+# them, no test compares them.
 CELLS = [
     ("docs/datasets.md", "mnist_byzantine",
      "sweep={aggregator.name: [krum], attack: [{name: sign_flip}]}",
