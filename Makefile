@@ -102,6 +102,7 @@ docs-tables: $(STAMP)
 	$(PY) benchmarks/docs_tables.py docs/robust-aggregation.md kappa
 	$(PY) benchmarks/docs_tables.py docs/robust-aggregation.md subset_limits
 	$(PY) benchmarks/docs_tables.py docs/client-drift.md fedprox_stragglers
+	$(PY) benchmarks/docs_tables.py docs/client-drift.md fedprox_epochs
 	$(PY) benchmarks/docs_tables.py docs/client-drift.md scaffold_rounds
 	$(PY) benchmarks/docs_tables.py docs/client-drift.md drift_overhead
 	$(PY) benchmarks/docs_tables.py docs/backdoor.md backdoor_asr backdoor_accuracy

@@ -180,6 +180,14 @@ CELLS = [
      {"clients.stragglers.deadline": "13.5", "clients.stragglers.partial": "false",
       "local.optimizer.mu": "0.0"},
      ["seeds", "train_loss (final)", "test_accuracy (final)", "stragglers (mean)"]),
+    # FedProx's own stragglers: FedAvg dropping 90% of them (its one client a round is cheap)
+    ("docs/client-drift.md", "fedprox_epochs",
+     ("sweep={'clients.stragglers.fraction, clients.stragglers.partial, local.optimizer.mu': "
+      "[[0.9, false, 0.0]]}"),
+     {"clients.stragglers.fraction": "0.9", "clients.stragglers.partial": "false",
+      "local.optimizer.mu": "0.0"},
+     ["seeds", "train_loss (final)", "train_loss (mean)", "test_accuracy (final)",
+      "stragglers (mean)"]),
     ("docs/client-drift.md", "scaffold_rounds",
      ("sweep={'local.optimizer, server.optimizer': [[{name: sgd}, {name: scaffold, lr: 1.0}]], "
       "'local.steps, speeds.sample_seconds': [[20, 0.005]]}"),

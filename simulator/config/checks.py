@@ -14,7 +14,7 @@ from simulator import registry
 from simulator.config.data_load import LoadChoice, available_memory, choose_load, describe_dataset
 from simulator.config.errors import Problem, problem
 from simulator.config.plan import Plan, resolve
-from simulator.config.schema import MODES, Runtime, Scenario, default_at
+from simulator.config.schema import MODES, Runtime, Scenario, Stragglers, default_at
 from simulator.errors import DataError, brief_text
 from simulator.registry import instantiate
 from simulator.sim.sampling import byzantine_clients
@@ -43,6 +43,7 @@ def cross_field(sc: Scenario, problems: list[Problem]) -> LoadChoice | None:
     if sc.local.epochs is not None and sc.local.steps is not None:
         problems.append(Problem(("local", "steps"), "give local.epochs or local.steps, not both"))
     _check_runtime(sc.runtime, problems)
+    _check_stragglers(c.stragglers, problems)
     if len(set(sc.seeds)) != len(sc.seeds) or not sc.seeds:
         problems.append(Problem(("seeds",), f"must be a non-empty list of distinct integers, got {sc.seeds}"))
     try:
@@ -74,6 +75,25 @@ def _check_runtime(rt: Runtime, problems: list[Problem]) -> None:
     if rt.precision != "fp32":
         problems.append(Problem(("runtime", "precision"), "deterministic: strict pins fp32 "
                                 f"kernels: it needs precision: fp32, got {rt.precision}"))
+
+
+def _check_stragglers(s: Stragglers | None, problems: list[Problem]) -> None:
+    """``clients.stragglers``: no key that only another ``kind`` reads (the likelier
+    mistake, said alone: the kind was left out), else the key its kind requires."""
+    if s is None:
+        return
+    loc = ("clients", "stragglers")
+    foreign = [Problem((*loc, key), f"used by kind {other} only; remove it, or set "
+                       f"clients.stragglers.kind: {other}")
+               for other, keys in Stragglers.KEYS.items() if other != s.kind
+               for key in keys if key in s.model_fields_set]
+    problems += foreign
+    required = Stragglers.REQUIRED[s.kind]
+    if not foreign and getattr(s, required) is None:
+        what = {"deadline": "the step-times past which a client is late (.inf: never)",
+                "epochs": "the share of each round's training honest clients that straggle, "
+                          "from 0 to 1"}[s.kind]
+        problems.append(Problem((*loc, required), f"required with kind {s.kind}: {what}"))
 
 
 def _check_clients_rule(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:

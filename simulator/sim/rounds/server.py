@@ -164,11 +164,16 @@ class ServerRounds(RoundProtocol):
 
     def participants(self, round_: int, honest: list[int]) -> Participation:
         """Who of the round's sampled ``honest`` clients (sorted) takes part: the
-        dropouts and ``clients.stragglers`` (those that miss the deadline; with ``partial``
-        the ones that finished some steps send them)."""
-        c = self.ctx.plan.scenario.clients
+        dropouts and ``clients.stragglers`` (those late for the deadline, or FedProx's
+        stragglers that run fewer epochs; with ``partial`` the ones that finished some steps
+        send them)."""
+        sc = self.ctx.plan.scenario
+        c, local = sc.clients, sc.local
+        # the whole blocks a client's work is made of (kind epochs): its epochs, or steps
+        blocks = local.steps or local.epochs or 1
         dropped, late = missed_round(self.ctx.plan.seed, round_, honest,
-                                     self.ctx.pool.local_steps, c.dropout, c.stragglers)
+                                     self.ctx.pool.local_steps, c.dropout, c.stragglers,
+                                     blocks)
         partial = ({i: k for i, k in late.items() if k > 0}
                    if c.stragglers is not None and c.stragglers.partial else {})
         return Participation(dropped, set(late), partial,
