@@ -23,6 +23,7 @@ from simulator.errors import (
     ClientStateLost,
     DataError,
     FedrayError,
+    Removed,
     Terminated,
     UsageError,
     WorkerLost,
@@ -30,7 +31,6 @@ from simulator.errors import (
     redact,
 )
 from simulator.log import to_stderr
-from simulator.run.checkpoint import WorkingDirectoryGone
 from simulator.run.interrupts import SIGNALS, Unfinished, trap_sigterm, unfinished_of
 from simulator.usage import OneLineParser
 
@@ -665,7 +665,7 @@ def _pending_note(command: str, start: Path) -> None:
     """What a tracking outage left in the journal under ``start`` (the working directory the
     command started in), and the command that sends it; or, where that directory was removed
     while the command ran, that its journal and checkpoints went with it."""
-    from simulator.run.tracking import pending
+    from simulator.run.tracking import pending, removed_store
 
     if not start.is_dir():
         print(printable(f"fedray {command}: the working directory {start} was removed while "
@@ -673,8 +673,12 @@ def _pending_note(command: str, start: Path) -> None:
                         "with it"), file=sys.stderr)
         return
     for run_id, what in pending(start).items():
-        print(f"fedray: run {run_id}: {what} not yet in MLflow (kept in .fedray/pending/); "
-              "`fedray sync` sends it", file=sys.stderr)
+        store = removed_store(run_id, start)
+        then = ("`fedray sync` sends it" if store is None else
+                f"its tracking store {store} was removed while it ran: put it back, then "
+                "`fedray sync`")
+        print(printable(f"fedray: run {run_id}: {what} not yet in MLflow (kept in "
+                        f".fedray/pending/); {then}"), file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -727,8 +731,12 @@ def _command(args: argparse.Namespace, tracked: bool, start: Path) -> int:
               f"{_unfinished(args.command, True, unfinished_of(e))}", file=sys.stderr)
         return 128 + signum
     except (FedrayError, DataError) as e:
-        resumable = isinstance(e, (WorkerLost, ClientStateLost))
-        note = note and not isinstance(e, WorkingDirectoryGone)  # this line says it all
+        # a run that lost a worker, or a file put back, goes on; a removed store held the runs
+        resumable = isinstance(e, (WorkerLost, ClientStateLost)) or (
+            isinstance(e, Removed) and e.what != Removed.TRACKING_STORE)
+        # the line says what the journal's note would: where it was is gone
+        note = note and not (isinstance(e, Removed)
+                             and e.what in (Removed.WORKING_DIRECTORY, Removed.TRACKING_STORE))
         # user text in the message (a run id, a path) never reaches the terminal raw
         print(printable(redact(f"fedray {args.command}: {e}"
                                f"{_unfinished(args.command, resumable, unfinished_of(e))}")),

@@ -133,8 +133,9 @@ def test_checkpoints_in_a_removed_working_directory_are_one_line(tmp_path, monke
     monkeypatch.chdir(gone)
     gone.rmdir()
     with pytest.raises(checkpoint.WorkingDirectoryGone,
-                       match=r"^the working directory was removed while the run went on .*"
-                             r"\(.fedray/checkpoints/\) cannot be written; run from a folder"):
+                       match=r"^the working directory was removed while the run went on; what "
+                             r"the run kept there \(.fedray/checkpoints/, .fedray/pending/\) "
+                             r"went with it; run fedray from a folder that lasts$"):
         checkpoint.save("r1", 0, {"x": 1})
     assert checkpoint.remove("r1") is None  # nothing to forget: it went with the folder
     assert checkpoint.latest("r1", base=tmp_path) is None  # an explicit base still answers
@@ -194,9 +195,9 @@ def test_a_working_directory_removed_under_a_running_driver_is_one_line(tmp_path
     assert "Traceback" not in r.stderr, r.stderr
     lines = [x for x in r.stderr.splitlines() if x.startswith("fedray run:")]
     assert r.returncode == 1 and len(lines) == 1, r.stderr
-    assert lines[0].startswith("fedray run: the working directory was removed while the run "
-                               "went on")
-    assert "marked FAILED" in lines[0]
+    assert lines[0].startswith(f"fedray run: the working directory {cwd} was removed while "
+                               "the run went on; what the run kept there")
+    assert "marked FAILED" in lines[0] and "; continue with `fedray resume " in lines[0]
 
 
 # --- Ray's raylet-death block ------------------------------------------------------------
