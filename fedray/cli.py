@@ -118,17 +118,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{r['label']}: {final_text(r)}  (run {r['run_id']})")
     print(f"MLflow parent run: {out.parent_run_id}  experiment: {loaded.scenario.name}")
     print(f"tracking URI: {redact(out.tracking_uri)}")
-    _closing(args, loaded.scenario.name, out.tracking_uri)
+    _closing(args, loaded.scenario.name, out.tracking_uri, out.experiment_id)
     return 0
 
 
-def _closing(args: argparse.Namespace, experiment: str, uri: str) -> None:
-    """What to do next: the report of the runs, and the MLflow UI."""
+def _closing(args: argparse.Namespace, experiment: str, uri: str,
+             experiment_id: str | None = None) -> None:
+    """What to do next: the report of the runs, and the MLflow UI: ``fedray ui`` over a
+    store, or, for a tracking server (http, https), the server's own UI at its address
+    (``fedray ui`` would start a second UI, on the port such a server often holds)."""
     given = args.tracking_uri is not None or "MLFLOW_TRACKING_URI" in os.environ
     where = f" --tracking-uri {redact(uri)}" if given else ""
     name = experiment if experiment.replace("-", "").replace("_", "").isalnum() else \
         repr(experiment)
     print(f"figures and tables: fedray report {name}{where}")
+    if uri.lower().startswith(("http://", "https://")):
+        page = f"/#/experiments/{experiment_id}{ML_VIEW}" if experiment_id else ""
+        print(f"open the MLflow UI of the tracking server: {redact(uri.rstrip('/'))}{page}")
+        return
     print(f"open the MLflow UI with: fedray ui{where}   (then http://127.0.0.1:5000)")
 
 
@@ -150,7 +157,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"failed: {', '.join(out.failed)}; run the same command again to retry them",
               file=sys.stderr)
         return 1
-    _closing(args, loaded.scenario.name, out.tracking_uri)
+    _closing(args, loaded.scenario.name, out.tracking_uri, out.experiment_id)
     return 0
 
 
@@ -183,7 +190,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
               f"with {values}  (run {best['run_id']}; {best['trials']} "
               f"{'trial' if best['trials'] == 1 else 'trials'} ran every round)")
     print(f"MLflow parent run: {out.parent_run_id}  experiment: {loaded.scenario.name}")
-    _closing(args, loaded.scenario.name, out.tracking_uri)
+    _closing(args, loaded.scenario.name, out.tracking_uri, out.experiment_id)
     return 0
 
 

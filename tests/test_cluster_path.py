@@ -125,6 +125,33 @@ def test_a_ray_job_without_address_is_refused_in_one_line(tmp_path, monkeypatch,
     assert not (tmp_path / "mlflow.db").exists()
 
 
+# --- the closing hint -------------------------------------------------------------------
+
+@pytest.mark.parametrize("uri,ui", [
+    ("http://127.0.0.1:5000", "http://127.0.0.1:5000"),
+    ("https://mlflow.lab.example:8443/", "https://mlflow.lab.example:8443"),
+    ("http://alice:s3cretpass@10.0.0.5:5000", "http://alice:***@10.0.0.5:5000"),
+])
+def test_after_a_run_on_a_tracking_server_the_hint_is_the_servers_own_ui(capsys, monkeypatch,
+                                                                         uri, ui):
+    """Not `fedray ui` (a second UI, on the port the server itself often holds): the
+    server's UI at its address, the experiment's runs view, no credential."""
+    from fedray.cli import _closing, build_parser
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    args = build_parser().parse_args(["run", "s.yaml", "--tracking-uri", uri])
+    _closing(args, "cluster-job", uri, "7")
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == (f"open the MLflow UI of the tracking server: {ui}/#/experiments/7"
+                      "?workflowType=machine_learning")
+    assert "fedray ui" not in "\n".join(out) and "s3cretpass" not in "\n".join(out)
+    args = build_parser().parse_args(["run", "s.yaml", "--tracking-uri", "sqlite:////s/m.db"])
+    _closing(args, "cluster-job", "sqlite:////s/m.db", "7")
+    assert capsys.readouterr().out.splitlines()[1] == (
+        "open the MLflow UI with: fedray ui --tracking-uri sqlite:////s/m.db   "
+        "(then http://127.0.0.1:5000)")
+
+
 # --- a working directory removed under the command ---------------------------------------
 
 def test_checkpoints_in_a_removed_working_directory_are_one_line(tmp_path, monkeypatch):
