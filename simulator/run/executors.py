@@ -169,8 +169,10 @@ class TaskExecutor:
             result = self.ray.get(ref)
         except Exception as e:  # noqa: BLE001 - one failed point does not stop the sweep
             cause = getattr(e, "cause", None) or e  # a RayTaskError wraps the real error
-            text = (str(cause).strip().splitlines() or [""])[-1]
-            logger.warning("%s: FAILED (%s: %s)", work.label, type(cause).__name__, text)
+            removed = exp.needs.explain(e)  # a file it needed, removed: said as that
+            text = (str(removed or cause).strip().splitlines() or [""])[-1]
+            logger.warning("%s: FAILED (%s: %s)", work.label,
+                           type(removed or cause).__name__, text)
             exp.end(run, None, "FAILED")
             exp.result.failed.append(work.label)
             del self.live[token]
