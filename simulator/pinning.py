@@ -28,9 +28,20 @@ class NeedsPinnedProcess(UsageError):
 
 
 def require_pinned(modes: Iterable[bool | str], what: str) -> None:
-    """Raise :class:`NeedsPinnedProcess` if any of ``modes`` (``runtime.deterministic``
-    values) is ``strict`` and this process did not start pinned."""
-    if "strict" in list(modes) and not environment_pinned():
+    """Before a process computes runs whose ``runtime.deterministic`` values are ``modes``:
+    raise :class:`NeedsPinnedProcess` if one is ``strict`` and this process did not start
+    pinned, and refuse strict beside other values (pinned kernels would compute those too:
+    each needs its own process, as ``fedray sweep``'s points have)."""
+    modes = set(modes)
+    if "strict" not in modes:
+        return
+    if len(modes) > 1:
+        raise UsageError(
+            f"runtime.deterministic: {what} mixes strict with "
+            f"{', '.join(sorted(str(m).lower() for m in modes - {'strict'}))} in one process, "
+            "where the pinned kernels would compute every point; run it with `fedray sweep` "
+            "(each point its own process) or split it")
+    if not environment_pinned():
         raise NeedsPinnedProcess(
             f"{what} is runtime.deterministic: strict: it runs in a process started with "
             + " ".join(f"{k}={v}" for k, v in PINNED_ENV.items())

@@ -521,8 +521,11 @@ def run_tune(loaded: LoadedScenario, address: str | None = None,
         raise UsageError(f"{loaded.path}: no tune: block to search with; `fedray run` runs it")
     # a strict search: a driver started pinned, and every process of the job too (a trial's
     # own options cannot carry it; a local instance inherits it, a cluster's job is given it)
-    require_pinned([sc.runtime.deterministic], sc.name)
-    ray_init = {**strict_options(sc.runtime.deterministic == "strict"), **(ray_init or {})}
+    modes = [p.scenario.runtime.deterministic for p in loaded.points]
+    searched = sc.tune.space.get("runtime.deterministic")
+    modes += searched.extremes if searched is not None else []  # a choice's every value
+    require_pinned(modes, sc.name)
+    ray_init = {**strict_options("strict" in modes), **(ray_init or {})}
     uri = tracking_uri or default_uri()
     opening = Opening(uri, sc.name)
     exp = Experiment(opening, [], uri, "search parent")

@@ -28,10 +28,11 @@ Checked on this machine: glibc's maths functions with its FMA/AVX2 variants mask
 tanh under the portable ATen build, so libm needs no pin. Threads are one per process by
 default (``runtime.threads``) already.
 
-The first two are read once per process, before its first kernel: a process must start with
-:data:`PINNED_ENV` in its environment. ``fedray run`` / ``sweep`` / ``tune`` / ``resume``
-restart themselves with it when a point asks for ``strict`` (``fedray.cli``); Ray actors and
-tasks get it as their ``runtime_env`` (a fresh worker process); every process that computes a
+numpy reads its variable when it is imported, ATen and MKL theirs when they first run: a
+process must start with :data:`PINNED_ENV` in its environment. ``fedray run``, ``tune`` and
+``resume`` restart themselves with it when a run they compute in this process asks for
+``strict`` (``fedray.cli``; ``fedray sweep``'s points are Ray tasks); Ray actors and tasks get
+it as their ``runtime_env`` (a fresh worker process); every process that computes a
 run's numbers calls :func:`pin_kernels`, which checks that the kernels really are the pinned
 ones and otherwise stops the run in one line (:class:`KernelsNotPinned`).
 """
@@ -86,12 +87,23 @@ def kernels_pinned() -> bool:
 def pin_kernels() -> None:
     """Pin this process's kernels (module docstring) and check that they are pinned; raise
     :class:`KernelsNotPinned` in one line if the process chose its kernels before (numpy's
-    are chosen at its import: only a process started with :data:`PINNED_ENV` passes)."""
+    are chosen at its import: only a process started with :data:`PINNED_ENV` passes), and
+    leave its environment and oneDNN as they were then."""
+    before = {k: os.environ.get(k) for k in PINNED_ENV}
+    onednn = torch.backends.mkldnn.enabled
     os.environ.update(PINNED_ENV)  # read by ATen and MKL when they first run, if not yet
     torch.backends.mkldnn.set_flags(False)
-    if not kernels_pinned():
-        raise KernelsNotPinned(
-            "runtime.deterministic: strict: this process chose its kernels (torch's, numpy's) "
-            f"before it could pin them (ATen {torch.backends.cpu.get_cpu_capability()}, MKL branch "
-            f"{_mkl_branch()}, numpy {_numpy_features()}); run it with the fedray command (it restarts itself pinned) "
-            "or start Python with " + " ".join(f"{k}={v}" for k, v in PINNED_ENV.items()))
+    if kernels_pinned():
+        return
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    torch.backends.mkldnn.set_flags(onednn)
+    raise KernelsNotPinned(
+        "runtime.deterministic: strict: this process chose its kernels (torch's, numpy's) "
+        f"before it could pin them (ATen {torch.backends.cpu.get_cpu_capability()}, MKL "
+        f"branch {_mkl_branch()}, numpy {_numpy_features()}); run it with the fedray command "
+        "(it restarts itself pinned) or start Python with "
+        + " ".join(f"{k}={v}" for k, v in PINNED_ENV.items()))

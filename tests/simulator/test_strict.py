@@ -25,8 +25,11 @@ from mlflow.tracking import MlflowClient
 from fedray.cli import main
 from simulator.config import ScenarioError
 from simulator.config.load import load
+from simulator.errors import UsageError
 from simulator.pinning import PINNED_ENV, NeedsPinnedProcess, environment_pinned, strict_options
+from simulator.run.resume import resume_run
 from simulator.run.runner import run_loaded, run_sweep
+from simulator.run.tuning import run_tune
 from simulator.runtime.kernels import KernelsNotPinned, pin_kernels
 
 SMALL = """\
@@ -123,10 +126,14 @@ def test_an_unpinned_process_is_refused_before_anything_runs(tmp_path, mlflow_ur
 
 
 def test_a_process_that_chose_its_kernels_cannot_pin_them():
-    """This process imported numpy without NPY_DISABLE_CPU_FEATURES: its maths are chosen."""
+    """This process imported numpy without NPY_DISABLE_CPU_FEATURES: its maths are chosen.
+    The failed pin leaves the process as it was (a later strict run here is still refused,
+    and a subprocess it starts does not inherit half a pin)."""
+    before = dict(os.environ)
     with pytest.raises(KernelsNotPinned, match="chose its kernels"):
         pin_kernels()
-    torch.backends.mkldnn.set_flags(True)  # as it was for the other tests
+    assert dict(os.environ) == before and torch.backends.mkldnn.enabled
+    assert not environment_pinned()
 
 
 def test_strict_is_for_fp32_on_the_cpu_and_the_union_is_one_line(tmp_path):
@@ -146,3 +153,42 @@ def test_actors_of_a_strict_run_start_pinned():
     assert strict_options(False) == {}
     assert strict_options(True) == {"runtime_env": {"env_vars": dict(PINNED_ENV)}}
     assert set(PINNED_ENV) >= {"ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA"}
+
+
+def test_strict_beside_other_values_in_one_process_is_refused(tmp_path, mlflow_uri):
+    """Pinned kernels would compute a sweep's other points too (fedray run computes every
+    point in its process): refused in one line, before anything runs; `fedray sweep` gives
+    each point its own process."""
+    loaded = load(scenario(tmp_path), ["sweep={runtime.deterministic: [false, strict]}"])
+    with pytest.raises(UsageError, match="mixes strict with false in one process"):
+        run_loaded(loaded, "inline", None, mlflow_uri, quiet=True)
+    assert losses(mlflow_uri) == []
+
+
+def test_a_search_over_strict_is_refused_beside_other_values(tmp_path, mlflow_uri):
+    path = scenario(tmp_path, "false")
+    path.write_text(path.read_text() + "tune: {metric: test_accuracy, mode: max, trials: 2, "
+                    "space: {runtime.deterministic: {choice: [false, strict]}}}\n")
+    with pytest.raises(UsageError, match="mixes strict with false"):
+        run_tune(load(path, []), tracking_uri=mlflow_uri)
+
+
+def test_resuming_a_strict_run_needs_a_pinned_process_before_anything_runs(tmp_path):
+    done, uri = fedray_run(tmp_path, scenario(tmp_path), "--backend", "inline")
+    assert done.returncode == 0, done.stderr[-2000:]
+    client = MlflowClient(uri)
+    (exp,) = [e for e in client.search_experiments() if e.name == "strict"]
+    runs = client.search_runs([exp.experiment_id])
+    point = next(r for r in runs if r.data.tags.get("fedray.kind") == "point")
+    client.set_terminated(point.info.run_id, "FAILED")
+    with pytest.raises(NeedsPinnedProcess, match=f"run {point.info.run_id} is runtime"):
+        resume_run(point.info.run_id, uri)
+    assert client.get_run(point.info.run_id).info.status == "FAILED"  # nothing ran again
+    # the command restarts itself pinned and resumes it: the same numbers, FINISHED
+    again = subprocess.run([*FEDRAY, "resume", point.info.run_id, "--tracking-uri", uri,
+                            "--backend", "inline", "--quiet"], capture_output=True, text=True,
+                           cwd=tmp_path, check=False,
+                           env={k: v for k, v in os.environ.items() if k not in PINNED_ENV})
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert client.get_run(point.info.run_id).info.status == "FINISHED"
+    assert losses(uri) == [GOLDEN]
