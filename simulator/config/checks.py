@@ -90,10 +90,8 @@ def _check_stragglers(s: Stragglers | None, problems: list[Problem]) -> None:
     problems += foreign
     required = Stragglers.REQUIRED[s.kind]
     if not foreign and getattr(s, required) is None:
-        what = {"deadline": "the step-times past which a client is late (.inf: never)",
-                "epochs": "the share of each round's training honest clients that straggle, "
-                          "from 0 to 1"}[s.kind]
-        problems.append(Problem((*loc, required), f"required with kind {s.kind}: {what}"))
+        problems.append(Problem((*loc, required), f"required with kind {s.kind}: "
+                                f"{Stragglers.REQUIRED_WHAT[s.kind]}"))
 
 
 def _check_clients_rule(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:

@@ -173,6 +173,10 @@ class Stragglers(Strict):
     KEYS: ClassVar[dict[str, tuple[str, ...]]] = {
         "deadline": ("deadline", "sigma", "jitter"), "epochs": ("fraction",)}
     REQUIRED: ClassVar[dict[str, str]] = {"deadline": "deadline", "epochs": "fraction"}
+    # what the required key of each kind is, for the line that asks for it
+    REQUIRED_WHAT: ClassVar[dict[str, str]] = {
+        "deadline": "the step-times past which a client is late (.inf: never)",
+        "epochs": "the share of each round's training honest clients that straggle, from 0 to 1"}
 
     @model_serializer(mode="wrap")
     def _read(self, handler: Any) -> Any:
