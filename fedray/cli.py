@@ -32,7 +32,7 @@ from simulator.errors import (
 )
 from simulator.log import to_stderr
 from simulator.pinning import (
-    PINNED_ENV,
+    PINNED_TEXT,
     NeedsPinnedProcess,
     environment_pinned,
     pinned_environment,
@@ -718,8 +718,7 @@ def main(argv: list[str] | None = None) -> int:
 def _restart_pinned() -> None:
     """This command again, in a process started with the pinned kernels' environment
     (``runtime.deterministic: strict``, ``simulator.pinning``): nothing has run yet."""
-    logging.getLogger("fedray").debug("deterministic: strict: restarting with %s",
-                                      " ".join(f"{k}={v}" for k, v in PINNED_ENV.items()))
+    logging.getLogger("fedray").debug("deterministic: strict: restarting with %s", PINNED_TEXT)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], pinned_environment())

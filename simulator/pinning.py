@@ -20,6 +20,7 @@ PINNED_ENV: Mapping[str, str] = {
     "ONEDNN_MAX_CPU_ISA": "SSE41",
     **({"NPY_DISABLE_CPU_FEATURES": ",".join(NUMPY_DISPATCH)} if NUMPY_DISPATCH else {}),
 }
+PINNED_TEXT = " ".join(f"{k}={v}" for k, v in PINNED_ENV.items())  # as a shell would set it
 
 
 class NeedsPinnedProcess(UsageError):
@@ -44,20 +45,18 @@ def require_pinned(modes: Iterable[bool | str], what: str) -> None:
     if not environment_pinned():
         raise NeedsPinnedProcess(
             f"{what} is runtime.deterministic: strict: it runs in a process started with "
-            + " ".join(f"{k}={v}" for k, v in PINNED_ENV.items())
-            + " (the fedray command restarts itself so)")
+            f"{PINNED_TEXT} (the fedray command restarts itself so)")
 
 
-def environment_pinned(env: Mapping[str, str] | None = None) -> bool:
-    """Whether ``env`` (default: this process's) carries :data:`PINNED_ENV`."""
-    env = os.environ if env is None else env
-    return all(env.get(k) == v for k, v in PINNED_ENV.items())
+def environment_pinned() -> bool:
+    """Whether this process's environment carries :data:`PINNED_ENV`."""
+    return all(os.environ.get(k) == v for k, v in PINNED_ENV.items())
 
 
-def pinned_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``env`` (default: this process's) with :data:`PINNED_ENV` over it: the environment
-    a process needs to start with."""
-    return {**(os.environ if env is None else env), **PINNED_ENV}
+def pinned_environment() -> dict[str, str]:
+    """This process's environment with :data:`PINNED_ENV` over it: the environment a
+    process needs to start with."""
+    return {**os.environ, **PINNED_ENV}
 
 
 def strict_options(strict: bool) -> dict[str, Any]:

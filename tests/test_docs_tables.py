@@ -88,7 +88,7 @@ def test_a_cell_reproduces_exactly_or_within_the_seeds_spread():
 def strict_block(block) -> bool:
     """Whether every point of a table's sweep runs under ``deterministic: strict``."""
     scenario, sets, _ = block.sweep_args()
-    return all(p.scenario.runtime.deterministic == "strict"
+    return all(p.scenario.runtime.strict
                for p in docs_tables.load(scenario, sets).points)
 
 

@@ -66,7 +66,7 @@ def _check_runtime(rt: Runtime, problems: list[Problem]) -> None:
     if rt.device == "cuda" and rt.num_gpus == 0:
         problems.append(Problem(("runtime", "num_gpus"), "device: cuda needs a GPU share per "
                                 "worker (> 0, fractional packs workers on a GPU), got 0"))
-    if rt.deterministic != "strict":
+    if not rt.strict:
         return
     for key in ("device", "server_device"):
         if getattr(rt, key) != "cpu":

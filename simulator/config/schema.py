@@ -431,6 +431,11 @@ class Runtime(Strict):
     # same bits on any x86-64 machine (CPU only, fp32; slower: docs/performance.md)
     deterministic: bool | Literal["strict"] = False
 
+    @property
+    def strict(self) -> bool:
+        """``deterministic: strict``: the run's processes start with the pinned kernels."""
+        return self.deterministic == "strict"
+
 
 class Tracking(Strict):
     """What each run logs to MLflow beyond its metrics, params, ``metrics.parquet``, the

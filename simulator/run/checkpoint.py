@@ -21,7 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from simulator.errors import CheckpointUnreadable
-from simulator.run.removed import WorkingDirectoryGone, working_directory_removed
+from simulator.run.removed import (
+    WorkingDirectoryGone,
+    working_directory,
+    working_directory_removed,
+)
 
 __all__ = ["WorkingDirectoryGone", "latest", "remove", "run_dir", "save", "working_dir"]
 
@@ -33,10 +37,10 @@ def working_dir() -> Path:
     """``Path.cwd()``; a working directory removed under the running process (a Ray job's
     ``--working-dir`` is a temporary folder that Ray may remove or extract again) is
     WorkingDirectoryGone, one line, where ``Path.cwd()`` raised FileNotFoundError."""
-    try:
-        return Path.cwd()
-    except FileNotFoundError:
-        raise working_directory_removed(None) from None
+    where = working_directory()
+    if where is None:
+        raise working_directory_removed(None)
+    return where
 
 
 def run_dir(run_id: str, base: Path | None = None) -> Path:

@@ -103,7 +103,7 @@ def task_resources(sc: Scenario, gpus: float, parallel: int) -> dict[str, Any]:
     share = gpu_share(rt.num_gpus, rt.device != "cpu" or rt.server_device != "cpu", gpus,
                       parallel)
     return {"num_cpus": rt.num_cpus, **({"num_gpus": share} if share > 0 else {}),
-            **strict_options(rt.deterministic == "strict")}
+            **strict_options(rt.strict)}
 
 
 class TaskExecutor:

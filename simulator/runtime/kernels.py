@@ -5,7 +5,7 @@ kernels torch picks for the instruction set and vendor it finds (measured on thi
 AMD EPYC with AVX-512, a 30-round CNN on MNIST, 2 seeds, Krum under sign flipping: the final
 accuracy was 0.657 ± 0.050 as found, 0.692 with ATen's AVX2 kernels, 0.538 with oneDNN held
 to AVX2, 0.692 with MKL's compatible path; docs/performance.md, "Reproducible on any
-machine"). Three families decide:
+machine"). Four families decide:
 
 * ATen's own vectorised kernels (reductions, element-wise maths) dispatch on the CPU's
   capability (default, AVX2, AVX-512): ``ATEN_CPU_CAPABILITY=default`` takes the portable
@@ -47,14 +47,15 @@ from pathlib import Path
 import torch
 
 from simulator.errors import FedrayError
-from simulator.pinning import NUMPY_DISPATCH, PINNED_ENV
+from simulator.pinning import NUMPY_DISPATCH, PINNED_ENV, PINNED_TEXT
 
 MKL_CBWR_BRANCH = 1  # mkl_cbwr_get's argument: the code branch
 MKL_CBWR_COMPATIBLE = 3  # its answer in the compatible mode (mkl_cbwr.h)
 
 
 class KernelsNotPinned(FedrayError):
-    """A process asked for ``strict`` had chosen its torch kernels before it could pin them."""
+    """A process asked for ``strict`` had chosen its kernels (torch's, numpy's) before it
+    could pin them."""
 
 
 def _mkl_branch() -> int | None:
@@ -105,5 +106,4 @@ def pin_kernels() -> None:
         "runtime.deterministic: strict: this process chose its kernels (torch's, numpy's) "
         f"before it could pin them (ATen {torch.backends.cpu.get_cpu_capability()}, MKL "
         f"branch {_mkl_branch()}, numpy {_numpy_features()}); run it with the fedray command "
-        "(it restarts itself pinned) or start Python with "
-        + " ".join(f"{k}={v}" for k, v in PINNED_ENV.items()))
+        f"(it restarts itself pinned) or start Python with {PINNED_TEXT}")

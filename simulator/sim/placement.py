@@ -69,7 +69,7 @@ class WorkerPool:
             raise DeviceUnavailable(
                 f"runtime.device: cuda, but workers get no GPU (the cluster has {have:g}; "
                 f"runtime.num_gpus: {rt.num_gpus}); use device: auto or cpu, or give num_gpus")
-        pinned = strict_options(rt.deterministic == "strict")
+        pinned = strict_options(rt.strict)
         worker = {"num_cpus": rt.num_cpus, **({"num_gpus": gpus} if gpus > 0 else {}), **pinned}
         return worker, {**({"num_gpus": server_gpu} if server_gpu else {}), **pinned}
 

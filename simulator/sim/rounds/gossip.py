@@ -30,11 +30,10 @@ class GossipRounds(RoundProtocol):
         b, plan, data = ctx.backend, ctx.plan, ctx.data
         self.honest = [i for i in range(plan.scenario.clients.total) if i not in ctx.byzantine]
         eval_ref = b.put(data.eval_data())
-        strict = plan.scenario.runtime.deterministic == "strict"
         self.mixer = MixerHandle(b, b.spawn(Mixer, plan, self.honest, sorted(ctx.byzantine),
                                             data.input_shape, data.num_classes, eval_ref,
                                             data.vocabulary, role="server",
-                                            options=strict_options(strict)))
+                                            options=strict_options(plan.scenario.runtime.strict)))
         self._state: list[Ref[ClientRows]] | None = None  # the peers' current models
         # the peer_step arguments that made _state (None: the Mixer's gossip made it), to
         # make it again when a worker holding part of it is lost

@@ -117,7 +117,7 @@ class ServerRounds(RoundProtocol):
                                               eval_ref, data.vocabulary, role="server",
                                               options=ctx.pool.server_options))
         self.adversary = (AdversaryHandle(b, b.spawn(
-            Adversary, plan, role="adversary", options=strict_options(rt.deterministic == "strict")))
+            Adversary, plan, role="adversary", options=strict_options(rt.strict)))
             if plan.attack is not None else None)
         return [self.server.actor] + ([self.adversary.actor] if self.adversary else [])
 
