@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -220,7 +221,30 @@ class RayBackend:
 
     def shutdown(self) -> None:
         if self._owns and self.ray.is_initialized():
+            if self.fixed:  # a local instance, whose processes are this process's children
+                stop_autoscaler_monitor()
             self.ray.shutdown()
+
+
+MONITOR = b"autoscaler/_private/monitor.py"  # the command line of Ray's autoscaler monitor
+
+
+def stop_autoscaler_monitor() -> None:
+    """End the autoscaler monitor of the local Ray instance this process started, before
+    ``ray.shutdown``: the shutdown sends each of the instance's processes SIGTERM and waits up
+    to a second for it, and the monitor (which holds nothing of a run: the autoscaler's
+    bookkeeping and its log) takes all of that second; its whole shutdown took 1.2-1.7 s here,
+    0.4-0.7 s with the monitor ended first (SIGKILL). The monitor is found among this
+    process's children by its command line (Linux's /proc; elsewhere nothing is done)."""
+    me = os.getpid()
+    try:
+        children = Path(f"/proc/{me}/task/{me}/children").read_text().split()
+    except OSError:
+        return
+    for pid in children:
+        with contextlib.suppress(OSError, ValueError):
+            if MONITOR in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(int(pid), signal.SIGKILL)
 
 
 CONNECT_TIMEOUT = 10.0  # seconds to open a TCP connection to a cluster's head
