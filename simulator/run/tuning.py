@@ -525,7 +525,8 @@ def run_tune(loaded: LoadedScenario, address: str | None = None,
     exp.result = out
     with exp.running():
         tracker = opening.tracker.result()
-        backend = RayBackend(address, **(ray_init or {}))
+        backend = RayBackend(address, "fedray tune: its trials run at once, as Ray Tune "
+                             "trials", **(ray_init or {}))
         _quiet_tune()
         try:
             trap_sigterm()
