@@ -7,11 +7,13 @@ work is in ``simulator`` (the runner, resume, the config), the pictures in ``das
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
 import shutil
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -701,6 +703,23 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INVALID
     with to_stderr(level):
         return _command(args, tracked, start)
+
+
+def entry() -> None:
+    """The ``fedray`` process (its console script and ``python -m fedray``): ``main``, then
+    the exit without the interpreter's teardown. Everything a command writes is written by
+    the time ``main`` returns (runs, statuses, artifacts, the journal; Ray shut down); the
+    exit then does what the interpreter's own would, the threads it joins (non-daemon
+    threads, thread pools) and the ``atexit`` handlers (logging's flush, finalizers), and
+    ends the process (``os._exit``) instead of freeing every object torch, MLflow and Ray
+    made: that teardown took 0.16 s of a one-round run on an idle machine here, 0.4-0.8 s
+    under load. A command that raises ends as Python ends it (its traceback, status 1)."""
+    code = main()
+    threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's own first step
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _check_tracking_uri(args: argparse.Namespace) -> None:
