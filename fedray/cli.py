@@ -392,7 +392,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(printable(f"# data.load: {how}, chosen by {reason}"))
     from simulator.sim.work import backend_for
 
-    backend = backend_for([p.scenario for p in points], sc.runtime.backend)
+    backend = backend_for([p.scenario for p in points], sc.runtime.backend, fetched=False)
     print(printable(f"# backend: {backend.name} ({backend.reason}; `fedray run` without "
                     "--backend, --address or --workers)"))
     grid = len({tuple(sorted((k, repr(v)) for k, v in p.values.items())) for p in points})

@@ -490,8 +490,9 @@ def choose_backend(asked: str, runtimes: list[Any], address: str | None = None,
     RAY_ACTOR_SECONDS for each of the ``P + 1`` actors, the server's included, spread over
     the cores), and each round costs RAY_ROUND_SECONDS more: ``S + W / P + rounds x
     RAY_ROUND_SECONDS``. Inline where that is no shorter than ``W``; with one worker (a
-    machine of one CPU), always inline. The choice is where a warm pool of actors would
-    come in (its ``S`` near 0)."""
+    machine of one CPU), always inline. Without ``estimate`` where one is needed, the
+    choice is ``auto`` (not made: ``fedray show`` fetches no data). The choice is where a
+    warm pool of actors would come in (its ``S`` near 0)."""
     if asked in ("ray", "inline"):
         if asked == "inline" and address:
             raise UsageError("--address: only with --backend ray or auto")
@@ -512,8 +513,9 @@ def choose_backend(asked: str, runtimes: list[Any], address: str | None = None,
     if parallel == 1:
         return BackendChoice("inline", f"auto: {have:g} CPU(s) for workers of {per:g}: Ray's "
                                        "workers could not train at once")
-    if estimate is None:
-        raise ValueError("runtime.backend auto: choose_backend needs the run's estimate")
+    if estimate is None:  # fedray show of a run whose data is fetched when it starts
+        return BackendChoice("auto", "auto: chosen when the run starts, from the rounds' work "
+                                     "estimated on its data")
     work = estimate()
     actors = parallel + 1
     start = (0.0 if ray_running() else RAY_INIT_SECONDS) + \
@@ -531,6 +533,8 @@ def make_backend(choice: BackendChoice | str, address: str | None = None,
     the inline backend, or Ray (a new local instance, or the cluster at ``address``)."""
     chosen = choice if isinstance(choice, BackendChoice) else \
         choose_backend(choice, [], address, estimate=None)
+    if chosen.name not in ("ray", "inline"):
+        raise ValueError(f"make_backend: no backend chosen ({chosen.reason})")
     if chosen.name == "inline":
         if address:
             raise UsageError("--address: only with --backend ray or auto")

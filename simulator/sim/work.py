@@ -138,14 +138,17 @@ def _probe(sc: Scenario) -> _Probe:
 
 def backend_for(scenarios: list[Scenario], asked: str, address: str | None = None,
                 workers: int | None = None, ray_init: dict | None = None,
-                done: list[int] | None = None) -> BackendChoice:
+                done: list[int] | None = None, fetched: bool = True) -> BackendChoice:
     """The backend that runs ``scenarios`` (a command's points, from round ``done[i]`` of
     the i-th) when ``asked`` (``--backend``, else ``runtime.backend``): ray, inline, or for
     auto the one ``simulator.runtime.backend.choose_backend`` finds to finish first, from
-    the work estimated here (``estimate_work``, only when the run need not be on Ray);
-    logged at debug level. ``fedray run``, ``resume`` and ``show`` choose through it."""
+    the work estimated here (``estimate_work``, only when the run need not be on Ray, and
+    not where a data set is fetched when the run starts, ``download: true``, unless
+    ``fetched``); logged at debug level. ``fedray run``, ``resume`` and ``show`` choose
+    through it."""
+    here = fetched or not any(s.data.dataset.get("download") for s in scenarios)
     choice = choose_backend(asked, [s.runtime for s in scenarios], address, workers,
                             (ray_init or {}).get("num_cpus"),
-                            lambda: estimate_work(scenarios, done))
+                            (lambda: estimate_work(scenarios, done)) if here else None)
     LOG.debug("fedray: backend %s (%s)", choice.name, choice.reason)
     return choice

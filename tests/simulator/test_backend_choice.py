@@ -176,3 +176,18 @@ def test_show_says_which_backend_a_run_takes_and_why(capsys):
     assert main(["show", str(QUICK), "--set", "runtime.workers=2"]) == 0
     assert "# backend: ray (auto: runtime.workers 2: more ClientWorkers than one process " \
            "trains at once; `fedray run`" in capsys.readouterr().out
+
+
+def test_show_fetches_nothing_to_estimate(tmp_path, capsys):
+    """A data set fetched when the run starts (``download: true``): ``fedray show`` does not
+    load it to estimate the work; auto is chosen when the run starts."""
+    from fedray.cli import main
+
+    p = tmp_path / "s.yaml"
+    p.write_text(f"rounds: 2\ndata: {{dataset: {{name: mnist, root: {tmp_path / 'm'}, "
+                 "download: true}}\nmodel: {name: logreg}\nclients: {total: 10}\n")
+    (tmp_path / "m").mkdir()
+    assert main(["show", str(p)]) == 0
+    assert "# backend: auto (auto: chosen when the run starts, from the rounds' work " \
+           "estimated on its data;" in capsys.readouterr().out
+    assert list((tmp_path / "m").iterdir()) == []
