@@ -110,11 +110,17 @@ def _child_timeline(argv: list[str]) -> None:
         say("status-set")
 
     experiment.Experiment.end = timed_end  # type: ignore[method-assign]
-    from fedray.cli import main as cli_main
+    from fedray import cli
 
-    rc = cli_main(argv)
-    say("returned")
-    sys.exit(rc)
+    command = cli.main
+
+    def main(_: list[str] | None = None) -> int:
+        rc = command(argv)
+        say("returned")
+        return rc
+
+    cli.main = main  # type: ignore[assignment]
+    cli.entry()  # the process ends as `fedray` ends it
 
 
 def timeline(cmd: list[str], cwd: Path) -> dict[str, float]:

@@ -409,18 +409,18 @@ def _ray_kind(e: BaseException) -> str:
 
 
 # ``runtime.backend: auto`` (choose_backend). Ray's fixed cost for a run on a new local
-# instance, and its cost a round beyond the training, on this project's 2-core machine when
-# idle (RUNTIME-NOTES, the quickstart's timeline; re-measured by ``python
-# benchmarks/backend_choice.py``, docs/performance.md "The backend a run chooses"):
-# ``ray.init`` of a new local instance 4.5 s; the three actors (two ClientWorkers, the
-# server), each process importing torch and fedray, answer 2.85 s after they are spawned on
-# 2 cores, 1.9 s of CPU each; 30 quickstart rounds take 1.1 s on Ray with 2 workers and 1.0 s
-# inline, so a round costs Ray about 20 ms beyond its half of the inline round (the model
-# put in the object store, the actor calls, their results fetched). Under load (other work
-# on the machine) every one of these grows, Ray's start most (docs/performance.md).
+# instance and its cost a round beyond its share of the training, measured on this
+# project's 2-core machine (``python benchmarks/backend_choice.py``, medians of 3, load
+# average about 2; docs/performance.md "The backend a run chooses"): ``ray.init`` of a new
+# local instance 4.6 s (3.4-5.6; 4.5 s idle in RUNTIME-NOTES); two ClientWorkers and the
+# server, each process importing torch and fedray, answer 3.6 s (2.5-4.1) after they are
+# spawned, about 2.4 s of CPU each on 2 cores; 30 quickstart rounds take 1.73 s on Ray with
+# 2 workers against 1.01 s inline (41 ms a round beyond half the inline round), 120 rounds
+# of benchmarks/vs_flower.py's heavy workload about 105 ms a round against 153 ms (28 ms
+# beyond half): the model put in the object store, the actor calls, their results fetched.
 RAY_INIT_SECONDS = 4.5
-RAY_ACTOR_SECONDS = 1.9  # of CPU; the actors start in parallel on the machine's cores
-RAY_ROUND_SECONDS = 0.02
+RAY_ACTOR_SECONDS = 2.4  # of CPU; the actors start in parallel on the machine's cores
+RAY_ROUND_SECONDS = 0.03
 
 
 class WorkEstimate(Protocol):

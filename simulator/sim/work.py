@@ -3,8 +3,9 @@
 
 In this process, one ClientWorker of the point times a client's local training with the
 probe the engine uses to keep the faster of two trainers (``ClientWorker.probe``: a warm-up,
-then one timing, ``PROBE_STEPS`` minibatch steps of a client of the first round; the loop
-trainer where the run may vectorise, which is never slower than its loop), and the global
+then one timing, of a client of the first round taking as many minibatch steps as a client
+takes on average, from ``PROBE_STEPS`` to ``PROBE_MAX_STEPS``; the loop trainer where the
+run may vectorise, which is never slower than its loop), and the global
 model's evaluation on up to ``EVAL_PROBE_SAMPLES`` test samples (the spans a worker
 evaluates; a warm-up, then one timing), each in this thread's CPU seconds: MLflow opens on
 a thread beside it, and the wall clock would count its share of the GIL, as it would
@@ -14,8 +15,8 @@ round, ``RoundProtocol.trainings_per_round``, x a client's mean steps) and its e
 samples, in one process: what the inline backend takes for the rounds. Points whose
 training differs in nothing the probe times (the model, the data, the local training, the
 task, privacy, the runtime) share one probe: a sweep of aggregators or seeds is probed
-once. It costs four client steps and two evaluations of 256 samples (the quickstart: 0.05 s
-of CPU; the data is loaded anyway, and kept for the run).
+once. It costs at most 16 client steps and two evaluations of 256 samples (the quickstart:
+0.05 s of CPU; the data is loaded anyway, and kept for the run).
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ from strategies.trainers import step_counts
 LOG = logging.getLogger("fedray.engine")
 
 PROBE_CLIENTS = 1  # clients of the first round whose training the estimate times
+# the most minibatch steps it takes: a client's fixed cost a round (its model loaded, its
+# update made) was half of a two-step probe of benchmarks/vs_flower.py's heavy workload
+# (0.45 ms; 0.31 ms a step), which then estimated its 19-step clients 1.4x too slow
+PROBE_MAX_STEPS = 8
 EVAL_PROBE_SAMPLES = 256  # test samples whose evaluation the estimate times
 # the blocks that decide what a client step and an evaluated sample cost
 PROBE_KEYS = ("data", "model", "task", "local", "privacy", "runtime")
@@ -119,9 +124,13 @@ def _probe(sc: Scenario) -> _Probe:
             worker.model.parameters()).detach().cpu().numpy()
         c = sc.clients
         first = sample_clients(plan.seed, 0, c.total, c.sampled).tolist()[:PROBE_CLIENTS]
-        # this thread's CPU seconds: MLflow opens on a thread beside it, sharing the GIL
+        mean_steps = float(np.mean(step_counts(data.client_sizes(), sc.local)))
+        # a client's steps as it takes them (its fixed cost a round spread as over a real
+        # client's), at most PROBE_MAX_STEPS; this thread's CPU seconds: MLflow opens on a
+        # thread beside it, sharing the GIL
+        steps = int(min(max(round(mean_steps), PROBE_STEPS), PROBE_MAX_STEPS))
         (client_seconds,) = worker.probe([plan.loop_trainer or plan.trainer], first, params,
-                                         PROBE_STEPS, clock=time.thread_time)
+                                         steps, clock=time.thread_time)
         ev = data.eval_data()
         n = min(EVAL_PROBE_SAMPLES, len(ev.y_test))
         buffers = buffers_to_vector(worker.model).cpu().numpy() if worker.buffer_dim else None
@@ -131,8 +140,7 @@ def _probe(sc: Scenario) -> _Probe:
             t0 = time.thread_time()
             worker.evaluate_spans(params, buffers, ev, share)
             sample_seconds = min(sample_seconds, (time.thread_time() - t0) / n)
-    mean_steps = float(np.mean(step_counts(data.client_sizes(), sc.local)))
-    return _Probe(client_seconds / PROBE_STEPS, sample_seconds, mean_steps,
+    return _Probe(client_seconds / steps, sample_seconds, mean_steps,
                   len(ev.y_test) + len(ev.y_train))
 
 
