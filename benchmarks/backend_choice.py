@@ -9,8 +9,9 @@ constants and rule; docs/performance.md, "The backend a run chooses").
 3. Whole runs through the CLI, in a folder whose MLflow store exists, for workloads from
    a few seconds of rounds to a minute: the work ``auto`` estimates (``fedray show``'s
    line), the wall time of ``fedray run`` on ``--backend inline``, ``ray`` and the default
-   (``auto``), interleaved, the median of ``--repeat``; and which of inline and ray was the
-   faster (auto's choice is in its estimate's column).
+   (``auto``), interleaved (each first in turn: a run right after one on Ray shares the
+   machine with Ray's exiting processes), the median of ``--repeat``; and which of inline
+   and ray was the faster (auto's choice is in its estimate's column).
 
     python benchmarks/backend_choice.py [--repeat 3] [--only quickstart-30,heavy-40]
 """
@@ -151,9 +152,11 @@ def main() -> None:
             est = estimate_line(path, sets, cwd)
             base = [*FEDRAY, "run", path, "--quiet", *(a for s in sets for a in ("--set", s))]
             times: dict[str, list[float]] = {"inline": [], "ray": [], "auto": []}
-            for _ in range(args.repeat):
-                for b, taken in times.items():
-                    taken.append(wall([*base, *(["--backend", b] if b != "auto" else [])], cwd))
+            order = list(times)
+            for i in range(args.repeat):  # each first once: a run after Ray's pays its exit
+                for b in order[i % 3:] + order[:i % 3]:
+                    times[b].append(wall([*base, *(["--backend", b] if b != "auto" else [])],
+                                         cwd))
             med = {b: statistics.median(t) for b, t in times.items()}
             print(f"| {name} | {est} | {med['inline']:.1f} s | {med['ray']:.1f} s | "
                   f"{med['auto']:.1f} s | {min(('inline', 'ray'), key=med.__getitem__)} |",
