@@ -105,7 +105,7 @@ class ClientWorker(EvaluationJobs, PeerModels):
 
     def probe(self, specs: list[PluginSpec], clients: list[int], global_params: np.ndarray,
               steps: int = 2, repeat: int = 2,
-              clock: Callable[[], float] = time.perf_counter) -> list[float]:
+              clock: Callable[[], float] | None = None) -> list[float]:
         """Seconds per client each trainer of ``specs`` takes (``steps`` minibatch steps a
         client) from ``global_params``: what the engine compares to keep the faster of two
         trainers that give the same numbers. First on ``PROBE_FIRST`` of ``clients``, one
@@ -114,8 +114,9 @@ class ClientWorker(EvaluationJobs, PeerModels):
         here). Otherwise on all of ``clients`` (a trainer that stacks clients costs more per
         client for a large model as the stack grows), the fastest of ``repeat`` timings
         taken in turns (a machine whose speed drifts moves both alike). ``clock``: the
-        seconds counted (``time.thread_time``: this thread's CPU, for a probe that runs
-        beside other threads of the driver)."""
+        seconds counted (default ``time.perf_counter``; ``time.thread_time``: this thread's
+        CPU, for a probe that runs beside other threads of the driver)."""
+        tick = clock or time.perf_counter
         local = self.scenario.local.model_copy(update={"steps": steps, "epochs": None})
         start = torch.from_numpy(np.array(global_params, dtype=np.float32)).to(self.device)
         trains = [self._trainer(spec, local).train for spec in specs]
@@ -129,9 +130,9 @@ class ClientWorker(EvaluationJobs, PeerModels):
                     train(0, data, start)
                 for _ in range(times):
                     for i, train in enumerate(trains):
-                        t0 = clock()
+                        t0 = tick()
                         train(0, data, start)
-                        best[i] = min(best[i], (clock() - t0) / len(ids))
+                        best[i] = min(best[i], (tick() - t0) / len(ids))
             return best
 
         first = fastest(clients[: self.PROBE_FIRST], 1)
