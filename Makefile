@@ -102,6 +102,7 @@ docs-tables: $(STAMP)
 	$(PY) benchmarks/docs_tables.py docs/robust-aggregation.md kappa
 	$(PY) benchmarks/docs_tables.py docs/robust-aggregation.md subset_limits
 	$(PY) benchmarks/docs_tables.py docs/client-drift.md fedprox_stragglers
+	$(PY) benchmarks/docs_tables.py docs/client-drift.md fedprox_epochs
 	$(PY) benchmarks/docs_tables.py docs/client-drift.md scaffold_rounds
 	$(PY) benchmarks/docs_tables.py docs/client-drift.md drift_overhead
 	$(PY) benchmarks/docs_tables.py docs/backdoor.md backdoor_asr backdoor_accuracy
@@ -113,3 +114,4 @@ docs-tables: $(STAMP)
 	$(PY) benchmarks/docs_tables.py docs/async.md async_throughput_ray
 	$(PY) benchmarks/docs_tables.py docs/models.md bn_buffers_attack
 	$(PY) benchmarks/docs_tables.py docs/models.md models_zoo
+	$(PY) benchmarks/docs_tables.py docs/performance.md kernels

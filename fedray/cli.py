@@ -25,6 +25,7 @@ from simulator.errors import (
     ClientStateLost,
     DataError,
     FedrayError,
+    Removed,
     Terminated,
     UsageError,
     WorkerLost,
@@ -32,7 +33,12 @@ from simulator.errors import (
     redact,
 )
 from simulator.log import to_stderr
-from simulator.run.checkpoint import WorkingDirectoryGone
+from simulator.pinning import (
+    PINNED_ENV,
+    NeedsPinnedProcess,
+    environment_pinned,
+    pinned_environment,
+)
 from simulator.run.interrupts import SIGNALS, Unfinished, trap_sigterm, unfinished_of
 from simulator.usage import OneLineParser
 
@@ -120,17 +126,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{r['label']}: {final_text(r)}  (run {r['run_id']})")
     print(f"MLflow parent run: {out.parent_run_id}  experiment: {loaded.scenario.name}")
     print(f"tracking URI: {redact(out.tracking_uri)}")
-    _closing(args, loaded.scenario.name, out.tracking_uri)
+    _closing(args, loaded.scenario.name, out.tracking_uri, out.experiment_id)
     return 0
 
 
-def _closing(args: argparse.Namespace, experiment: str, uri: str) -> None:
-    """What to do next: the report of the runs, and the MLflow UI."""
+def _closing(args: argparse.Namespace, experiment: str, uri: str,
+             experiment_id: str | None = None) -> None:
+    """What to do next: the report of the runs, and the MLflow UI: ``fedray ui`` over a
+    store, or, for a tracking server (http, https), the server's own UI at its address
+    (``fedray ui`` would start a second UI, on the port such a server often holds)."""
     given = args.tracking_uri is not None or "MLFLOW_TRACKING_URI" in os.environ
     where = f" --tracking-uri {redact(uri)}" if given else ""
     name = experiment if experiment.replace("-", "").replace("_", "").isalnum() else \
         repr(experiment)
     print(f"figures and tables: fedray report {name}{where}")
+    if uri.lower().startswith(("http://", "https://")):
+        page = f"/#/experiments/{experiment_id}{ML_VIEW}" if experiment_id else ""
+        print(f"open the MLflow UI of the tracking server: {redact(uri.rstrip('/'))}{page}")
+        return
     print(f"open the MLflow UI with: fedray ui{where}   (then http://127.0.0.1:5000)")
 
 
@@ -152,7 +165,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"failed: {', '.join(out.failed)}; run the same command again to retry them",
               file=sys.stderr)
         return 1
-    _closing(args, loaded.scenario.name, out.tracking_uri)
+    _closing(args, loaded.scenario.name, out.tracking_uri, out.experiment_id)
     return 0
 
 
@@ -185,7 +198,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
               f"with {values}  (run {best['run_id']}; {best['trials']} "
               f"{'trial' if best['trials'] == 1 else 'trials'} ran every round)")
     print(f"MLflow parent run: {out.parent_run_id}  experiment: {loaded.scenario.name}")
-    _closing(args, loaded.scenario.name, out.tracking_uri)
+    _closing(args, loaded.scenario.name, out.tracking_uri, out.experiment_id)
     return 0
 
 
@@ -673,7 +686,7 @@ def _pending_note(command: str, start: Path) -> None:
     """What a tracking outage left in the journal under ``start`` (the working directory the
     command started in), and the command that sends it; or, where that directory was removed
     while the command ran, that its journal and checkpoints went with it."""
-    from simulator.run.tracking import pending
+    from simulator.run.tracking import pending, removed_store
 
     if not start.is_dir():
         print(printable(f"fedray {command}: the working directory {start} was removed while "
@@ -681,13 +694,18 @@ def _pending_note(command: str, start: Path) -> None:
                         "with it"), file=sys.stderr)
         return
     for run_id, what in pending(start).items():
-        print(f"fedray: run {run_id}: {what} not yet in MLflow (kept in .fedray/pending/); "
-              "`fedray sync` sends it", file=sys.stderr)
+        store = removed_store(run_id, start)
+        then = ("`fedray sync` sends it" if store is None else
+                f"its tracking store {store} was removed while it ran: put it back, then "
+                "`fedray sync`")
+        print(printable(f"fedray: run {run_id}: {what} not yet in MLflow (kept in "
+                        f".fedray/pending/); {then}"), file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
     """The ``fedray`` command. fedray's messages (``logging``) are printed on stderr as they
     are written: information and above, the debug messages too with ``-v``."""
+    own = argv is None  # this process's own command line: it may restart itself
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["table"]:  # its own parser (python -m dashboards.tables is the same)
         with to_stderr():
@@ -702,7 +720,17 @@ def main(argv: list[str] | None = None) -> int:
               "existing folder and run it again", file=sys.stderr)
         return EXIT_INVALID
     with to_stderr(level):
-        return _command(args, tracked, start)
+        return _command(args, tracked, start, own)
+
+
+def _restart_pinned() -> None:
+    """This command again, in a process started with the pinned kernels' environment
+    (``runtime.deterministic: strict``, ``simulator.pinning``): nothing has run yet."""
+    logging.getLogger("fedray").debug("deterministic: strict: restarting with %s",
+                                      " ".join(f"{k}={v}" for k, v in PINNED_ENV.items()))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], pinned_environment())
 
 
 def entry() -> None:
@@ -735,10 +763,12 @@ def _check_tracking_uri(args: argparse.Namespace) -> None:
         check_command_uri(args.tracking_uri)
 
 
-def _command(args: argparse.Namespace, tracked: bool, start: Path) -> int:
+def _command(args: argparse.Namespace, tracked: bool, start: Path, own: bool = False) -> int:
     """``args.func``, its failures reported in one line with the runs they left unfinished:
     exit 2 for a user's mistake (UsageError, DataError: a scenario, an argument, a file, a
-    URI, an address), 1 for a fault during a run, 128 + the signal for an interrupt."""
+    URI, an address), 1 for a fault during a run, 128 + the signal for an interrupt. A
+    ``deterministic: strict`` run found before anything ran restarts the command (``own``: it
+    is this process's command line) in a process started with the pinned kernels."""
     if tracked:
         trap_sigterm()
     note = tracked  # the journal's note at the end
@@ -752,8 +782,14 @@ def _command(args: argparse.Namespace, tracked: bool, start: Path) -> int:
               f"{_unfinished(args.command, True, unfinished_of(e))}", file=sys.stderr)
         return 128 + signum
     except (FedrayError, DataError) as e:
-        resumable = isinstance(e, (WorkerLost, ClientStateLost))
-        note = note and not isinstance(e, WorkingDirectoryGone)  # this line says it all
+        if isinstance(e, NeedsPinnedProcess) and own and not environment_pinned():
+            _restart_pinned()  # does not return
+        # a run that lost a worker, or a file put back, goes on; a removed store held the runs
+        resumable = isinstance(e, (WorkerLost, ClientStateLost)) or (
+            isinstance(e, Removed) and e.what != Removed.TRACKING_STORE)
+        # the line says what the journal's note would: where it was is gone
+        note = note and not (isinstance(e, Removed)
+                             and e.what in (Removed.WORKING_DIRECTORY, Removed.TRACKING_STORE))
         # user text in the message (a run id, a path) never reaches the terminal raw
         print(printable(redact(f"fedray {args.command}: {e}"
                                f"{_unfinished(args.command, resumable, unfinished_of(e))}")),

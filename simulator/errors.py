@@ -81,6 +81,23 @@ class TrackingUnavailable(UsageError):
     outage later in a run is no error: what cannot be sent is journaled."""
 
 
+class Removed(FedrayError):
+    """A file or folder the run still needs was removed while it went on (its working
+    directory, a data file, the tracking store): ``what`` says which (``working directory``,
+    ``tracking store`` or the scenario key), ``path`` where it was. Reported as that, not as
+    whatever its absence broke (``simulator.run.removed``)."""
+
+    WORKING_DIRECTORY = "working directory"
+    TRACKING_STORE = "tracking store"
+
+    def __init__(self, message: str, what: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.what, self.path = what, path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.what, self.path))
+
+
 class CheckpointUnreadable(FedrayError):
     """A checkpoint file that does not load (truncated, or not one of fedray's)."""
 

@@ -115,7 +115,9 @@ class FedProx(DriftRule):
     gains ``mu (w - x)``; the message is the model delta. ``mu = 0`` is FedAvg (the same
     steps, bit for bit). The paper's inexact local solver is local SGD here, with
     ``local.epochs``/``local.steps`` as the work budget; its systems heterogeneity (stragglers
-    send partial work instead of being dropped) is ``clients.stragglers.partial``."""
+    send partial work instead of being dropped) is ``clients.stragglers.partial``, and the
+    paper's straggler model (a fraction of the clients run 1 to E epochs) is
+    ``clients.stragglers.kind: epochs``."""
 
     def __init__(self, mu: Annotated[float, Ge(0), Le(1e6)] = 0.01) -> None:
         self.mu = mu

@@ -4,8 +4,10 @@ driver, and Ray's raylet-death block left out of the driver's output."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -125,6 +127,33 @@ def test_a_ray_job_without_address_is_refused_in_one_line(tmp_path, monkeypatch,
     assert not (tmp_path / "mlflow.db").exists()
 
 
+# --- the closing hint -------------------------------------------------------------------
+
+@pytest.mark.parametrize("uri,ui", [
+    ("http://127.0.0.1:5000", "http://127.0.0.1:5000"),
+    ("https://mlflow.lab.example:8443/", "https://mlflow.lab.example:8443"),
+    ("http://alice:s3cretpass@10.0.0.5:5000", "http://alice:***@10.0.0.5:5000"),
+])
+def test_after_a_run_on_a_tracking_server_the_hint_is_the_servers_own_ui(capsys, monkeypatch,
+                                                                         uri, ui):
+    """Not `fedray ui` (a second UI, on the port the server itself often holds): the
+    server's UI at its address, the experiment's runs view, no credential."""
+    from fedray.cli import _closing, build_parser
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    args = build_parser().parse_args(["run", "s.yaml", "--tracking-uri", uri])
+    _closing(args, "cluster-job", uri, "7")
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == (f"open the MLflow UI of the tracking server: {ui}/#/experiments/7"
+                      "?workflowType=machine_learning")
+    assert "fedray ui" not in "\n".join(out) and "s3cretpass" not in "\n".join(out)
+    args = build_parser().parse_args(["run", "s.yaml", "--tracking-uri", "sqlite:////s/m.db"])
+    _closing(args, "cluster-job", "sqlite:////s/m.db", "7")
+    assert capsys.readouterr().out.splitlines()[1] == (
+        "open the MLflow UI with: fedray ui --tracking-uri sqlite:////s/m.db   "
+        "(then http://127.0.0.1:5000)")
+
+
 # --- a working directory removed under the command ---------------------------------------
 
 def test_checkpoints_in_a_removed_working_directory_are_one_line(tmp_path, monkeypatch):
@@ -133,8 +162,9 @@ def test_checkpoints_in_a_removed_working_directory_are_one_line(tmp_path, monke
     monkeypatch.chdir(gone)
     gone.rmdir()
     with pytest.raises(checkpoint.WorkingDirectoryGone,
-                       match=r"^the working directory was removed while the run went on .*"
-                             r"\(.fedray/checkpoints/\) cannot be written; run from a folder"):
+                       match=r"^the working directory was removed while the run went on; what "
+                             r"the run kept there \(.fedray/checkpoints/, .fedray/pending/\) "
+                             r"went with it; run fedray from a folder that lasts$"):
         checkpoint.save("r1", 0, {"x": 1})
     assert checkpoint.remove("r1") is None  # nothing to forget: it went with the folder
     assert checkpoint.latest("r1", base=tmp_path) is None  # an explicit base still answers
@@ -194,9 +224,9 @@ def test_a_working_directory_removed_under_a_running_driver_is_one_line(tmp_path
     assert "Traceback" not in r.stderr, r.stderr
     lines = [x for x in r.stderr.splitlines() if x.startswith("fedray run:")]
     assert r.returncode == 1 and len(lines) == 1, r.stderr
-    assert lines[0].startswith("fedray run: the working directory was removed while the run "
-                               "went on")
-    assert "marked FAILED" in lines[0]
+    assert lines[0].startswith(f"fedray run: the working directory {cwd} was removed while "
+                               "the run went on; what the run kept there")
+    assert "marked FAILED" in lines[0] and "; continue with `fedray resume " in lines[0]
 
 
 # --- Ray's raylet-death block ------------------------------------------------------------
@@ -342,37 +372,223 @@ def _stop(folder: Path, gcs: int) -> None:
             time.sleep(0.2)
 
 
+# --- the page's two nodes ----------------------------------------------------------------
+
+PAGE = ROOT / "docs" / "cluster.md"
+# what every Ray node on one machine needs of its own (docs/cluster.md, "Start the nodes"),
+# and what a head needs besides (a second cluster on the machine); --block: stopped alone
+NODE_PORTS = ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+              "--runtime-env-agent-port", "--metrics-export-port", "--node-manager-port",
+              "--object-manager-port")
+HEAD_PORTS = ("--port", "--dashboard-port", "--ray-client-server-port")
+PER_NODE = ("--temp-dir", *NODE_PORTS, "--block")
+RAY_WORKER_PORTS = (10002, 19999)  # `ray start`'s --min-worker-port/--max-worker-port
+
+
+def _shell_lines(text: str) -> list[str]:
+    """The command lines of the page's plain code blocks (continuations joined, comments
+    and empty lines left out)."""
+    out = []
+    for block in re.findall(r"^```\n(.*?)^```", text, re.DOTALL | re.MULTILINE):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                out.append(line)
+    return out
+
+
+def _ray_start(line: str) -> list[str]:
+    """``ray start``'s arguments on a page line (its environment, ``nohup``, redirections
+    and ``&`` left out)."""
+    words = shlex.split(line)
+    while words and ("=" in words[0] or words[0] in ("nohup", "timeout")):
+        words.pop(0)
+    assert words[:2] == ["ray", "start"], line
+    args = []
+    for w in words[2:]:
+        if w.startswith(">") or w in ("&", "2>&1"):
+            break
+        args.append(w)
+    return args
+
+
+def _flags(args: list[str]) -> dict[str, str | None]:
+    """``{--flag: value}`` (None for a flag without a value) of a ``ray start`` line."""
+    out: dict[str, str | None] = {}
+    for i, a in enumerate(args):
+        if a.startswith("--"):
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            out[a] = nxt if nxt is not None and not nxt.startswith("--") else None
+    return out
+
+
+def page_nodes() -> dict[str, tuple[list[str], Path, str]]:
+    """The page's head and second node on one machine: ``{"head" | "node2": (ray start's
+    arguments, the file their pid goes to, the page's command that stops them)}``."""
+    lines = _shell_lines(PAGE.read_text())
+    found = {}
+    for i, line in enumerate(lines):
+        if " ray start --head " in f" {line} ":
+            name = "head"
+        elif re.search(r"ray start --address 127\.0\.0\.1:\d+ ", line):
+            name = "node2"
+        else:
+            continue
+        pid = re.fullmatch(r"echo \$! > (\S+)", lines[i + 1])
+        assert pid, f"docs/cluster.md: the {name}'s pid is not kept after {line!r}"
+        stop = f"kill $(cat {pid[1]})"
+        assert stop in lines, f"docs/cluster.md: no `{stop}` stops the {name}"
+        found[name] = (_ray_start(line), Path(pid[1]), stop)
+    assert sorted(found) == ["head", "node2"], "docs/cluster.md: head or second node missing"
+    return found
+
+
+def _worker_range(flags: dict[str, str | None]) -> range:
+    low = int(flags.get("--min-worker-port") or RAY_WORKER_PORTS[0])
+    high = int(flags.get("--max-worker-port") or RAY_WORKER_PORTS[1])
+    return range(low, high + 1)
+
+
+def test_the_pages_two_nodes_on_one_machine_have_their_own_folders_and_ports():
+    """The page's commands themselves: each node its own --temp-dir and node ports, none in
+    a worker range, the head its own head ports, both under --block (stopped one at a time),
+    and every flag one that this Ray's `ray start --help` lists."""
+    nodes = {name: _flags(args) for name, (args, _, _) in page_nodes().items()}
+    head, node2 = nodes["head"], nodes["node2"]
+    for flag in PER_NODE:
+        assert flag in head and flag in node2, f"docs/cluster.md: {flag} missing"
+    for flag in HEAD_PORTS:
+        assert flag in head, f"docs/cluster.md: the head's {flag} missing"
+    assert head["--temp-dir"] != node2["--temp-dir"]
+    ports = [int(str(f[k])) for f in (head, node2) for k in (*NODE_PORTS, *HEAD_PORTS)
+             if k in f]
+    assert len(ports) == len(set(ports)) == len(NODE_PORTS) * 2 + len(HEAD_PORTS)
+    for f in (head, node2):
+        assert not [p for p in ports if p in _worker_range(f)]
+    assert node2["--address"] == f"127.0.0.1:{head['--port']}"
+    help_text = subprocess.run([str(BIN / "ray"), "start", "--help"], capture_output=True,
+                               text=True, timeout=120, check=True).stdout
+    known = set(re.findall(r"(--[a-z][a-z-]+)", help_text))
+    assert set(head) | set(node2) <= known, (set(head) | set(node2)) - known
+
+
+def _as_here(args: list[str], temp: Path, ports: dict[str, int], head_port: int) -> list[str]:
+    """The page's ``ray start`` arguments with this test's folder and free ports in place of
+    the page's values; every flag stays."""
+    out = list(args)
+    for i, a in enumerate(out[:-1]):
+        if a == "--temp-dir":
+            out[i + 1] = str(temp)
+        elif a in ports:
+            out[i + 1] = str(ports[a])
+        elif a == "--address":
+            out[i + 1] = f"127.0.0.1:{head_port}"
+    # this machine's share: one CPU each, a small object store, no usage report
+    return out + ["--num-cpus", "1", "--object-store-memory", str(100 * 1024**2),
+                  "--disable-usage-stats"]
+
+
+class PageCluster:
+    """The page's head and second node, started here (``ray start --block``, each in its
+    own process group), and stopped the page's way (``stop``) or, whatever happened, by
+    ``clean``."""
+
+    def __init__(self, base: Path, env: dict[str, str]) -> None:
+        self.env, self.procs, self.temps = env, {}, {}
+        nodes = page_nodes()
+        names = [*NODE_PORTS, *HEAD_PORTS]
+        free = iter(_free_ports(len(names) * 2))
+        ports = {name: {k: next(free) for k in names} for name in nodes}
+        self.gcs = ports["head"]["--port"]
+        self.dashboard = f"http://127.0.0.1:{ports['head']['--dashboard-port']}"
+        self.stops = {name: stop for name, (_, _, stop) in nodes.items()}
+        for name in ("head", "node2"):
+            self.temps[name] = base / name  # short: Ray's socket paths fit in 107 chars
+            argv = [str(BIN / "ray"), "start",
+                    *_as_here(nodes[name][0], self.temps[name], ports[name], self.gcs)]
+            with open(base / f"{name}.log", "w") as log:  # as the page's > /tmp/ray-*.log
+                self.procs[name] = subprocess.Popen(
+                    argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True)
+            self._wait_started(name, base / f"{name}.log", 120)
+
+    def _wait_started(self, name: str, log: Path, seconds: float) -> None:
+        """Until ``ray start`` says the node runs (it has joined the cluster)."""
+        deadline = time.monotonic() + seconds
+        while "Ray runtime started." not in log.read_text(errors="replace"):
+            p = self.procs[name]
+            assert p.poll() is None, f"ray start ({name}) exited {p.returncode}: " + \
+                log.read_text(errors="replace")[-2000:]
+            assert time.monotonic() < deadline, f"ray start ({name}) did not start"
+            time.sleep(0.3)
+
+    def alive(self, name: str) -> set[int]:
+        """The processes of node ``name`` still running (zombies waiting for their parent
+        left out): its process group, and what names its --temp-dir (with their
+        children)."""
+        self.procs[name].poll()  # ray start itself, once it has exited
+        group = {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                 and _pgid(int(p.name)) == self.procs[name].pid}
+        found = group | _processes_of(self.temps[name], self.gcs if name == "head" else -1)
+        return {pid for pid in found if _state(pid) not in (None, "Z")}
+
+    def stop(self, name: str) -> None:
+        """The page's ``kill $(cat PIDFILE)``: SIGTERM to its ``ray start --block``."""
+        assert self.stops[name].startswith("kill $(cat ")
+        self.procs[name].send_signal(signal.SIGTERM)
+
+    def clean(self) -> None:
+        for name in ("node2", "head"):
+            p = self.procs.get(name)
+            if p is None:
+                continue
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(20)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            _stop(self.temps[name], self.gcs if name == "head" else -1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(5)
+
+
+def _state(pid: int) -> str | None:
+    """A process's state letter (``Z``: a zombie), None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
 @pytest.fixture(scope="module")
-def ray_head(tmp_path_factory):
-    """`ray start --head` on loopback with the Jobs API, token authentication off, its own
-    --temp-dir (short: Ray's socket paths must fit in 107 characters) and its own ports;
-    yields the dashboard's address. Its environment is the one a job inherits: this venv's
-    bin first on PATH (the job's `fedray`), no MLFLOW_TRACKING_URI."""
+def page_cluster(tmp_path_factory):
+    """docs/cluster.md's head (the Jobs API on loopback) and second node on this machine,
+    with token authentication off, the page's flags with this test's folders and free ports.
+    Its environment is the one a job inherits: this venv's bin first on PATH (the job's
+    `fedray`), no MLFLOW_TRACKING_URI."""
     pytest.importorskip(
         "ray.dashboard.optional_deps",
         reason="the cluster extra is not installed (pip install -e '.[cluster]'): "
-               "ray job submit needs the dashboard's packages")
-    temp = tmp_path_factory.mktemp("ray")
-    gcs, dash, client, agent, agent_grpc, env_agent, metrics, nm, om = _free_ports(9)
+               "the page's head has the dashboard, which needs its packages")
     env = {k: v for k, v in os.environ.items()
            if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "RAY_DEDUP_LOGS_SKIP_REGEX")}
-    env.update(RAY_AUTH_MODE="disabled", PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
-    cmd = [str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1",
-           "--port", str(gcs), "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
-           "--dashboard-port", str(dash), "--ray-client-server-port", str(client),
-           "--dashboard-agent-listen-port", str(agent),
-           "--dashboard-agent-grpc-port", str(agent_grpc),
-           "--runtime-env-agent-port", str(env_agent), "--metrics-export-port", str(metrics),
-           "--node-manager-port", str(nm), "--object-manager-port", str(om),
-           "--temp-dir", str(temp), "--num-cpus", "2", "--object-store-memory",
-           str(200 * 1024**2), "--disable-usage-stats"]
+    env.update(RAY_AUTH_MODE="disabled", PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+    cluster = None
     try:
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180,
-                           check=False)
-        assert r.returncode == 0, r.stderr[-3000:]
-        yield f"http://127.0.0.1:{dash}", env
+        cluster = PageCluster(tmp_path_factory.mktemp("ray"), env)
+        yield cluster
     finally:
-        _stop(temp, gcs)
+        if cluster is not None:
+            cluster.clean()
 
 
 def _submit(address: str, env: dict, working_dir: Path, *args: str) -> subprocess.CompletedProcess:
@@ -383,37 +599,51 @@ def _submit(address: str, env: dict, working_dir: Path, *args: str) -> subproces
 
 @pytest.mark.cluster
 def test_ray_job_submit_runs_on_the_cluster_and_lands_in_the_given_store(
-        ray_head, tmp_path, _mlflow_template):
+        page_cluster, tmp_path, _mlflow_template):
+    """The page's job on the page's two nodes, a ClientWorker on each: every round lands in
+    the given store, with the numbers of the same scenario on the inline backend."""
     from mlflow.tracking import MlflowClient
 
-    address, env = ray_head
+    address, env = page_cluster.dashboard, page_cluster.env
     work = tmp_path / "job"
     work.mkdir()
-    (work / "tiny.yaml").write_text(SCENARIO)
-    store = tmp_path / "store" / "mlflow.db"
-    store.parent.mkdir()
-    shutil.copy(_mlflow_template, store)
-    uri = f"sqlite:///{store}"
-    r = _submit(address, env, work, "tiny.yaml", "--address", "auto", "--tracking-uri", uri)
+    (work / "tiny.yaml").write_text(SCENARIO.replace("workers: 1", "workers: 2"))
+    uris = {}
+    for how in ("job", "inline"):
+        (tmp_path / how / "store").mkdir(parents=True)
+        shutil.copy(_mlflow_template, tmp_path / how / "store" / "mlflow.db")
+        uris[how] = f"sqlite:///{tmp_path / how / 'store' / 'mlflow.db'}"
+    r = _submit(address, env, work, "tiny.yaml", "--address", "auto", "--tracking-uri",
+                uris["job"])
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "Traceback" not in out
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name("cluster-job")
-    runs = client.search_runs([exp.experiment_id],
-                              filter_string="tags.mlflow.parentRunId != ''")
-    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    history = client.get_metric_history(runs[0].info.run_id, "eval/test_accuracy")
-    assert sorted(m.step for m in history) == [0, 1, 2, 3]  # every round, once
-    final = max(history, key=lambda m: m.step).value
+    assert main(["run", str(work / "tiny.yaml"), "--backend", "inline", "--quiet",
+                 "--tracking-uri", uris["inline"]]) == 0
+    got = {}
+    for how, uri in uris.items():
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name("cluster-job")
+        runs = client.search_runs([exp.experiment_id],
+                                  filter_string="tags.mlflow.parentRunId != ''")
+        assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+        got[how] = {k: sorted((m.step, m.value) for m in client.get_metric_history(
+            runs[0].info.run_id, k)) for k in ("eval/test_accuracy", "eval/test_loss")}
+        if how == "job":
+            assert runs[0].data.tags["ray_nodes"] == "2"  # both nodes, one CPU each
+            run_id = runs[0].info.run_id
+    history = got["job"]["eval/test_accuracy"]
+    assert [step for step, _ in history] == [0, 1, 2, 3]  # every round, once
+    assert got["job"] == got["inline"]
+    final = history[-1][1]
     assert final > 0.7
-    assert f"seed=0: final test accuracy {final:.4f}  (run {runs[0].info.run_id})" in out
-    assert f"tracking URI: {uri}" in out
+    assert f"seed=0: final test accuracy {final:.4f}  (run {run_id})" in out
+    assert f"tracking URI: {uris['job']}" in out
 
 
 @pytest.mark.cluster
-def test_ray_job_submit_without_tracking_uri_fails_in_one_line(ray_head, tmp_path):
-    address, env = ray_head
+def test_ray_job_submit_without_tracking_uri_fails_in_one_line(page_cluster, tmp_path):
+    address, env = page_cluster.dashboard, page_cluster.env
     work = tmp_path / "job"
     work.mkdir()
     (work / "tiny.yaml").write_text(SCENARIO)
@@ -427,3 +657,25 @@ def test_ray_job_submit_without_tracking_uri_fails_in_one_line(ray_head, tmp_pat
     assert line.startswith(f"fedray run: {REFUSED}")
     assert "runtime_resources/working_dir_files/_ray_pkg_" in line
     assert "Traceback" not in out and "seed=0: round" not in out
+
+
+@pytest.mark.cluster
+def test_stopping_the_pages_cluster_the_pages_way_leaves_another_ray_running(page_cluster,
+                                                                            ray_backend):
+    """The page's `kill $(cat PIDFILE)` for each node (last in this module: it stops the
+    module's cluster): every process of both nodes is gone within 30 s, and the session's
+    own Ray instance still runs a task. `ray stop` would have stopped it too."""
+    ray = ray_backend.ray
+    assert page_cluster.alive("head") and page_cluster.alive("node2")
+    for name in ("node2", "head"):
+        page_cluster.stop(name)
+    deadline = time.monotonic() + 30
+    while page_cluster.alive("head") | page_cluster.alive("node2"):
+        assert time.monotonic() < deadline, {n: page_cluster.alive(n) for n in page_cluster.procs}
+        time.sleep(0.3)
+    for p in page_cluster.procs.values():
+        assert p.wait(5) is not None
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", page_cluster.gcs), timeout=1).close()
+    assert ray.get(ray.remote(lambda: 42).remote(), timeout=60) == 42
+    assert ray_backend.num_nodes() == 1

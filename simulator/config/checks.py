@@ -14,7 +14,7 @@ from simulator import registry
 from simulator.config.data_load import LoadChoice, available_memory, choose_load, describe_dataset
 from simulator.config.errors import Problem, problem
 from simulator.config.plan import Plan, resolve
-from simulator.config.schema import MODES, Scenario, default_at
+from simulator.config.schema import MODES, Runtime, Scenario, Stragglers, default_at
 from simulator.errors import DataError, brief_text
 from simulator.registry import instantiate
 from simulator.sim.sampling import byzantine_clients
@@ -42,10 +42,8 @@ def cross_field(sc: Scenario, problems: list[Problem]) -> LoadChoice | None:
                                 f"{c.byzantine}); available: {', '.join(usable)}"))
     if sc.local.epochs is not None and sc.local.steps is not None:
         problems.append(Problem(("local", "steps"), "give local.epochs or local.steps, not both"))
-    rt = sc.runtime
-    if rt.device == "cuda" and rt.num_gpus == 0:
-        problems.append(Problem(("runtime", "num_gpus"), "device: cuda needs a GPU share per "
-                                "worker (> 0, fractional packs workers on a GPU), got 0"))
+    _check_runtime(sc.runtime, problems)
+    _check_stragglers(c.stragglers, problems)
     if len(set(sc.seeds)) != len(sc.seeds) or not sc.seeds:
         problems.append(Problem(("seeds",), f"must be a non-empty list of distinct integers, got {sc.seeds}"))
     try:
@@ -60,6 +58,40 @@ def cross_field(sc: Scenario, problems: list[Problem]) -> LoadChoice | None:
     except registry.UnknownPlugin:  # already reported by the plugin pass
         pass
     return choice
+
+
+def _check_runtime(rt: Runtime, problems: list[Problem]) -> None:
+    """A GPU share for cuda workers; ``deterministic: strict`` pins x86 CPU kernels in fp32
+    (simulator.runtime.kernels): a GPU's kernels or bf16's oneDNN paths have no such pin."""
+    if rt.device == "cuda" and rt.num_gpus == 0:
+        problems.append(Problem(("runtime", "num_gpus"), "device: cuda needs a GPU share per "
+                                "worker (> 0, fractional packs workers on a GPU), got 0"))
+    if rt.deterministic != "strict":
+        return
+    for key in ("device", "server_device"):
+        if getattr(rt, key) != "cpu":
+            problems.append(Problem(("runtime", key), "deterministic: strict pins the CPU's "
+                                    f"kernels: it needs {key}: cpu, got {getattr(rt, key)}"))
+    if rt.precision != "fp32":
+        problems.append(Problem(("runtime", "precision"), "deterministic: strict pins fp32 "
+                                f"kernels: it needs precision: fp32, got {rt.precision}"))
+
+
+def _check_stragglers(s: Stragglers | None, problems: list[Problem]) -> None:
+    """``clients.stragglers``: no key that only another ``kind`` reads (the likelier
+    mistake, said alone: the kind was left out), else the key its kind requires."""
+    if s is None:
+        return
+    loc = ("clients", "stragglers")
+    foreign = [Problem((*loc, key), f"used by kind {other} only; remove it, or set "
+                       f"clients.stragglers.kind: {other}")
+               for other, keys in Stragglers.KEYS.items() if other != s.kind
+               for key in keys if key in s.model_fields_set]
+    problems += foreign
+    required = Stragglers.REQUIRED[s.kind]
+    if not foreign and getattr(s, required) is None:
+        problems.append(Problem((*loc, required), f"required with kind {s.kind}: "
+                                f"{Stragglers.REQUIRED_WHAT[s.kind]}"))
 
 
 def _check_clients_rule(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:

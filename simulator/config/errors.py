@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import types
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -107,11 +108,50 @@ def message(err: Any, root: type[BaseModel], loc: Loc) -> str:
     return str(err["msg"])
 
 
+def _is_union(tp: Any) -> bool:
+    """Whether ``tp`` (through Annotated) is a union of more than a type and None."""
+    while typing.get_origin(tp) is typing.Annotated:
+        tp = typing.get_args(tp)[0]
+    if typing.get_origin(tp) not in (typing.Union, types.UnionType):
+        return False
+    return len([a for a in typing.get_args(tp) if a is not type(None)]) > 1
+
+
+def _field_loc(root: type[BaseModel], loc: Loc) -> Loc:
+    """``loc`` without the union members' tags pydantic puts in it (a field typed ``bool |
+    Literal['strict']`` reports ``...deterministic.bool`` and ``...deterministic.literal[
+    'strict']``): the name that follows a union-typed field."""
+    out: list[Any] = []
+    cur: type[BaseModel] | None = root
+    union = False
+    for part in loc:
+        if union and isinstance(part, str):
+            union = False
+            continue  # a union member's tag
+        out.append(part)
+        f = cur.model_fields.get(part) if cur is not None and isinstance(part, str) else None
+        union = f is not None and _is_union(f.annotation)
+        if not isinstance(part, int):
+            cur = _unwrap_model(f.annotation) if f is not None else None
+    return tuple(out)
+
+
 def pydantic_problems(e: ValidationError, root: type[BaseModel], prefix: Loc = ()) -> list[Problem]:
-    out = []
+    """One problem per key: the errors of a union's members at one key become one line
+    (``must be true or false, or one of 'strict', got 'nope'``)."""
+    by_loc: dict[Loc, list[str]] = {}
     for err in e.errors(include_url=False):
         loc = tuple(err["loc"])
-        out.append(Problem(prefix + loc, message(err, root, loc)))
+        by_loc.setdefault(_field_loc(root, loc), []).append(message(err, root, loc))
+    out = []
+    for loc, texts in by_loc.items():
+        musts = [t.removeprefix("must be ").rpartition(", got ") for t in texts]
+        if len(texts) > 1 and all(t.startswith("must be ") for t in texts) and \
+                len({got for _, _, got in musts}) == 1:
+            text = f"must be {', or '.join(m for m, _, _ in musts)}, got {musts[0][2]}"
+        else:
+            text = "; ".join(dict.fromkeys(texts))
+        out.append(Problem(prefix + loc, text))
     return out
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from annotated_types import Ge, Gt, Le, Lt
 from pydantic import (
@@ -129,18 +129,63 @@ class BHat(Strict):
 
 
 class Stragglers(Strict):
-    """Simulated compute speed: client c's time for one local step in round r is
-    exp(sigma z_c + jitter e_cr) (z_c fixed per client, e_cr per round, standard normal,
-    seeded; median 1); a client whose local work (its number of minibatch steps) takes more
-    than ``deadline`` step-times misses the round. ``partial``: it sends the work it finished
-    by the deadline instead (its first ``floor(steps * deadline / time)`` minibatch steps;
-    none finished: it misses the round), FedProx's systems heterogeneity (Li et al., MLSys
-    2020)."""
+    """Honest clients that do less than their round's local work, by one of two models
+    (``kind``); ``partial`` says what the server does with them: false, they miss the round
+    (FedAvg drops them); true, each sends the work it finished (FedProx's systems
+    heterogeneity, Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith, "Federated Optimization in
+    Heterogeneous Networks", MLSys 2020) -- none finished: it misses the round.
 
-    deadline: Annotated[float, Gt(0), AllowInfNan(True)]  # inf: nobody misses a round
+    ``deadline`` (the default): simulated compute speed. Client c's time for one local step
+    in round r is exp(sigma z_c + jitter e_cr) (z_c fixed per client, e_cr per round,
+    standard normal, seeded; median 1); a client whose local work (its number of minibatch
+    steps) takes more than ``deadline`` step-times is late. Its finished work: its first
+    ``floor(steps * deadline / time)`` minibatch steps (``simulator.sim.sampling.late_work``,
+    the deadline rule ``server.mode: deadline`` applies to its devices too).
+
+    ``epochs``: the paper's own straggler model (Section 5.2, Figure 1). In each round,
+    ``fraction`` of the sampled honest clients that train (the count the authors' code
+    takes, ``m - round(m (1 - fraction))`` of m) are stragglers, each running a number of
+    local epochs drawn uniformly from [1, E] (E = ``local.epochs``; one when neither
+    ``local.epochs`` nor ``local.steps`` is set) instead of E: its finished work is its
+    first x epochs, the same minibatches its full work starts with. With ``local.steps``
+    S the unit is one minibatch step: x is uniform in [1, S] steps (our choice; the paper
+    counts epochs). Departures: the paper's text says [1, E], which we follow; the authors'
+    code draws ``randint(1, E)``, that is [1, E - 1], so there a straggler never does the
+    full work (here one that draws E does, and ``partial: false`` still drops it, as the
+    paper's FedAvg drops every straggler). Work, not time: this model has no clock of its
+    own; with ``speeds`` a straggler's simulated time is its share of its task's, as under
+    ``deadline``. The draws come from the run's seed and the round, so every setting of
+    ``partial`` and of the client rule (FedAvg, FedProx's mu) sees the same stragglers
+    doing the same epochs, as in the paper."""
+
+    kind: Literal["deadline", "epochs"] = "deadline"
+    # kind deadline (required there): inf, nobody is late
+    deadline: Annotated[float, Gt(0), AllowInfNan(True)] | None = None
     sigma: Annotated[float, Ge(0)] = 0.5
     jitter: Annotated[float, Ge(0)] = 0.1
+    # kind epochs (required there): the share of a round's training honest clients that
+    # straggle
+    fraction: Annotated[float, Ge(0), Le(1)] | None = None
     partial: bool = False
+
+    # the keys each kind reads (the others are refused with it, ``checks``), and the one
+    # it requires
+    KEYS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "deadline": ("deadline", "sigma", "jitter"), "epochs": ("fraction",)}
+    REQUIRED: ClassVar[dict[str, str]] = {"deadline": "deadline", "epochs": "fraction"}
+    # what the required key of each kind is, for the line that asks for it
+    REQUIRED_WHAT: ClassVar[dict[str, str]] = {
+        "deadline": "the step-times past which a client is late (.inf: never)",
+        "epochs": "the share of each round's training honest clients that straggle, from 0 to 1"}
+
+    @model_serializer(mode="wrap")
+    def _read(self, handler: Any) -> Any:
+        """The keys its kind reads and ``partial``; ``kind`` only when it is not the
+        default, so a ``deadline`` block dumps as it did before ``epochs`` existed (a run's
+        identity, ``simulator.run.layout.point_key``, is a digest of the dump)."""
+        keep = (*self.KEYS[self.kind], "partial") + (("kind",) if self.kind != "deadline"
+                                                     else ())
+        return {k: v for k, v in handler(self).items() if k in keep}
 
 
 class Clients(Strict):
@@ -386,8 +431,10 @@ class Runtime(Strict):
     eval_threads: Annotated[int, Ge(1), Le(MAX_THREADS)] = 1
     # fp32, or bf16 autocast of the clients' forward passes (updates stay float32)
     precision: Literal["fp32", "bf16"] = "fp32"
-    # torch's deterministic algorithms (cuDNN included): bit-identical reruns on one GPU
-    deterministic: bool = False
+    # true: torch's deterministic algorithms (cuDNN included), bit-identical reruns on one
+    # machine, a GPU included; strict: also the portable kernels of torch, MKL and numpy, the
+    # same bits on any x86-64 machine (CPU only, fp32; slower: docs/performance.md)
+    deterministic: bool | Literal["strict"] = False
 
 
 class Tracking(Strict):

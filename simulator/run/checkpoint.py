@@ -20,14 +20,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from simulator.errors import CheckpointUnreadable, FedrayError
+from simulator.errors import CheckpointUnreadable
+from simulator.run.removed import WorkingDirectoryGone, working_directory_removed
+
+__all__ = ["WorkingDirectoryGone", "latest", "remove", "run_dir", "save", "working_dir"]
 
 ROOT = Path(".fedray") / "checkpoints"
 _NAME = re.compile(r"round_(\d+)\.pt$")
-
-
-class WorkingDirectoryGone(FedrayError):
-    """The directory fedray runs from was removed under the running process."""
 
 
 def working_dir() -> Path:
@@ -37,10 +36,7 @@ def working_dir() -> Path:
     try:
         return Path.cwd()
     except FileNotFoundError:
-        raise WorkingDirectoryGone(
-            "the working directory was removed while the run went on (a `ray job submit "
-            "--working-dir` folder is temporary): its checkpoints (.fedray/checkpoints/) "
-            "cannot be written; run from a folder that lasts") from None
+        raise working_directory_removed(None) from None
 
 
 def run_dir(run_id: str, base: Path | None = None) -> Path:
@@ -54,7 +50,7 @@ def save(run_id: str, round_: int, state: dict[str, Any], base: Path | None = No
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"round_{round_:06d}.pt"
     tmp = path.with_suffix(".tmp")
-    import torch  # here: the command line imports this module for WorkingDirectoryGone
+    import torch  # here: torch's import is for the commands that write checkpoints
 
     torch.save({**state, "round": int(round_)}, tmp)
     os.replace(tmp, path)

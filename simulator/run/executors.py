@@ -92,15 +92,18 @@ def _simulate(scenario: Scenario, label: str = "", resume: dict[str, Any] | None
         return engine.run(bar.update if bar is not None else None, None, resume)
 
 
-def task_resources(sc: Scenario, gpus: float, parallel: int) -> dict[str, float]:
+def task_resources(sc: Scenario, gpus: float, parallel: int) -> dict[str, Any]:
     """A sweep point's Ray task: ``runtime.num_cpus`` CPUs and, for a point on a GPU, its
-    ``num_gpus`` or the cluster's GPUs shared out among the points run at once."""
+    ``num_gpus`` or the cluster's GPUs shared out among the points run at once; a fresh
+    pinned process under ``deterministic: strict``."""
+    from simulator.pinning import strict_options
     from simulator.runtime.backend import gpu_share
 
     rt = sc.runtime
     share = gpu_share(rt.num_gpus, rt.device != "cpu" or rt.server_device != "cpu", gpus,
                       parallel)
-    return {"num_cpus": rt.num_cpus, **({"num_gpus": share} if share > 0 else {})}
+    return {"num_cpus": rt.num_cpus, **({"num_gpus": share} if share > 0 else {}),
+            **strict_options(rt.deterministic == "strict")}
 
 
 class TaskExecutor:
@@ -166,8 +169,10 @@ class TaskExecutor:
             result = self.ray.get(ref)
         except Exception as e:  # noqa: BLE001 - one failed point does not stop the sweep
             cause = getattr(e, "cause", None) or e  # a RayTaskError wraps the real error
-            text = (str(cause).strip().splitlines() or [""])[-1]
-            logger.warning("%s: FAILED (%s: %s)", work.label, type(cause).__name__, text)
+            removed = exp.needs.explain(e)  # a file it needed, removed: said as that
+            text = (str(removed or cause).strip().splitlines() or [""])[-1]
+            logger.warning("%s: FAILED (%s: %s)", work.label,
+                           type(removed or cause).__name__, text)
             exp.end(run, None, "FAILED")
             exp.result.failed.append(work.label)
             del self.live[token]

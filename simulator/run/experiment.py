@@ -32,6 +32,7 @@ from simulator.metric_names import mlflow_name
 from simulator.run.callbacks import Callback, PointRun
 from simulator.run.interrupts import Unfinished, carry_unfinished, end_status
 from simulator.run.layout import Opening, point_key, sweep_key
+from simulator.run.removed import Needs
 from simulator.run.tracking import Tracker, journaled_steps
 
 ROUND_MARKERS = ("sampled", "participants", "byzantine_peers")
@@ -114,6 +115,8 @@ class Experiment:
         self.opening, self.callbacks, self.parent_label = opening, callbacks, parent_label
         self.result = ExperimentResult(uri)
         self._ended: set[PointRun] = set()  # the point runs whose status is set
+        # what the runs need on disk: the working directory, the store, each point's paths
+        self.needs = Needs(uri)
 
     @property
     def tracker(self) -> Tracker:
@@ -180,7 +183,8 @@ class Experiment:
         """The parent's lifecycle: FINISHED when the block ends and no point failed, KILLED
         on an interrupt, else FAILED; an exception leaving the block carries the runs left
         unfinished. The opening closes at the end. The process will exit without its last
-        garbage collection (``exit_without_collection``)."""
+        garbage collection (``exit_without_collection``). An error that a file or folder the
+        runs need was removed under them is raised as that removal (``Needs.explain``)."""
         status, error = "FAILED", None
         if not _AT_EXIT:
             atexit.register(exit_without_collection)
@@ -189,8 +193,11 @@ class Experiment:
             yield self
             status = "FAILED" if self.result.failed else "FINISHED"
         except BaseException as e:
-            error = e
-            carry_unfinished(e, self.result.unfinished)
+            removed = self.needs.explain(e)
+            error = removed or e
+            carry_unfinished(error, self.result.unfinished)
+            if removed is not None and removed is not e:
+                raise removed from e
             raise
         finally:
             try:
@@ -214,6 +221,7 @@ class Experiment:
         """``work``'s point run: a new child run, opened on the opening's thread while the
         engine starts, or its unfinished child run, reopened with the rounds its checkpoint
         holds that MLflow lacks (queued when the driver died) logged."""
+        self.needs.add(work.point.scenario)
         if work.run_id is None:
             child = self.opening.open_child(work.point, point_key(work.point), backend, tmp)
             return PointRun(work.point, None, None, tmp, opening=child)

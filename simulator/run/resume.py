@@ -14,6 +14,7 @@ from simulator.config import RunPoint, Scenario
 from simulator.config.sweep import expand
 from simulator.errors import UsageError
 from simulator.log import logger
+from simulator.pinning import require_pinned
 from simulator.run.callbacks import Callback, default_callbacks
 from simulator.run.executors import PoolExecutor
 from simulator.run.experiment import Experiment, ExperimentResult, Work
@@ -59,18 +60,23 @@ def resume_run(run_id: str, tracking_uri: str | None = None, backend_name: str |
     exp = Experiment(Opening.existing(tracker), default_callbacks(quiet) + list(callbacks or []),
                      uri, "parent")
     pool = _Pool(backend_name, address, workers, ray_init)
-    with exp.running():
-        try:
-            with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
-                if kind == "point":
-                    work = _point_work(tracker, run_id, Path(tmp))
+    with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
+        work = _point_work(tracker, run_id, Path(tmp)) if kind == "point" else None
+        points = _parent_points(tracker, parent, Path(tmp)) if parent else None
+        # strict points need a pinned process: found before anything runs again
+        require_pinned([p.scenario.runtime.deterministic for p in
+                        ([work.point] if work else []) + (points[0] if points else [])],
+                       f"run {run_id}")
+        with exp.running():
+            try:
+                if work is not None:
                     pool.executor(work.point.scenario, [work]).run(exp, [work],
                                                                    Path(tmp) / "point")
-                if parent:
+                if parent and points:
                     exp.continue_parent(parent)
-                    _continue_parent(exp, parent, pool, Path(tmp))
-        finally:
-            pool.shutdown()
+                    _continue_parent(exp, parent, points, pool, Path(tmp))
+            finally:
+                pool.shutdown()
     return exp.result
 
 
@@ -148,11 +154,18 @@ def _point_work(tracker: Tracker, run_id: str, tmp: Path) -> Work:
                 tracker.client.get_run(run_id).info.run_name)
 
 
-def _continue_parent(exp: Experiment, parent: str, pool: _Pool, tmp: Path) -> None:
+def _parent_points(tracker: Tracker, parent: str, tmp: Path) -> tuple[list[RunPoint], Scenario]:
+    """The points of ``parent`` (its resolved scenario, expanded) and the scenario whose
+    runtime runs them."""
+    resolved = tracker.client.download_artifacts(parent, "scenario/resolved.yaml", str(tmp))
+    return expand(yaml.safe_load(Path(resolved).read_text()))
+
+
+def _continue_parent(exp: Experiment, parent: str, family: tuple[list[RunPoint], Scenario],
+                     pool: _Pool, tmp: Path) -> None:
     """Every point of ``parent`` without a FINISHED child run: resumed where a child run has a
     checkpoint, else run from the start as a new child."""
-    resolved = exp.tracker.client.download_artifacts(parent, "scenario/resolved.yaml", str(tmp))
-    points, full = expand(yaml.safe_load(Path(resolved).read_text()))
+    points, full = family
     works = exp.plan(points)
     if not works:
         return

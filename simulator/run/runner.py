@@ -43,10 +43,12 @@ def run_loaded(
     ``tracking_uri``, ``runs`` (``[{run_id, label, values, seed, final_test_accuracy,
     ...}]``) and ``unfinished``.
     """
+    from simulator.pinning import require_pinned
     from simulator.runtime.backend import make_backend
     from simulator.sim.engine import prefetch_data
     from simulator.sim.work import backend_for
 
+    require_pinned((p.scenario.runtime.deterministic for p in loaded.points), loaded.scenario.name)
     fetch(loaded)  # downloads and their checks, before any run exists
     sc = loaded.scenario
     uri = tracking_uri or default_uri()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import shutil
 import sqlite3
@@ -41,6 +42,7 @@ from simulator.errors import TrackingUnavailable, UsageError, brief_text, printa
 from simulator.log import logger
 from simulator.metric_names import mlflow_name
 from simulator.run import store_uri
+from simulator.run.removed import Needs, store_gone
 from simulator.run.store_uri import check_store_uri, sqlite_path
 
 PENDING = Path(".fedray") / "pending"
@@ -53,6 +55,19 @@ METRICS_PER_BATCH = 1000
 # bring it): fedray reads its own small artifacts (scenario.yaml, checkpoints) and says
 # what it does in one line (set unless the user did)
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+class _RaisedAnyway(logging.Filter):
+    """Drops MLflow's ERROR record, with its traceback, of an SQLite error it raises anyway
+    (``mlflow.store.db.utils``: "SQLAlchemy database error. The following exception is
+    caught"): fedray reports that error itself, in one line (an outage journaled, a store
+    removed under the run, a store that cannot be opened)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("SQLAlchemy database error.")
+
+
+_DB_LOG = logging.getLogger("mlflow.store.db.utils")
+if not any(isinstance(f, _RaisedAnyway) for f in _DB_LOG.filters):
+    _DB_LOG.addFilter(_RaisedAnyway())
 PARAM_VALUE_MAX = 6000
 RETRY_SECONDS = 5.0  # after a failed call, the store counts as down this long
 END_WAIT_SECONDS = 15.0  # what the end of a run waits for metrics still being sent
@@ -84,12 +99,24 @@ def ensure_store(uri: str) -> None:
     created (MLflow's migrations) by one process at a time, under a lock file beside it, and a
     store that an interrupted migration left broken is diagnosed in one line; any store that
     cannot be reached raises TrackingUnavailable."""
-    from mlflow.tracking import MlflowClient
-
     check_target(uri)
     if uri.startswith(("http://", "https://")):  # fail in seconds, journal, resend later
         for k, v in HTTP_DEFAULTS.items():
             os.environ.setdefault(k, v)
+    try:
+        _open_store(uri)
+    except Exception as e:
+        # the working directory or the store's folder removed since the checks: said as
+        # that (MLflow's FileNotFoundError read "cannot be opened ... pass --tracking-uri")
+        removed = Needs(uri).explain(e)
+        if removed is None:
+            raise
+        raise removed from e
+
+
+def _open_store(uri: str) -> None:
+    """Open the store once (``ensure_store``), raising TrackingUnavailable in one line."""
+    from mlflow.tracking import MlflowClient
 
     db = sqlite_path(uri)
     if db is None:
@@ -357,6 +384,13 @@ class Tracker:
     def _warn(self, what: str, e: Exception) -> None:
         self.failures += 1
         self._down_until = time.monotonic() + RETRY_SECONDS
+        removed = Needs(self.uri).missing()  # no outage: the store's folder was removed
+        if removed is not None and removed.what == removed.TRACKING_STORE:
+            if self.failures == 1:
+                logger.warning("fedray: %s; what the run logs is kept in %s (put the store "
+                               "back, then `fedray sync`)", store_gone(Path(str(removed.path))),
+                               self.journal)
+            return
         if self.failures <= 3:
             logger.warning("fedray: MLflow %s failed (%s: %s); kept in %s and sent later (or "
                            "by `fedray sync`)", what, type(e).__name__, redact(str(e)[:200]),
@@ -526,6 +560,14 @@ def pending(base: Path | None = None) -> dict[str, str]:
         if parts:
             out[d.name] = ", ".join(parts)
     return out
+
+
+def removed_store(run_id: str, base: Path | None = None) -> Path | None:
+    """The SQLite store that ``run_id``'s journal is meant for, when its folder was removed
+    (nothing can be sent there until it is back); None otherwise."""
+    target = (base or Path.cwd()) / PENDING / run_id / "tracking_uri"
+    db = sqlite_path(target.read_text().strip()) if target.is_file() else None
+    return db if db is not None and not db.parent.is_dir() else None
 
 
 def journaled_steps(run_id: str, base: Path | None = None) -> set[int]:

@@ -513,11 +513,19 @@ def run_tune(loaded: LoadedScenario, address: str | None = None,
     """Run the scenario's searches (``fedray tune``) on Ray Tune, tracked in MLflow; the
     last search of the same resolved scenario goes on where it stopped (``fresh``: a new
     one). Returns each search's best trial (``best``)."""
+    from simulator.pinning import require_pinned, strict_options
     from simulator.runtime.backend import RayBackend
 
     sc = loaded.scenario
     if sc.tune is None:
         raise UsageError(f"{loaded.path}: no tune: block to search with; `fedray run` runs it")
+    # a strict search: a driver started pinned, and every process of the job too (a trial's
+    # own options cannot carry it; a local instance inherits it, a cluster's job is given it)
+    modes = [p.scenario.runtime.deterministic for p in loaded.points]
+    searched = sc.tune.space.get("runtime.deterministic")
+    modes += searched.extremes if searched is not None else []  # a choice's every value
+    require_pinned(modes, sc.name)
+    ray_init = {**strict_options("strict" in modes), **(ray_init or {})}
     uri = tracking_uri or default_uri()
     opening = Opening(uri, sc.name)
     exp = Experiment(opening, [], uri, "search parent")
@@ -526,7 +534,7 @@ def run_tune(loaded: LoadedScenario, address: str | None = None,
     with exp.running():
         tracker = opening.tracker.result()
         backend = RayBackend(address, "fedray tune: its trials run at once, as Ray Tune "
-                             "trials", **(ray_init or {}))
+                             "trials", **ray_init)
         _quiet_tune()
         try:
             trap_sigterm()

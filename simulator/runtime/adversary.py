@@ -14,7 +14,7 @@ from simulator.config.plan import Plan, build_codecs
 from simulator.errors import guarded
 from simulator.messages import ByzantineRows, ClientRows, stack_groups
 from simulator.registry import instantiate
-from simulator.runtime.common import combine_buffers, single_thread
+from simulator.runtime.common import combine_buffers, deterministic_mode, single_thread
 from simulator.runtime.pipeline import Pipeline
 from simulator.seeding import torch_generator
 from strategies.codecs import encode_rows
@@ -25,6 +25,7 @@ class Adversary:
 
     def __init__(self, plan: Plan) -> None:
         single_thread()
+        deterministic_mode(plan.scenario.runtime.deterministic)
         assert plan.attack is not None
         spec = plan.attack.spec
         self.seed = plan.seed

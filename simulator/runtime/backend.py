@@ -158,7 +158,7 @@ class RayBackend:
         """An actor of ``cls`` with its role's options, ``options`` (resources: num_cpus,
         num_gpus) over them."""
         extra = dict(options or {})
-        key = (cls, role, tuple(sorted(extra.items())))
+        key = (cls, role, repr(sorted(extra.items())))  # a runtime_env is a dict
         if key not in self._classes:
             options = {**ROLE_OPTIONS[role], **extra}
             if role != "worker":

@@ -12,6 +12,7 @@ from torch import nn
 
 from simulator.data.datasets import unit_pixels
 from simulator.messages import EvalScores, PersonalScores
+from simulator.runtime.kernels import pin_kernels
 from strategies.protocols import Task
 
 EVAL_BATCH = 4096  # samples whose losses are summed together (float64) into the mean
@@ -57,9 +58,14 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def deterministic_mode(on: bool) -> None:
-    """torch's deterministic algorithms, cuDNN's included (``runtime.deterministic``)."""
-    if on:
+def deterministic_mode(mode: bool | str) -> None:
+    """``runtime.deterministic`` in this process: torch's deterministic algorithms, cuDNN's
+    included (``true``: bit-identical reruns on one machine, a GPU included); ``strict`` adds
+    the kernels pinned to the portable ones (bit-identical on any x86-64 machine,
+    ``simulator.runtime.kernels``)."""
+    if mode == "strict":
+        pin_kernels()
+    if mode:
         import os
 
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts

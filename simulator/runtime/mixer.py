@@ -12,7 +12,12 @@ from simulator.errors import guarded
 from simulator.messages import ClientRows, EvalData, stack_rows
 from simulator.models import build_model
 from simulator.registry import instantiate
-from simulator.runtime.common import evaluate_model, single_thread, torch_threads
+from simulator.runtime.common import (
+    deterministic_mode,
+    evaluate_model,
+    single_thread,
+    torch_threads,
+)
 from simulator.seeding import torch_generator
 from strategies.gossip import consensus_distance, sparse_rows
 from strategies.protocols import GossipStep
@@ -28,6 +33,7 @@ class Mixer:
                  input_shape: tuple[int, ...], num_classes: int, eval_data: EvalData,
                  vocabulary: int | None = None) -> None:
         single_thread()
+        deterministic_mode(plan.scenario.runtime.deterministic)
         scenario = plan.scenario
         self.eval_threads = scenario.runtime.eval_threads
         assert scenario.topology is not None

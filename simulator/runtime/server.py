@@ -30,6 +30,7 @@ from simulator.registry import instantiate
 from simulator.runtime.common import (
     buffers_to_vector,
     combine_buffers,
+    deterministic_mode,
     float_buffer_mask,
     model_input,
     norm_parameter_mask,
@@ -68,6 +69,7 @@ class Server:
     def __init__(self, plan: Plan, input_shape: tuple[int, ...], num_classes: int,
                  eval_data: EvalData, vocabulary: int | None = None) -> None:
         single_thread()
+        deterministic_mode(plan.scenario.runtime.deterministic)
         scenario = plan.scenario
         self.eval_threads = scenario.runtime.eval_threads
         seed = plan.seed

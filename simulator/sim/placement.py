@@ -21,6 +21,7 @@ from simulator.messages import (
     Ref,
     TrainRequest,
 )
+from simulator.pinning import strict_options
 from simulator.runtime import backend as backend_module
 from simulator.runtime.backend import PING_TIMEOUT, Backend, gpu_share
 from simulator.runtime.common import eval_shares
@@ -51,11 +52,12 @@ class WorkerPool:
 
     # ------------------------------------------------------------------ resources
 
-    def actor_options(self) -> tuple[dict[str, float], dict[str, float]]:
-        """Ray resources of (each ClientWorker, the server) from ``runtime``: a worker's
+    def actor_options(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Ray options of (each ClientWorker, the server) from ``runtime``: a worker's
         ``num_cpus`` and ``num_gpus`` (null: none on cpu, else the cluster's GPUs shared out
         among the workers, at most one each); the server a tenth of a GPU when it
-        aggregates on one. A cuda device with no GPU to give is refused in one line."""
+        aggregates on one; under ``deterministic: strict`` both start pinned
+        (``strict_options``). A cuda device with no GPU to give is refused in one line."""
         rt = self.plan.scenario.runtime
         have = self.backend.gpus()
         server_gpu = SERVER_GPU if rt.server_device != "cpu" and have > 0 else 0.0
@@ -67,8 +69,9 @@ class WorkerPool:
             raise DeviceUnavailable(
                 f"runtime.device: cuda, but workers get no GPU (the cluster has {have:g}; "
                 f"runtime.num_gpus: {rt.num_gpus}); use device: auto or cpu, or give num_gpus")
-        worker = {"num_cpus": rt.num_cpus, **({"num_gpus": gpus} if gpus > 0 else {})}
-        return worker, ({"num_gpus": server_gpu} if server_gpu else {})
+        pinned = strict_options(rt.deterministic == "strict")
+        worker = {"num_cpus": rt.num_cpus, **({"num_gpus": gpus} if gpus > 0 else {}), **pinned}
+        return worker, {**({"num_gpus": server_gpu} if server_gpu else {}), **pinned}
 
     def check_fits(self) -> None:
         """On a Ray instance whose resources cannot grow (a local one this run started),

@@ -19,13 +19,18 @@ def byzantine_clients(seed: int, total: int, f: int, epoch: int = 0) -> np.ndarr
 
 
 def missed_round(seed: int, round_: int, clients: list[int], steps: np.ndarray, dropout: float,
-                 stragglers: Any) -> tuple[set[int], dict[int, int]]:
+                 stragglers: Any, blocks: int = 1) -> tuple[set[int], dict[int, int]]:
     """(dropped, late): the ``clients`` that drop out of the round (probability ``dropout``)
-    and those, of the rest, whose simulated time ``steps[c] * exp(sigma z_c + jitter e_cr)``
-    exceeds the deadline, each with the minibatch steps it finished by then,
-    ``floor(steps[c] * deadline / time)`` (less than ``steps[c]``; what it sends under
-    ``stragglers.partial``). One draw per client id from (seed, purpose, round): the outcome
-    of a client does not depend on who else was sampled."""
+    and the stragglers of the rest (``clients.stragglers``, by its ``kind``), each with the
+    minibatch steps it finished (what it sends under ``stragglers.partial``; 0: none).
+
+    ``deadline``: those whose simulated time ``steps[c] * exp(sigma z_c + jitter e_cr)``
+    exceeds the deadline, having finished ``floor(steps[c] * deadline / time)`` steps
+    (:func:`late_work`; fewer than ``steps[c]``). One draw per client id from (seed,
+    purpose, round): the outcome of a client does not depend on who else was sampled.
+
+    ``epochs``: :func:`straggler_work` of the rest, their full work ``steps[c]`` made of
+    ``blocks`` whole blocks (``local.epochs``' epochs, or ``local.steps``' single steps)."""
     if not clients:
         return set(), {}
     ids = np.asarray(clients, dtype=np.int64)
@@ -35,13 +40,39 @@ def missed_round(seed: int, round_: int, clients: list[int], steps: np.ndarray, 
         u = numpy_rng(seed, "dropout", round_).random(total)
         dropped = set(ids[u[ids] < dropout].tolist())
     late: dict[int, int] = {}
-    if stragglers is not None:
+    if stragglers is not None and stragglers.kind == "epochs":
+        kept = ids[~np.isin(ids, np.fromiter(dropped, np.int64, len(dropped)))]
+        late = straggler_work(seed, round_, kept, steps, stragglers.fraction, blocks)
+    elif stragglers is not None:
         z = numpy_rng(seed, "speed").standard_normal(total)
         e = numpy_rng(seed, "jitter", round_).standard_normal(total)
         duration = steps * np.exp(stragglers.sigma * z + stragglers.jitter * e)
         late = {c: k for c, k in late_work(ids, duration, stragglers.deadline, steps).items()
                 if c not in dropped}
     return dropped, late
+
+
+def straggler_work(seed: int, round_: int, ids: np.ndarray, steps: np.ndarray,
+                   fraction: float, blocks: int) -> dict[int, int]:
+    """FedProx's systems heterogeneity (Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith,
+    "Federated Optimization in Heterogeneous Networks", MLSys 2020, Section 5.2): of the m
+    clients ``ids`` that train this round, ``m - round(m (1 - fraction))`` (the count the
+    authors' code takes) are stragglers, each doing x whole blocks of its ``blocks``
+    (``steps[c] / blocks`` minibatch steps each: an epoch, or one step), x uniform in
+    [1, blocks]. Returns {straggler: x * steps[c] / blocks}. The stragglers are the n of
+    ``ids`` with the smallest of one uniform key per client id, and x is one draw per client
+    id, both from (seed, round): the same clients do the same work whatever is done with
+    it (``partial``, the client rule). No time is drawn: the work is the model's."""
+    m = len(ids)
+    n = m - round(m * (1.0 - fraction))
+    if n <= 0:
+        return {}
+    rng = numpy_rng(seed, "stragglers", round_)
+    total = len(steps)
+    key, units = rng.random(total), rng.integers(1, blocks + 1, size=total)
+    chosen = ids[np.argsort(key[ids], kind="stable")[:n]]
+    done = units[chosen] * (steps[chosen].astype(np.int64) // blocks)
+    return dict(zip(chosen.tolist(), done.tolist(), strict=True))
 
 
 def late_work(ids: np.ndarray, duration: np.ndarray, deadline: float, steps: np.ndarray

@@ -33,6 +33,7 @@ import torch
 
 from simulator.config import Scenario
 from simulator.config.plan import resolve
+from simulator.pinning import environment_pinned
 from simulator.runtime.backend import BackendChoice, choose_backend
 from simulator.runtime.common import buffers_to_vector, eval_spans, torch_threads
 from simulator.runtime.worker import ClientWorker
@@ -150,11 +151,15 @@ def backend_for(scenarios: list[Scenario], asked: str, address: str | None = Non
     """The backend that runs ``scenarios`` (a command's points, from round ``done[i]`` of
     the i-th) when ``asked`` (``--backend``, else ``runtime.backend``): ray, inline, or for
     auto the one ``simulator.runtime.backend.choose_backend`` finds to finish first, from
-    the work estimated here (``estimate_work``, only when the run need not be on Ray, and
-    not where a data set is fetched when the run starts, ``download: true``, unless
-    ``fetched``); logged at debug level. ``fedray run``, ``resume`` and ``show`` choose
+    the work estimated here (``estimate_work``, only when the run need not be on Ray; not
+    where a data set is fetched when the run starts, ``download: true``, unless
+    ``fetched``, nor for ``deterministic: strict`` points in a process not started pinned);
+    logged at debug level. ``fedray run``, ``resume`` and ``show`` choose
     through it."""
-    here = fetched or not any(s.data.dataset.get("download") for s in scenarios)
+    # show probes nothing it cannot here: data fetched when the run starts, or strict points
+    # (whose kernels only a pinned process may run; the run's process is pinned by then)
+    here = (fetched or not any(s.data.dataset.get("download") for s in scenarios)) and \
+        (environment_pinned() or all(s.runtime.deterministic != "strict" for s in scenarios))
     choice = choose_backend(asked, [s.runtime for s in scenarios], address, workers,
                             (ray_init or {}).get("num_cpus"),
                             (lambda: estimate_work(scenarios, done)) if here else None)

@@ -1,7 +1,7 @@
 """The equivalence set: small scenarios that between them run every path of the engine
-(dropout and stragglers, a data-poisoning attack, an omniscient attack through NNM and CWTM,
-client-level DP, worker momentum, mu2-SGD, the vectorised trainer, a server optimizer with
-state, BatchNorm buffers, D-SGD). Ray must equal inline on each, to the bit
+(dropout and stragglers, FedProx's stragglers sending part of their epochs, a data-poisoning
+attack, an omniscient attack through NNM and CWTM, client-level DP, worker momentum,
+mu2-SGD, the vectorised trainer, a server optimizer with state, BatchNorm buffers, D-SGD). Ray must equal inline on each, to the bit
 (tests/simulator/test_engine.py); ``python tests/simulator/equivalence.py OUT.json`` writes
 each case's metrics and final parameters' digest, to compare two versions of the engine."""
 
@@ -25,6 +25,11 @@ local: {steps: 2, batch_size: 16, lr: 0.2}
 CASES: dict[str, list[str]] = {
     "dropout-stragglers": ["clients.dropout=0.3", "clients.stragglers={deadline: 1.5, sigma: 1.0}",
                            "local.steps=null", "local.epochs=1"],
+    # FedProx's own stragglers: half of each round's clients send 1 or 2 of their 2 epochs,
+    # through the stacked trainer (rows of unequal steps on each worker)
+    "epoch-stragglers": ["clients.stragglers={kind: epochs, fraction: 0.5, partial: true}",
+                         "local.steps=null", "local.epochs=2",
+                         "local.trainer={name: vectorized_sgd}"],
     "label-flip": ["clients.byzantine=2", "attack={name: label_flip}",
                    "aggregator={name: median}"],
     "alie-nnm-cwtm": ["clients.byzantine=2", "attack={name: alie}",

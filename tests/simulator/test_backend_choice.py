@@ -191,3 +191,14 @@ def test_show_fetches_nothing_to_estimate(tmp_path, capsys):
     assert "# backend: auto (auto: chosen when the run starts, from the rounds' work " \
            "estimated on its data;" in capsys.readouterr().out
     assert list((tmp_path / "m").iterdir()) == []
+
+
+def test_show_of_a_strict_run_probes_nothing_here(capsys):
+    """``deterministic: strict`` points compute only in a process started pinned: ``fedray
+    show`` (not restarted) leaves the estimate to the run, which is pinned by then."""
+    from fedray.cli import main
+    from simulator.pinning import environment_pinned
+
+    assert not environment_pinned()
+    assert main(["show", str(QUICK), "--set", "runtime.deterministic=strict"]) == 0
+    assert "# backend: auto (auto: chosen when the run starts" in capsys.readouterr().out

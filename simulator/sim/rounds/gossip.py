@@ -13,6 +13,7 @@ import numpy as np
 
 from simulator.config.plan import Plan
 from simulator.messages import ClientRows, Ref, RoundReport, stack_rows
+from simulator.pinning import strict_options
 from simulator.runtime.handles import MixerHandle
 from simulator.runtime.mixer import Mixer
 from simulator.sim.rounds import RoundProtocol
@@ -35,9 +36,11 @@ class GossipRounds(RoundProtocol):
         b, plan, data = ctx.backend, ctx.plan, ctx.data
         self.honest = [i for i in range(plan.scenario.clients.total) if i not in ctx.byzantine]
         eval_ref = b.put(data.eval_data())
+        strict = plan.scenario.runtime.deterministic == "strict"
         self.mixer = MixerHandle(b, b.spawn(Mixer, plan, self.honest, sorted(ctx.byzantine),
                                             data.input_shape, data.num_classes, eval_ref,
-                                            data.vocabulary, role="server"))
+                                            data.vocabulary, role="server",
+                                            options=strict_options(strict)))
         self._state: list[Ref[ClientRows]] | None = None  # the peers' current models
         # the peer_step arguments that made _state (None: the Mixer's gossip made it), to
         # make it again when a worker holding part of it is lost

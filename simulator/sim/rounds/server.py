@@ -24,6 +24,7 @@ from simulator.messages import (
     RoundReport,
     StepLayout,
 )
+from simulator.pinning import strict_options
 from simulator.runtime.adversary import Adversary
 from simulator.runtime.common import personal_accuracy
 from simulator.runtime.handles import AdversaryHandle, ServerHandle
@@ -115,8 +116,9 @@ class ServerRounds(RoundProtocol):
         self.server = ServerHandle(b, b.spawn(Server, plan, data.input_shape, data.num_classes,
                                               eval_ref, data.vocabulary, role="server",
                                               options=ctx.pool.server_options))
-        self.adversary = (AdversaryHandle(b, b.spawn(Adversary, plan, role="adversary"))
-                          if plan.attack is not None else None)
+        self.adversary = (AdversaryHandle(b, b.spawn(
+            Adversary, plan, role="adversary", options=strict_options(rt.deterministic == "strict")))
+            if plan.attack is not None else None)
         return [self.server.actor] + ([self.adversary.actor] if self.adversary else [])
 
     def ready(self) -> dict[str, str]:
@@ -162,11 +164,16 @@ class ServerRounds(RoundProtocol):
 
     def participants(self, round_: int, honest: list[int]) -> Participation:
         """Who of the round's sampled ``honest`` clients (sorted) takes part: the
-        dropouts and ``clients.stragglers`` (those that miss the deadline; with ``partial``
-        the ones that finished some steps send them)."""
-        c = self.ctx.plan.scenario.clients
+        dropouts and ``clients.stragglers`` (those late for the deadline, or FedProx's
+        stragglers that run fewer epochs; with ``partial`` the ones that finished some steps
+        send them)."""
+        sc = self.ctx.plan.scenario
+        c, local = sc.clients, sc.local
+        # the whole blocks a client's work is made of (kind epochs): its epochs, or steps
+        blocks = local.steps or local.epochs or 1
         dropped, late = missed_round(self.ctx.plan.seed, round_, honest,
-                                     self.ctx.pool.local_steps, c.dropout, c.stragglers)
+                                     self.ctx.pool.local_steps, c.dropout, c.stragglers,
+                                     blocks)
         partial = ({i: k for i, k in late.items() if k > 0}
                    if c.stragglers is not None and c.stragglers.partial else {})
         return Participation(dropped, set(late), partial,
