@@ -120,7 +120,9 @@ def _child_timeline(argv: list[str]) -> None:
         return rc
 
     cli.main = main  # type: ignore[assignment]
-    cli.entry()  # the process ends as `fedray` ends it
+    if hasattr(cli, "entry"):
+        cli.entry()  # the process ends as `fedray` ends it
+    sys.exit(main())  # a checkout from before fedray.cli.entry
 
 
 def timeline(cmd: list[str], cwd: Path) -> dict[str, float]:
