@@ -1,22 +1,29 @@
-"""Start-up: how long a user waits for the first round, against `python -c "import torch"`.
+"""Start-up: how long a user waits for a one-round run, against `python -c "import torch"`.
 
-Runs each command in a fresh process in a temporary folder (so the embedded MLflow store is
-the one a user has after a first run: it exists), the median of ``--repeat`` runs:
+Each command runs in a fresh process, interleaved with ``import torch`` (the yardstick,
+measured in the same run), the median of ``--repeat`` rounds of the whole matrix:
 
-* ``import torch``, the yardstick;
-* ``fedray run scenarios/quickstart.yaml`` on the inline backend and on a fresh local Ray
-  instance: the time from the process start to the end of round 1 (its progress line), and
-  to the end of the process (``--rounds`` rounds);
-* the finish time: a one-round run of each backend, from the process start to its end (the
-  run, its artifacts and its status in MLflow), against ``import torch``; and for the inline
-  backend where those seconds go after the round (one run, instrumented: the wait for the
-  MLflow run to be open, each callback's end, the statuses, the process's exit);
+* ``fedray run scenarios/quickstart.yaml --set rounds=1`` with its defaults (the scenario's
+  ``runtime.backend``: ``auto``; ``ray`` before auto existed) and with ``--backend inline``
+  and ``--backend ray``; each **with a new store** (a new folder: the embedded MLflow store
+  is created, from the store template of this MLflow version in the benchmark's own
+  ``XDG_CACHE_HOME``, made by one run first) and **with an existing store** (a folder where
+  the command ran before): the time from the process start to the end of round 1 (its
+  progress line) and to the end of the process (the run, its artifacts and its status in
+  MLflow), each as a ratio to ``import torch``;
+* the first new store of an MLflow version (no template yet: MLflow's migrations), once;
+* where a one-round inline run's seconds go after its round (one instrumented run: the
+  wait for the MLflow run to be open, each callback's end, the statuses, the exit);
 * ``fedray validate``, ``show`` and ``list``, and whether each imports torch, Ray or MLflow;
 
 then the import-time breakdown of the inline run (``-X importtime``): the cumulative time of
 each top-level package, and who imports it.
 
-    python benchmarks/startup.py [--repeat 3] [--rounds 3]
+    python benchmarks/startup.py [--repeat 3] [--root DIR]
+
+``--root``: the checkout whose ``scenarios/quickstart.yaml`` runs (the code is whatever
+``python -m fedray`` imports: set PYTHONPATH to measure another checkout, e.g. the commit
+before a change: ``PYTHONPATH=../main python benchmarks/startup.py --root ../main``).
 """
 
 from __future__ import annotations
@@ -34,7 +41,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 FEDRAY = [PY, "-m", "fedray"]
-QUICK = str(ROOT / "scenarios" / "quickstart.yaml")
 HEAVY = ("torch", "ray", "mlflow")
 
 
@@ -104,11 +110,19 @@ def _child_timeline(argv: list[str]) -> None:
         say("status-set")
 
     experiment.Experiment.end = timed_end  # type: ignore[method-assign]
-    from fedray.cli import main as cli_main
+    from fedray import cli
 
-    rc = cli_main(argv)
-    say("returned")
-    sys.exit(rc)
+    command = cli.main
+
+    def main(_: list[str] | None = None) -> int:
+        rc = command(argv)
+        say("returned")
+        return rc
+
+    cli.main = main  # type: ignore[assignment]
+    if hasattr(cli, "entry"):
+        cli.entry()  # the process ends as `fedray` ends it
+    sys.exit(main())  # a checkout from before fedray.cli.entry
 
 
 def timeline(cmd: list[str], cwd: Path) -> dict[str, float]:
@@ -187,47 +201,76 @@ def top_packages(rows: list[tuple[int, int, str]]) -> list[tuple[str, float, str
     return sorted(((k, s, w) for k, (s, w) in out.items()), key=lambda r: -r[1])
 
 
+def one_round(root: Path, backend: str | None) -> list[str]:
+    quick = str(root / "scenarios" / "quickstart.yaml")
+    return [*FEDRAY, "run", quick, "--set", "rounds=1", "--quiet",
+            *(["--backend", backend] if backend else [])]
+
+
+def matrix(root: Path, base: Path, repeat: int) -> None:
+    """The one-round runs on each backend, with a new and an existing store, interleaved
+    with ``import torch``: medians, and ratios to the yardstick's median."""
+    backends: list[str | None] = [None, "inline", "ray"]
+    first: dict[tuple[str | None, str], list[float]] = {}
+    end: dict[tuple[str | None, str], list[float]] = {}
+    torch_s: list[float] = []
+    existing = base / "existing"
+    existing.mkdir()
+    timed(one_round(root, "inline"), existing)  # its store exists from now on
+    for i in range(repeat):
+        torch_s.append(timed([PY, "-c", "import torch"], base)[1])
+        for b in backends:
+            for store in ("new", "existing"):
+                cwd = existing if store == "existing" else base / f"new-{i}-{b}"
+                cwd.mkdir(exist_ok=True)
+                f, e = timed(one_round(root, b), cwd, "round 1/")
+                first.setdefault((b, store), []).append(f)
+                end.setdefault((b, store), []).append(e)
+    yard = statistics.median(torch_s)
+    print(f"python -c 'import torch'  {yard:6.2f} s (median of {repeat}: "
+          f"{', '.join(f'{t:.2f}' for t in torch_s)})")
+    default = re.search(r"backend:\s*(\w+)",
+                        (root / "scenarios" / "quickstart.yaml").read_text())
+    print("\n| one round of the quickstart | store | first round | finished |\n"
+          "|---|---|---:|---:|")
+    for b in backends:
+        name = f"defaults ({default.group(1) if default else 'its default'})" if b is None \
+            else f"--backend {b}"
+        for store in ("new", "existing"):
+            f, e = (statistics.median(d[(b, store)]) for d in (first, end))
+            print(f"| {name} | {store} | {f:5.2f} s = {f / yard:4.2f}x | "
+                  f"{e:5.2f} s = {e / yard:4.2f}x |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--root", type=Path, default=ROOT)
     args = ap.parse_args()
+    root = args.root.resolve()
+    quick = str(root / "scenarios" / "quickstart.yaml")
     with tempfile.TemporaryDirectory(prefix="fedray-startup-") as d:
-        cwd = Path(d)
-        run = [*FEDRAY, "run", QUICK, "--set", f"rounds={args.rounds}", "--quiet"]
-        timed([*run, "--backend", "inline"], cwd)  # creates the store (what a first run pays)
-        torch_s = median_of(args.repeat, [PY, "-c", "import torch"], cwd)[1]
-        print(f"python -c 'import torch'      {torch_s:6.2f} s (median of {args.repeat})")
-        marker = "round 1/"
-        for backend in ("inline", "ray"):
-            first, end = median_of(args.repeat, [*run, "--backend", backend], cwd, marker)
-            print(f"fedray run ({backend:6}) first round {first:6.2f} s = {first / torch_s:4.2f}x "
-                  f"import torch; whole run ({args.rounds} rounds) {end:6.2f} s")
-        # the finish: import torch and the two one-round runs in turn, so that each ratio
-        # compares commands run under the same load
-        one = [*FEDRAY, "run", QUICK, "--set", "rounds=1", "--quiet"]
-        cmds = {"import torch": [PY, "-c", "import torch"],
-                **{b: [*one, "--backend", b] for b in ("inline", "ray")}}
-        ends: dict[str, list[float]] = {k: [] for k in cmds}
-        for _ in range(args.repeat):
-            for k, cmd in cmds.items():
-                ends[k].append(timed(cmd, cwd)[1])
-        yard = statistics.median(ends.pop("import torch"))
-        for backend, times in ends.items():
-            end = statistics.median(times)
-            print(f"fedray run ({backend:6}) one round: finished at {end:6.2f} s = "
-                  f"{end / yard:4.2f}x import torch ({yard:.2f} s in turn with it)")
-        print("after the round of a one-round inline run (one instrumented run):")
-        print_parts(timeline([*one, "--backend", "inline"], cwd))
-        for sub in (["validate", QUICK], ["show", QUICK], ["list"]):
-            s = median_of(args.repeat, [*FEDRAY, *sub], cwd)[1]
-            mods = {name.split(".")[0] for _, _, name in importtime([*FEDRAY, *sub], cwd)}
+        base = Path(d)
+        os.environ["XDG_CACHE_HOME"] = str(base / "cache")  # the templates: the benchmark's
+        (base / "first").mkdir()
+        e = timed(one_round(root, "inline"), base / "first")[1]
+        print(f"the first new store of this MLflow version (inline, one round): {e:.2f} s")
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        matrix(root, base, args.repeat)
+        print(f"load average {os.getloadavg()[0]:.1f}")
+        one = one_round(root, "inline")
+        print("\nafter the round of a one-round inline run, existing store (one instrumented "
+              "run):")
+        print_parts(timeline(one, base / "existing"))
+        for sub in (["validate", quick], ["show", quick], ["list"]):
+            s = median_of(args.repeat, [*FEDRAY, *sub], base)[1]
+            mods = {name.split(".")[0] for _, _, name in importtime([*FEDRAY, *sub], base)}
             heavy = [m for m in HEAVY if m in mods]
             print(f"fedray {sub[0]:8}                 {s:6.2f} s; imports "
                   f"{', '.join(heavy) if heavy else 'none of torch, ray, mlflow'}")
-        print("\nimport time of `fedray run --backend inline` (cumulative, first import of each "
-              "package; MLflow's on its own thread):")
-        for name, s, who in top_packages(importtime([*run, "--backend", "inline"], cwd))[:14]:
+        print("\nimport time of a one-round `fedray run --backend inline` (cumulative, first "
+              "import of each package; MLflow's on its own thread):")
+        for name, s, who in top_packages(importtime(one, base / "existing"))[:14]:
             print(f"  {name:22} {s:6.2f} s  <- {who}")
 
 

@@ -6,7 +6,8 @@ Reports the wall-time ratio, the peak-memory ratio (the whole process tree's res
 sampled every 0.2 s) and both final accuracies. fedray runs three ways: its Engine in a
 process with and without ``runtime.vectorize``, and as a user launches it, ``fedray run``
 with a fresh SQLite MLflow store (params, every round's metrics, the model and the figures
-logged).
+logged), on Ray with two workers and with the scenario's defaults (``runtime.backend: auto``
+chooses the backend).
 
 ``--workload heavy``: 200 clients of 300 samples (IID), 20 per round, an MLP with 1,024 hidden
 units, where local training dominates a round (run it with ``--rounds 60``).
@@ -157,12 +158,18 @@ def main() -> None:
             out, wall, peak = measure([sys.executable, __file__, "--fedray-side", str(scen)],
                                       {"RAY_ADDRESS": ""})
             rows.append((f"fedray (vectorize: {vectorize})", out["accuracy"], wall, peak))
-        # the same run as a user launches it: `fedray run`, an MLflow store (SQLite) included
-        fedray_cli = str(Path(sys.executable).with_name("fedray"))
-        out, wall, peak = measure([fedray_cli, "run", str(Path(tmp) / "s-false.yaml"), "--quiet",
-                                   "--tracking-uri", f"sqlite:///{tmp}/mlflow.db"],
-                                  {"RAY_ADDRESS": ""})
-        rows.append(("fedray run (CLI, MLflow)", out["accuracy"], wall, peak))
+        # the same run as a user launches it: `fedray run`, an MLflow store (SQLite) included,
+        # on Ray with two workers as above, then with the scenario's defaults (runtime.backend:
+        # auto, which picks the backend and the workers)
+        default = Path(tmp) / "s-default.yaml"
+        default.write_text((Path(tmp) / "s-false.yaml").read_text().replace(
+            "runtime: {backend: ray, workers: 2, vectorize: false}", "runtime: {}"))
+        for name, scen in (("fedray run (CLI, MLflow)", Path(tmp) / "s-false.yaml"),
+                           ("fedray run (CLI, defaults)", default)):
+            out, wall, peak = measure([sys.executable, "-m", "fedray", "run", str(scen),
+                                       "--quiet", "--tracking-uri", f"sqlite:///{tmp}/mlflow.db"],
+                                      {"RAY_ADDRESS": ""})
+            rows.append((name, out["accuracy"], wall, peak))
         data = Path(tmp) / "data.npz"
         export(str(Path(tmp) / "s-false.yaml"), data)
         out, wall, peak = measure([args.flower_python, str(ROOT / "benchmarks" / "flower_workload.py"),

@@ -1,7 +1,5 @@
 """``python -m fedray``: the ``fedray`` command."""
 
-import sys
+from fedray.cli import entry
 
-from fedray.cli import main
-
-sys.exit(main())
+entry()

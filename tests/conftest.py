@@ -42,13 +42,25 @@ def shared_ray(ray_backend):
     return SharedRay(ray_backend)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cache_home(tmp_path_factory):
+    """fedray's MLflow store templates (``simulator.run.tracking.store_template``) in a
+    folder of the session (XDG_CACHE_HOME, inherited by the commands tests start), not in
+    the user's cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def _mlflow_template(tmp_path_factory) -> Path:
-    # Creating a fresh SQLite store runs every migration (3-4.5 s): do it once per session.
-    from mlflow.tracking import MlflowClient
+    # Creating a fresh SQLite store runs every migration (3-4.5 s): once per session, as
+    # `fedray run` creates a new store, which also keeps it as the session's store template
+    # (every later new store, a command's included, is a copy).
+    from simulator.run.tracking import ensure_store
 
     db = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
-    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
+    ensure_store(f"sqlite:///{db}")
     return db
 
 

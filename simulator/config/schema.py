@@ -398,10 +398,15 @@ class Evaluation(Strict):
 
 
 class Runtime(Strict):
-    """Where a run executes. ``checkpoint_every: k`` saves the whole state of the run every k
-    rounds (0: never) so that ``fedray resume RUN_ID`` continues it exactly."""
+    """Where a run executes. ``backend``: ``ray`` (actors on a local Ray instance or a
+    cluster), ``inline`` (one process) or ``auto`` (the default: inline where the run's
+    estimated work ends before Ray could have started its actors, else Ray; Ray whenever the
+    run needs it: ``--address``, more than one worker asked, GPU shares;
+    ``simulator.runtime.backend.choose_backend``). The numbers are the same on every backend.
+    ``checkpoint_every: k`` saves the whole state of the run every k rounds (0: never) so
+    that ``fedray resume RUN_ID`` continues it exactly."""
 
-    backend: Literal["ray", "inline"] = "ray"
+    backend: Literal["auto", "ray", "inline"] = "auto"
     workers: Annotated[int, Ge(1), Le(MAX_WORKERS)] | None = None
     checkpoint_every: Annotated[int, Ge(0), Le(MAX_ROUNDS)] = 0
     # train a worker's clients together (torch.func vmap) when their rule allows: the same

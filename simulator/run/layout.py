@@ -63,6 +63,12 @@ def run_tags(backend: Any) -> dict[str, str]:
             "backend": backend.name, "ray_nodes": str(backend.num_nodes())}
 
 
+def run_params(backend: Any) -> dict[str, str]:
+    """The params of where a run ran: why its backend was chosen (``backend.reason``:
+    ``runtime.backend: auto``'s estimate, or what asked for it), where it says."""
+    return {"backend.reason": backend.reason} if backend.reason else {}
+
+
 def scenario_tags(sc: Any) -> dict[str, str]:
     """The tags a scenario point decides (aggregator, attack, n, f, data set, model, ...)."""
     return {
@@ -107,10 +113,12 @@ def run_name(point: RunPoint) -> str:
 
 
 def open_parent(loaded: LoadedScenario, where: dict[str, str], tracker: Tracker, tmp: Path,
-                final_tags: dict[str, str] | None = None) -> str:
-    """The parent run of a scenario: tags, the resolved scenario as params, the scenario file
-    as given and resolved as artifacts; ``final_tags`` are set last, once all that is logged
-    (a sweep finds its parent by them). A failure marks the run FAILED and is raised."""
+                final_tags: dict[str, str] | None = None,
+                backend: dict[str, str] | None = None) -> str:
+    """The parent run of a scenario: tags, the resolved scenario as params (and the
+    ``backend`` params, ``run_params``), the scenario file as given and resolved as
+    artifacts; ``final_tags`` are set last, once all that is logged (a sweep finds its
+    parent by them). A failure marks the run FAILED and is raised."""
     sc = loaded.scenario
     parent = tracker.create_run(sc.name, {**common_tags(loaded, where),
                                           "fedray.kind": "scenario",
@@ -120,7 +128,7 @@ def open_parent(loaded: LoadedScenario, where: dict[str, str], tracker: Tracker,
         tracker.log_params(parent, common_params(loaded) |
                            {"seeds": yaml.safe_dump(sc.seeds, default_flow_style=True).strip()} |
                            {sweep_param(k): yaml.safe_dump(v, default_flow_style=True).strip()
-                            for k, v in sc.sweep.items()})
+                            for k, v in sc.sweep.items()} | (backend or {}))
         given = tmp / "given" / loaded.path.name
         given.parent.mkdir(parents=True, exist_ok=True)
         given.write_text(loaded.text)
@@ -137,10 +145,10 @@ def open_parent(loaded: LoadedScenario, where: dict[str, str], tracker: Tracker,
 
 
 def open_child(point: RunPoint, key: str, where: dict[str, str], tracker: Tracker, parent: str,
-               tmp: Path) -> str:
-    """A point's child run: tags, params and, from the start, the resolved scenario as the
-    ``scenario.yaml`` artifact (what ``fedray resume`` rebuilds the run from); ``key`` is
-    the point's identity (``point_key``)."""
+               tmp: Path, backend: dict[str, str] | None = None) -> str:
+    """A point's child run: tags, params (the ``backend`` params, ``run_params``, too) and,
+    from the start, the resolved scenario as the ``scenario.yaml`` artifact (what ``fedray
+    resume`` rebuilds the run from); ``key`` is the point's identity (``point_key``)."""
     sc = point.scenario
     desc = sc.description + (f"\n\nSweep point: {point.values}" if point.values else "") + \
         f"\nSeed: {point.seed}"
@@ -149,7 +157,7 @@ def open_child(point: RunPoint, key: str, where: dict[str, str], tracker: Tracke
                                               "fedray.point_key": key},
                                 parent_id=parent, description=desc.strip())
     tracker.log_params(run_id, flatten(sc.model_dump(mode="json", exclude={"sweep"})) |
-                       {"seed": str(point.seed)} | load_param(sc))
+                       {"seed": str(point.seed)} | load_param(sc) | (backend or {}))
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "scenario.yaml").write_text(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False))
     tracker.log_artifact(run_id, tmp / "scenario.yaml")
@@ -223,18 +231,20 @@ class Opening:
     def open_parent(self, loaded: LoadedScenario, backend: Any, tmp: Path,
                     final_tags: dict[str, str] | None = None) -> None:
         where = run_tags(backend)  # here, while the backend runs (see run_tags)
+        params = run_params(backend)
         self.parent = self._pool.submit(
-            lambda: open_parent(loaded, where, self.tracker.result(), tmp, final_tags))
+            lambda: open_parent(loaded, where, self.tracker.result(), tmp, final_tags, params))
 
     def open_child(self, point: RunPoint, key: str, backend: Any, tmp: Path
                    ) -> Future[tuple[Tracker, str]]:
         parent = self.parent
         assert parent is not None, "open_parent first"
-        where = run_tags(backend)
+        where, params = run_tags(backend), run_params(backend)
 
         def child() -> tuple[Tracker, str]:
             tracker = self.tracker.result()
-            return tracker, open_child(point, key, where, tracker, parent.result(), tmp)
+            return tracker, open_child(point, key, where, tracker, parent.result(), tmp,
+                                       params)
 
         return self._pool.submit(child)
 

@@ -70,7 +70,8 @@ def resume_run(run_id: str, tracking_uri: str | None = None, backend_name: str |
         with exp.running():
             try:
                 if work is not None:
-                    pool.executor(work.point.scenario).run(exp, [work], Path(tmp) / "point")
+                    pool.executor(work.point.scenario, [work]).run(exp, [work],
+                                                                   Path(tmp) / "point")
                 if parent and points:
                     exp.continue_parent(parent)
                     _continue_parent(exp, parent, points, pool, Path(tmp))
@@ -103,11 +104,20 @@ class _Pool:
         self.ray_init = ray_init or {}
         self.backend: Any = None
 
-    def executor(self, sc: Scenario) -> PoolExecutor:
+    def executor(self, sc: Scenario, works: list[Work] | None = None) -> PoolExecutor:
+        """The executor of ``works`` (points of ``sc``; default: ``sc`` from its start) on
+        the pool's backend, chosen for the first works it is asked for
+        (``simulator.sim.work.backend_for``: the rounds they have left)."""
         from simulator.runtime.backend import make_backend
+        from simulator.sim.work import backend_for
 
         if self.backend is None:
-            if (self.name or sc.runtime.backend) == "ray" and self.address is None:
+            todo = works if works is not None else [Work(RunPoint({}, sc.seeds[0], sc))]
+            choice = backend_for([w.point.scenario for w in todo],
+                                 self.name or sc.runtime.backend, self.address, self.workers,
+                                 self.ray_init,
+                                 [w.state["round"] + 1 if w.state else 0 for w in todo])
+            if choice.name == "ray" and self.address is None:
                 import ray
 
                 from simulator.config.checks import check_local_workers
@@ -117,8 +127,7 @@ class _Pool:
                                         sc.runtime.num_cpus,
                                         "--workers" if self.workers else "runtime.workers",
                                         self.ray_init.get("num_cpus"))
-            self.backend = make_backend(self.name or sc.runtime.backend, self.address,
-                                        **self.ray_init)
+            self.backend = make_backend(choice, self.address, **self.ray_init)
             trap_sigterm()
         return PoolExecutor(self.backend, self.workers)
 
@@ -162,4 +171,4 @@ def _continue_parent(exp: Experiment, parent: str, family: tuple[list[RunPoint],
         return
     logger.info("resume: %d of %d point(s) of parent run %s left", len(works), len(points),
                 parent)
-    pool.executor(full).run(exp, works, tmp / "parent")
+    pool.executor(full, works).run(exp, works, tmp / "parent")

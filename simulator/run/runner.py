@@ -46,6 +46,7 @@ def run_loaded(
     from simulator.pinning import require_pinned
     from simulator.runtime.backend import make_backend
     from simulator.sim.engine import prefetch_data
+    from simulator.sim.work import backend_for
 
     require_pinned((p.scenario.runtime.deterministic for p in loaded.points), loaded.scenario.name)
     fetch(loaded)  # downloads and their checks, before any run exists
@@ -55,9 +56,11 @@ def run_loaded(
     exp = Experiment(opening, default_callbacks(quiet) + list(callbacks or []), uri,
                      f"parent of {len(loaded.points)} point(s)")
     with exp.running():
-        if loaded.points:  # the first point's data loads while Ray starts
+        if loaded.points:  # the first point's data loads while Ray starts (or auto probes)
             prefetch_data(loaded.points[0].scenario)
-        backend = make_backend(backend_name or sc.runtime.backend, address, **(ray_init or {}))
+        choice = backend_for([p.scenario for p in loaded.points],
+                             backend_name or sc.runtime.backend, address, workers, ray_init)
+        backend = make_backend(choice, address, **(ray_init or {}))
         stopping: list[Future[None]] = []
 
         def stop_backend() -> None:
@@ -121,7 +124,8 @@ def run_sweep(
                      "sweep parent")
     with exp.running():
         opening.tracker.result()  # before Ray: a store that cannot be used stops it
-        backend = RayBackend(address, **(ray_init or {}))
+        backend = RayBackend(address, "fedray sweep: its points run at once, as Ray tasks",
+                             **(ray_init or {}))
         try:
             trap_sigterm()
             with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:

@@ -12,8 +12,10 @@ without waiting, while the store is known to be down). ``fedray sync`` replays w
 left there (after the process ended, say). Against a tracking server, MLflow's own HTTP retries
 are shortened so that a call fails within seconds while the server is down.
 
-The embedded SQLite store is created (its migrations run) once, under a file lock: several
-``fedray`` processes started at once in a fresh folder do not race in the migration.
+The embedded SQLite store is created once, under a file lock: several ``fedray`` processes
+started at once in a fresh folder do not race in the migration. A new store is a copy of a
+migrated template kept per MLflow version in the user's cache (``store_template``), so
+MLflow's migrations run once per MLflow version, not once per store.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -128,13 +131,107 @@ def _open_store(uri: str) -> None:
     with open(db.with_name(db.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         _diagnose_sqlite(db)
+        new = not db.exists() or db.stat().st_size == 0
+        template = store_template() if new else None
+        if template is not None:
+            _copy_store(template, db, default_artifacts=Path.cwd() / "mlruns" / "0")
         try:
             MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
         except Exception as e:  # noqa: BLE001 - SQLAlchemy/alembic errors, in one line
+            if template is not None:  # not this MLflow's after all: the next run rebuilds it
+                template.unlink(missing_ok=True)
             raise TrackingUnavailable(
                 f"tracking store {db} cannot be opened ({type(e).__name__}: "
                 f"{brief_text(str(e).splitlines()[0] if str(e) else '', 160)}); move it "
                 "away and run again, or pass --tracking-uri") from None
+        if new and template is None:
+            save_template(db)
+
+
+# A new embedded store is a copy of a migrated template (MLflow's migrations cost 1-4 s a new
+# store here): one per MLflow version in fedray's folder of the user's cache
+# ($XDG_CACHE_HOME/fedray, else ~/.cache/fedray), named mlflow-VERSION-REVISION.db by the
+# schema revision MLflow's migrations left in it. The first new store of an MLflow version
+# is migrated by MLflow as before, then copied there. Both copies go through a temporary
+# file renamed into place, so concurrent commands see a whole file or none.
+TEMPLATE_ENV = "XDG_CACHE_HOME"
+
+
+def template_folder() -> Path:
+    """Where the store templates are kept: ``$XDG_CACHE_HOME/fedray``, else
+    ``~/.cache/fedray``."""
+    return Path(os.environ.get(TEMPLATE_ENV) or Path.home() / ".cache") / "fedray"
+
+
+def store_template() -> Path | None:
+    """This MLflow version's store template, or None where there is none yet (or it is not a
+    pristine store of its schema revision, and is removed: corrupt, written to, another
+    revision than its name says)."""
+    import mlflow
+
+    for path in sorted(template_folder().glob(f"mlflow-{mlflow.__version__}-*.db")):
+        revision = path.stem.rpartition("-")[2]
+        if _pristine(path) == revision:
+            return path
+        logger.debug("fedray: store template %s is not a new store of revision %s; removed",
+                     path, revision)
+        path.unlink(missing_ok=True)
+    return None
+
+
+def save_template(db: Path) -> None:
+    """Keep a copy of ``db``, a store MLflow has just created, as this MLflow version's
+    template; where the cache folder cannot be written, nothing is kept."""
+    import mlflow
+
+    folder = template_folder()
+    revision = _pristine(db)
+    if revision is None:
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _copy_store(db, folder / f"mlflow-{mlflow.__version__}-{revision}.db")
+    except OSError as e:
+        logger.debug("fedray: no store template kept in %s (%s)", folder, e)
+
+
+def _pristine(db: Path) -> str | None:
+    """The schema revision of ``db`` when it is a whole, new MLflow store (its integrity
+    checked, no migration left half done, the Default experiment alone and no run), else
+    None."""
+    try:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+            if conn.execute("PRAGMA quick_check").fetchone() != ("ok",):
+                return None
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            revisions = conn.execute("SELECT version_num FROM alembic_version").fetchall()
+            experiments = conn.execute("SELECT experiment_id FROM experiments").fetchall()
+            runs = conn.execute("SELECT count(*) FROM runs").fetchone()
+    except sqlite3.Error:
+        return None
+    if any(t.startswith("_alembic_tmp_") for t in tables) or len(revisions) != 1 or \
+            experiments != [(0,)] or runs != (0,):
+        return None
+    return str(revisions[0][0])
+
+
+def _copy_store(source: Path, target: Path, default_artifacts: Path | None = None) -> None:
+    """``source`` copied to ``target`` by SQLite's backup (a consistent copy) into a
+    temporary file beside ``target``, renamed over it. ``default_artifacts``: where the
+    copy's Default experiment keeps its artifacts, as MLflow sets it for a store it creates
+    in the working directory (``./mlruns/0``, resolved)."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with closing(sqlite3.connect(f"file:{source}?mode=ro", uri=True)) as src, \
+                closing(sqlite3.connect(tmp)) as dst:
+            src.backup(dst)
+            if default_artifacts is not None:
+                with dst:  # one transaction, committed
+                    dst.execute("UPDATE experiments SET artifact_location = ? WHERE "
+                                "experiment_id = 0", (str(default_artifacts),))
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def require_store(uri: str, what: str) -> None:

@@ -533,7 +533,8 @@ def run_tune(loaded: LoadedScenario, address: str | None = None,
     exp.result = out
     with exp.running():
         tracker = opening.tracker.result()
-        backend = RayBackend(address, **ray_init)
+        backend = RayBackend(address, "fedray tune: its trials run at once, as Ray Tune "
+                             "trials", **ray_init)
         _quiet_tune()
         try:
             trap_sigterm()

@@ -10,8 +10,10 @@ import contextlib
 import logging
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast, overload
 
@@ -50,6 +52,8 @@ class Backend(Protocol):
     # its resources cannot grow (a local Ray instance this process started): workers that do
     # not fit are refused at once rather than waited for (a cluster may gain nodes)
     fixed: bool
+    # why the run uses it (BackendChoice.reason; "" where nothing chose it), logged with it
+    reason: str
 
     def spawn(self, cls: type, *args: Any, role: str,
               options: dict[str, Any] | None = None) -> Any: ...
@@ -73,6 +77,9 @@ class InlineBackend:
     name = "inline"
     pipelined = False  # a call runs when it is made
     fixed = False  # no resources to run out of
+
+    def __init__(self, reason: str = "") -> None:
+        self.reason = reason
 
     def spawn(self, cls: type, *args: Any, role: str,
               options: dict[str, Any] | None = None) -> Any:
@@ -114,9 +121,10 @@ class RayBackend:
     name = "ray"
     pipelined = True
 
-    def __init__(self, address: str | None = None, **init_kwargs: Any) -> None:
+    def __init__(self, address: str | None = None, reason: str = "", **init_kwargs: Any) -> None:
         ray = import_ray()
         self.ray = ray
+        self.reason = reason
         self._owns = False
         self.fixed = False
         if not ray.is_initialized():
@@ -220,7 +228,30 @@ class RayBackend:
 
     def shutdown(self) -> None:
         if self._owns and self.ray.is_initialized():
+            if self.fixed:  # a local instance, whose processes are this process's children
+                stop_autoscaler_monitor()
             self.ray.shutdown()
+
+
+MONITOR = b"autoscaler/_private/monitor.py"  # the command line of Ray's autoscaler monitor
+
+
+def stop_autoscaler_monitor() -> None:
+    """End the autoscaler monitor of the local Ray instance this process started, before
+    ``ray.shutdown``: the shutdown sends each of the instance's processes SIGTERM and waits up
+    to a second for it, and the monitor (which holds nothing of a run: the autoscaler's
+    bookkeeping and its log) takes all of that second; its whole shutdown took 1.2-1.7 s here,
+    0.4-0.7 s with the monitor ended first (SIGKILL). The monitor is found among this
+    process's children by its command line (Linux's /proc; elsewhere nothing is done)."""
+    me = os.getpid()
+    try:
+        children = Path(f"/proc/{me}/task/{me}/children").read_text().split()
+    except OSError:
+        return
+    for pid in children:
+        with contextlib.suppress(OSError, ValueError):
+            if MONITOR in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(int(pid), signal.SIGKILL)
 
 
 CONNECT_TIMEOUT = 10.0  # seconds to open a TCP connection to a cluster's head
@@ -377,11 +408,135 @@ def _ray_kind(e: BaseException) -> str:
     return kind + (", its node died" if "because its node has died" in str(e) else "")
 
 
-def make_backend(name: str, address: str | None = None, **init_kwargs: Any) -> Backend:
-    if name == "inline":
+# ``runtime.backend: auto`` (choose_backend). Ray's fixed cost for a run on a new local
+# instance and its cost a round beyond its share of the training, measured on this
+# project's 2-core machine (``python benchmarks/backend_choice.py``, medians of 3, load
+# average about 2; docs/performance.md "The backend a run chooses"): ``ray.init`` of a new
+# local instance 4.6 s (3.4-5.6; 4.5 s idle in RUNTIME-NOTES); two ClientWorkers and the
+# server, each process importing torch and fedray, answer 3.6 s (2.5-4.1) after they are
+# spawned, about 2.4 s of CPU each on 2 cores; 30 quickstart rounds take 1.73 s on Ray with
+# 2 workers against 1.01 s inline (41 ms a round beyond half the inline round), 120 rounds
+# of benchmarks/vs_flower.py's heavy workload about 105 ms a round against 153 ms (28 ms
+# beyond half): the model put in the object store, the actor calls, their results fetched.
+RAY_INIT_SECONDS = 4.5
+RAY_ACTOR_SECONDS = 2.4  # of CPU; the actors start in parallel on the machine's cores
+RAY_ROUND_SECONDS = 0.03
+
+
+class WorkEstimate(Protocol):
+    """A run's rounds in one process, estimated (``simulator.sim.work.estimate_work``)."""
+
+    @property
+    def rounds(self) -> int: ...
+    @property
+    def seconds(self) -> float: ...
+    def text(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The backend a run uses (``ray`` or ``inline``) and why, in one clause: shown by
+    ``fedray show``, logged with each run (the params ``backend`` and ``backend.reason``)
+    and at debug level."""
+
+    name: str
+    reason: str
+
+
+def ray_needed(runtimes: list[Any], address: str | None, workers: int | None) -> str | None:
+    """Why a run needs Ray whatever its work, or None: a cluster (``address``), more than
+    one ClientWorker asked for (``workers``, ``runtime.workers``: one process trains them one
+    after another), GPU shares (``runtime.num_gpus``) or a device other than the CPU where
+    this machine has a GPU (Ray shares it out among the workers). ``runtimes``: each run
+    point's ``runtime`` block."""
+    if address is not None:
+        return f"--address {address}: a Ray cluster"
+    if workers is not None and workers > 1:
+        return f"--workers {workers}: more ClientWorkers than one process trains at once"
+    for rt in runtimes:
+        if workers is None and rt.workers is not None and rt.workers > 1:
+            return f"runtime.workers {rt.workers}: more ClientWorkers than one process " \
+                "trains at once"
+        if rt.num_gpus is not None and rt.num_gpus > 0:
+            return f"runtime.num_gpus {rt.num_gpus:g}: GPU shares"
+    if any("cuda" in (rt.device, rt.server_device) or "auto" in (rt.device, rt.server_device)
+           for rt in runtimes) and _local_gpus() > 0:
+        return f"a device other than cpu asked, and this machine has {_local_gpus()} GPU(s)"
+    return None
+
+
+def _local_gpus() -> int:
+    import torch
+
+    return int(torch.cuda.device_count())
+
+
+def ray_running() -> bool:
+    """Whether this process is connected to a Ray instance already (a session that started
+    one, a test's shared instance): a run there pays no ``ray.init``. Ray is not imported."""
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and ray.is_initialized())
+
+
+def choose_backend(asked: str, runtimes: list[Any], address: str | None = None,
+                   workers: int | None = None, cpus: float | None = None,
+                   estimate: Callable[[], WorkEstimate] | None = None) -> BackendChoice:
+    """The backend of a run: ``asked`` (``--backend``, else ``runtime.backend``) when it is
+    ``ray`` or ``inline``; for ``auto``, Ray where the run needs it (``ray_needed``), else
+    the one estimated to finish its rounds first. Inline, the rounds take the estimated work
+    ``W`` (``estimate()``, called only then). On Ray, ``P`` ClientWorkers (this machine's
+    ``cpus`` over each worker's ``runtime.num_cpus`` and ``threads``) share it, after Ray's
+    start ``S`` (RAY_INIT_SECONDS, none where this process is connected to Ray already, and
+    RAY_ACTOR_SECONDS for each of the ``P + 1`` actors, the server's included, spread over
+    the cores), and each round costs RAY_ROUND_SECONDS more: ``S + W / P + rounds x
+    RAY_ROUND_SECONDS``. Inline where that is no shorter than ``W``; with one worker (a
+    machine of one CPU), always inline. Without ``estimate`` where one is needed, the
+    choice is ``auto`` (not made: ``fedray show`` fetches no data). The choice is where a
+    warm pool of actors would come in (its ``S`` near 0)."""
+    if asked in ("ray", "inline"):
+        if asked == "inline" and address:
+            raise UsageError("--address: only with --backend ray or auto")
+        return BackendChoice(asked, f"runtime.backend {asked}, as asked")
+    if asked != "auto":
+        raise UsageError(f"runtime.backend: must be one of 'auto', 'ray' or 'inline', got "
+                         f"{asked!r}")
+    need = ray_needed(runtimes, address, workers)
+    if need is not None:
+        return BackendChoice("ray", f"auto: {need}")
+    if workers == 1 or (workers is None and any(rt.workers == 1 for rt in runtimes)):
+        where = "--workers" if workers == 1 else "runtime.workers"
+        return BackendChoice("inline", f"auto: {where} 1: one ClientWorker, which this "
+                                       "process runs without Ray's start")
+    have = float(cpus or os.cpu_count() or 1)
+    per = max(max(rt.num_cpus, rt.threads) for rt in runtimes) if runtimes else 1.0
+    parallel = max(1, int(have // per))
+    if parallel == 1:
+        return BackendChoice("inline", f"auto: {have:g} CPU(s) for workers of {per:g}: Ray's "
+                                       "workers could not train at once")
+    if estimate is None:  # fedray show of a run whose data is fetched when it starts
+        return BackendChoice("auto", "auto: chosen when the run starts, from the rounds' work "
+                                     "estimated on its data")
+    work = estimate()
+    actors = parallel + 1
+    start = (0.0 if ray_running() else RAY_INIT_SECONDS) + \
+        RAY_ACTOR_SECONDS * actors / min(have, actors)
+    on_ray = start + work.seconds / parallel + work.rounds * RAY_ROUND_SECONDS
+    name = "inline" if work.seconds <= on_ray else "ray"
+    return BackendChoice(name, f"auto: the rounds' work is estimated at {work.text()}; on Ray "
+                               f"{on_ray:.1f} s with its start ({start:.1f} s) and {parallel} "
+                               f"workers")
+
+
+def make_backend(choice: BackendChoice | str, address: str | None = None,
+                 **init_kwargs: Any) -> Backend:
+    """The backend ``choice`` names (``choose_backend``; a name, ray or inline, as is):
+    the inline backend, or Ray (a new local instance, or the cluster at ``address``)."""
+    chosen = choice if isinstance(choice, BackendChoice) else \
+        choose_backend(choice, [], address, estimate=None)
+    if chosen.name not in ("ray", "inline"):
+        raise ValueError(f"make_backend: no backend chosen ({chosen.reason})")
+    if chosen.name == "inline":
         if address:
-            raise UsageError("--address: only with --backend ray")
-        return InlineBackend()
-    if name == "ray":
-        return RayBackend(address, **init_kwargs)
-    raise UsageError(f"runtime.backend: must be one of 'ray' or 'inline', got {name!r}")
+            raise UsageError("--address: only with --backend ray or auto")
+        return InlineBackend(chosen.reason)
+    return RayBackend(address, chosen.reason, **init_kwargs)

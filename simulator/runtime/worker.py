@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -104,7 +104,8 @@ class ClientWorker(EvaluationJobs, PeerModels):
                               cache_enabled=False)
 
     def probe(self, specs: list[PluginSpec], clients: list[int], global_params: np.ndarray,
-              steps: int = 2, repeat: int = 2) -> list[float]:
+              steps: int = 2, repeat: int = 2,
+              clock: Callable[[], float] | None = None) -> list[float]:
         """Seconds per client each trainer of ``specs`` takes (``steps`` minibatch steps a
         client) from ``global_params``: what the engine compares to keep the faster of two
         trainers that give the same numbers. First on ``PROBE_FIRST`` of ``clients``, one
@@ -112,7 +113,10 @@ class ClientWorker(EvaluationJobs, PeerModels):
         it (a model that batches badly, such as a large CNN, would otherwise spend a minute
         here). Otherwise on all of ``clients`` (a trainer that stacks clients costs more per
         client for a large model as the stack grows), the fastest of ``repeat`` timings
-        taken in turns (a machine whose speed drifts moves both alike)."""
+        taken in turns (a machine whose speed drifts moves both alike). ``clock``: the
+        seconds counted (default ``time.perf_counter``; ``time.thread_time``: this thread's
+        CPU, for a probe that runs beside other threads of the driver)."""
+        tick = clock or time.perf_counter
         local = self.scenario.local.model_copy(update={"steps": steps, "epochs": None})
         start = torch.from_numpy(np.array(global_params, dtype=np.float32)).to(self.device)
         trains = [self._trainer(spec, local).train for spec in specs]
@@ -126,9 +130,9 @@ class ClientWorker(EvaluationJobs, PeerModels):
                     train(0, data, start)
                 for _ in range(times):
                     for i, train in enumerate(trains):
-                        t0 = time.perf_counter()
+                        t0 = tick()
                         train(0, data, start)
-                        best[i] = min(best[i], (time.perf_counter() - t0) / len(ids))
+                        best[i] = min(best[i], (tick() - t0) / len(ids))
             return best
 
         first = fastest(clients[: self.PROBE_FIRST], 1)

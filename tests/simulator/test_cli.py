@@ -320,3 +320,34 @@ def test_the_api_refuses_worker_and_parallel_counts_below_one(tmp_path):
         with pytest.raises(UsageError, match=f"parallel: must be an integer >= 1, got {bad}"):
             run_sweep(loaded, tracking_uri=f"sqlite:///{tmp_path}/m.db", parallel=bad)
     assert not (tmp_path / "m.db").exists()  # refused before the store opened
+
+
+def test_the_process_ends_without_teardown_but_with_every_thread_and_exit_handler(tmp_path):
+    """``fedray`` ends its process with ``os._exit`` once the command returned: the threads
+    the interpreter would join (a thread still writing, a pool's worker) and the ``atexit``
+    handlers run first, and the command's exit status is kept."""
+    code = f"""
+import atexit, threading, time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+import fedray.cli as cli
+out = Path({str(tmp_path)!r})
+
+def command(argv=None):
+    def late(name):
+        time.sleep(0.3)
+        (out / name).write_text("written")
+    threading.Thread(target=late, args=("thread",)).start()
+    pool = ThreadPoolExecutor(1)
+    pool.submit(late, "pool")
+    pool.shutdown(wait=False)
+    atexit.register(lambda: (out / "atexit").write_text("written"))
+    return 3
+
+cli.main = command
+cli.entry()
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert r.returncode == 3, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["atexit", "pool", "thread"]

@@ -225,6 +225,9 @@ def test_show_and_the_run_say_what_auto_chose(monkeypatch, tmp_path, capsys, mlf
     reason = (f"auto: the data set held whole is about {_gib(size)} (1,941 training samples "
               f"of 10 values), more than a quarter of the {_gib(size * 2)} available")
     assert f"\n# data.load: cohort, chosen by {reason}\n" in out
+    # show loaded the data to estimate the run's work (runtime.backend: auto); the run, in a
+    # process of its own, builds it again
+    monkeypatch.setattr("simulator.sim.engine._data_cache", {})
     assert main(["run", str(p), "--backend", "inline", "--quiet", "-v",
                  "--tracking-uri", mlflow_uri]) == 0
     err = capsys.readouterr().err.splitlines()

@@ -40,6 +40,25 @@ def test_a_one_round_run_on_ray_ends_cleanly_while_ray_shuts_down(tmp_path, _mlf
         "figures/curves.svg"]
 
 
+def test_the_autoscaler_monitor_is_ended_before_ray_shuts_down():
+    """Ray's shutdown waits a second for its autoscaler monitor: a local instance's monitor,
+    a child of this process found by its command line, is killed first; other children are
+    left alone."""
+    from simulator.runtime.backend import MONITOR, stop_autoscaler_monitor
+
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    monitor = subprocess.Popen([*sleep, f"/x/ray/{MONITOR.decode()}", "--logs-dir=/x"])
+    other = subprocess.Popen([*sleep, "ray/_private/log_monitor.py"])
+    try:
+        stop_autoscaler_monitor()
+        assert monitor.wait(timeout=10) == -9
+        assert other.poll() is None
+    finally:
+        for p in (monitor, other):
+            p.kill()
+            p.wait()
+
+
 def _scenario(**sets: object):
     from simulator.config.load import load
 

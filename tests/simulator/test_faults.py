@@ -85,11 +85,16 @@ def test_run_starts_its_own_ray_beside_a_ray_start_cluster_live_or_dead(tmp_path
             time.sleep(0.3)
         assert record.exists(), "ray start did not record its cluster"
         run = ["run", QUICK, "--set", "rounds=1", "--quiet", "--workers", "1"]
-        live = subprocess.run([*FEDRAY, *run], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=300, check=False)
+        live = subprocess.run([*FEDRAY, *run, "--backend", "ray"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300, check=False)
         assert live.returncode == 0, live.stderr[-2000:]
         assert "Started a local Ray instance" in live.stderr
         assert "Connecting to existing Ray cluster" not in live.stderr
+        # runtime.backend: auto runs this one-round, one-worker run inline, Ray untouched
+        live = subprocess.run([*FEDRAY, *run], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300, check=False)
+        assert live.returncode == 0, live.stderr[-2000:]
+        assert "Ray" not in live.stderr
 
         joined = subprocess.run([*FEDRAY, *run, "--address", f"127.0.0.1:{port}"], cwd=tmp_path,
                                 env={**env, "RAY_AUTH_MODE": "disabled"}, capture_output=True,

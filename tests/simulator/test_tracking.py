@@ -444,3 +444,91 @@ def test_a_store_that_cannot_be_used_is_one_line_before_anything_runs(tmp_path, 
         assert main([*args, "--tracking-uri", dead]) == 2
         (line,) = capsys.readouterr().err.strip().splitlines()
         assert line.startswith(f"fedray {args[0]}: tracking store {dead} cannot be reached")
+
+
+# ---------------------------------------------------------------- the store template
+
+
+def _experiments(db: Path) -> list[tuple]:
+    import sqlite3
+    from contextlib import closing
+
+    with closing(sqlite3.connect(db)) as conn:
+        return conn.execute("SELECT experiment_id, name, artifact_location FROM experiments "
+                            "ORDER BY experiment_id").fetchall()
+
+
+def test_a_new_store_is_a_copy_of_this_mlflow_versions_template(tmp_path, monkeypatch):
+    """The first new store of an MLflow version is migrated by MLflow and kept in the cache
+    folder (XDG_CACHE_HOME) as the template; every later new store is a copy of it (MLflow's
+    migrations do not run), with the Default experiment's artifacts in its own folder, as
+    MLflow would have set them, and nothing left of the copies' temporary files."""
+    import mlflow
+
+    from simulator.run import tracking
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    migrated = []
+    real = tracking.save_template
+    monkeypatch.setattr(tracking, "save_template", lambda db: migrated.append(db) or real(db))
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        tracking.ensure_store(f"sqlite:///{tmp_path / name / 'mlflow.db'}")
+    assert migrated == [tmp_path / "a" / "mlflow.db"]
+    (template,) = (tmp_path / "cache" / "fedray").iterdir()
+    assert template.name.startswith(f"mlflow-{mlflow.__version__}-")
+    assert template.stem.rpartition("-")[2] == tracking._pristine(template)
+    assert _experiments(tmp_path / "b" / "mlflow.db") == [
+        (0, "Default", str(tmp_path / "b" / "mlruns" / "0"))]
+    assert tracking.store_template() == template
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["mlflow.db", "mlflow.db.lock"]
+    # the copy is a store fedray and MLflow use as any other
+    tracker = Tracker(f"sqlite:///{tmp_path / 'b' / 'mlflow.db'}", "exp")
+    run_id = tracker.create_run("r", {})
+    tracker.log_params(run_id, {"a": "1"})
+    assert MlflowClient(tracker.uri).get_run(run_id).data.params == {"a": "1"}
+    assert tracking._pristine(tmp_path / "b" / "mlflow.db") is None  # no longer new
+
+
+@pytest.mark.parametrize("spoil", ["garbage", "revision", "written"])
+def test_a_template_that_is_not_a_new_store_of_its_revision_is_rebuilt(tmp_path, monkeypatch,
+                                                                      spoil):
+    """A corrupt template, one whose schema revision is not the one its name says (another
+    MLflow's, a hand-made file), or one something wrote runs into, is removed: the next new
+    store is migrated by MLflow and kept as the template again."""
+    import shutil
+
+    from simulator.run import tracking
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    tracking.ensure_store(f"sqlite:///{tmp_path / 'first.db'}")
+    (good,) = (tmp_path / "cache" / "fedray").iterdir()
+    kept = good.read_bytes()
+    if spoil == "garbage":
+        good.write_bytes(b"SQLite format 3\x00" + b"\x07" * 4000)
+    elif spoil == "revision":
+        shutil.move(good, good.with_name(good.name.replace(good.stem.rpartition("-")[2],
+                                                           "0123456789ab")))
+    else:
+        MlflowClient(f"sqlite:///{good}").create_experiment("written")
+    assert tracking.store_template() is None
+    assert list((tmp_path / "cache" / "fedray").iterdir()) == []
+    tracking.ensure_store(f"sqlite:///{tmp_path / 'second.db'}")
+    assert [p.name for p in (tmp_path / "cache" / "fedray").iterdir()] == [good.name]
+    assert tracking._pristine(good) == good.stem.rpartition("-")[2]
+    assert len(good.read_bytes()) == len(kept)
+
+
+def test_a_cache_folder_that_cannot_be_written_costs_only_the_template(tmp_path, monkeypatch):
+    """Where the cache folder cannot be made (XDG_CACHE_HOME is a file), the store is
+    created by MLflow's migrations as before and no template is kept."""
+    from simulator.run import tracking
+
+    (tmp_path / "cache").write_text("not a folder")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    tracking.ensure_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert tracking.store_template() is None
+    assert _experiments(tmp_path / "mlflow.db")[0][:2] == (0, "Default")

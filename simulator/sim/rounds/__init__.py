@@ -91,6 +91,13 @@ class RoundProtocol(ABC):
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
 
+    @classmethod
+    def trainings_per_round(cls, plan: Plan) -> float:
+        """How many clients train in one of the protocol's rounds, on average: what the
+        run's work is estimated from before a backend is chosen (``simulator.sim.work``).
+        Server rounds: the sampled clients."""
+        return float(plan.scenario.clients.sampled)
+
     @abstractmethod
     def start(self) -> list[Any]:
         """Spawn the protocol's actors; returns them (the engine releases them at the end)."""

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from simulator.config.plan import Plan
 from simulator.messages import ByzantineRows, ClientRows, Group, Ref, RoundReport, StepLayout
 from simulator.sim.clock import (
     DRAW_POWER,
@@ -49,6 +50,13 @@ class AsyncRounds(ServerRounds):
 
     name = "async"
     prefetch = True
+
+    @classmethod
+    def trainings_per_round(cls, plan: Plan) -> float:
+        """The updates a server step applies (its step rule; BASGD's at least one a
+        buffer)."""
+        rule = step_rule(plan.scenario)
+        return float(rule.buffer_size if rule.buffers is None else rule.buffers)
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from simulator.config.plan import Plan
 from simulator.messages import ClientRows, Ref, RoundReport, stack_rows
 from simulator.pinning import strict_options
 from simulator.runtime.handles import MixerHandle
@@ -24,6 +25,11 @@ class GossipRounds(RoundProtocol):
     name = "gossip"
 
     prefetch = False  # a round's training starts from the last round's gossip
+
+    @classmethod
+    def trainings_per_round(cls, plan: Plan) -> float:
+        """Every peer trains in every round."""
+        return float(plan.scenario.clients.total)
 
     def start(self) -> list[Any]:
         ctx = self.ctx
