@@ -33,10 +33,11 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fedray import pool_client as wire
 
@@ -53,10 +54,13 @@ class HandBack(BaseException):
     runs it. Raised before the command printed or ran anything."""
 
 
+_LOG: list[io.TextIOBase] = []  # the log file, whatever fds 1 and 2 are during a command
+
+
 def say(text: str) -> None:
-    """A line of the pool's log (its own stderr, the log file, outside a command)."""
-    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [{os.getpid()}] {text}", file=sys.stderr,
-          flush=True)
+    """A line of the pool's log (the log file it started with on stderr)."""
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [{os.getpid()}] {text}",
+          file=_LOG[0] if _LOG else sys.stderr, flush=True)
 
 
 def warm_imports() -> dict[str, float]:
@@ -353,6 +357,8 @@ class Pool:
         """The command's process state for the block, and the pool's back after it."""
         fedray_logger = logging.getLogger("fedray")
         saved = {"fds": [os.dup(fd) for fd in (0, 1, 2)], "argv": sys.argv,
+                 "path0": sys.path[0] if sys.path else None,
+                 "warnings": list(warnings.filters),
                  "orig_argv": sys.orig_argv, "threads": set(threading.enumerate()),
                  "log": (list(fedray_logger.handlers), fedray_logger.level,
                          fedray_logger.propagate),
@@ -382,6 +388,8 @@ class Pool:
         os.chdir(m["cwd"])
         sys.argv = list(m["sys_argv"])
         sys.orig_argv = list(m["orig_argv"])
+        if m.get("path0") is not None and sys.path:
+            sys.path[0] = m["path0"]  # the script's folder or the working directory
         torch.set_rng_state(self.torch_rng)  # a new process's generators
         random.seed()
         np.random.seed()
@@ -408,6 +416,12 @@ class Pool:
         os.environ.clear()
         os.environ.update(self.environ)
         sys.argv, sys.orig_argv = saved["argv"], saved["orig_argv"]
+        if saved["path0"] is not None:
+            sys.path[0] = saved["path0"]
+        # the filters back, and every "once" and "default" warning shown again, as in a new
+        # process (resetwarnings invalidates the modules' registries of warnings shown)
+        warnings.resetwarnings()
+        cast(list, warnings.filters)[:] = saved["warnings"]
         fedray_logger = logging.getLogger("fedray")
         for handler in list(fedray_logger.handlers):
             if handler not in saved["log"][0]:
@@ -489,6 +503,9 @@ def serve(where: Path) -> int:
     pid file, then commands until `fedray down` (or SIGTERM between commands)."""
     import fcntl
 
+    # the log for the process's life (fd 2 is the client's during a command)
+    _LOG.append(open(os.dup(2), "w", buffering=1, encoding="utf-8",  # noqa: SIM115
+                     errors="replace"))
     lock = os.open(where / wire.LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -229,7 +229,8 @@ class _Call:
             os.umask(umask)
             send(self.sock, {"op": "run", "argv": argv, "sys_argv": sys.argv,
                              "orig_argv": list(sys.orig_argv), "cwd": cwd,
-                             "environ": dict(os.environ), "umask": umask, **identity()},
+                             "environ": dict(os.environ), "umask": umask,
+                             "path0": sys.path[0] if sys.path else None, **identity()},
                  [0, 1, 2])
             reply = receive(self.sock)
         except (OSError, ValueError) as e:  # a closed fd 0, 1 or 2, a pool that went away

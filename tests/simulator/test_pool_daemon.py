@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from fedray.pool_client import lock_if_free
+from simulator.metric_names import mlflow_name
+
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = str(ROOT / "scenarios" / "quickstart.yaml")
 FEDRAY = [sys.executable, "-m", "fedray"]
@@ -55,7 +58,7 @@ class Pool:
 
 
 @pytest.fixture()
-def pool(tmp_path):
+def pool(tmp_path, _mlflow_template):  # new stores are copies of the template, as in a cold run
     p = Pool(tmp_path)
     r = p.fedray("up")
     assert r.returncode == 0, r.stderr
@@ -64,27 +67,19 @@ def pool(tmp_path):
     pid = p.pid() if (p.folder / "pool.pid").exists() else None
     p.fedray("down", "--force")
     if pid is not None:
-        _wait_gone(pid)
+        _wait_gone(p, pid)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie (the test's own child) counts as gone
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
-
-
-def _wait_gone(pid: int) -> None:
+def _wait_gone(p: Pool, pid: int) -> None:
+    """Until the pool's process ``pid`` has ended: its lock is free (all its threads have
+    exited: the main thread alone can be a zombie while the others still hold its fds)."""
     deadline = time.monotonic() + 60
-    while _alive(pid) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        with lock_if_free(p.folder) as free:
+            if free:
+                return
         time.sleep(0.1)
-    if _alive(pid):
-        os.kill(pid, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
 
 
 def _wait_for(path: Path, text: str, proc: subprocess.Popen[bytes]) -> None:
@@ -145,7 +140,9 @@ def test_a_run_on_the_pool_gives_the_numbers_and_output_of_its_own_process(pool,
     # the numbers, to the bit: every metric's whole history
     warm_points, cold_points = _points(warm_uri), _points(cold_uri)
     assert warm_points == cold_points
-    assert warm_points["seed=0"]["test_accuracy"][-1][1] > 0.3
+    (point,) = warm_points.values()
+    assert [step for step, _ in point[mlflow_name("test_accuracy")]] == [0, 1]  # 2 rounds
+    assert point[mlflow_name("test_accuracy")][-1][1] > 0.3
     # a second command on the same pool: the same numbers again (nothing carried over)
     again_uri = f"sqlite:///{tmp_path / 'again.db'}"
     again = pool.fedray(*args, "--tracking-uri", again_uri)
@@ -174,7 +171,7 @@ def test_a_busy_pool_leaves_the_second_command_to_its_client(pool, tmp_path):
     first = pool.start("run", QUICK, "--set", "rounds=3000", "--backend", "inline", "--quiet",
                        "-v", "--tracking-uri", uri, out=tmp_path / "first")
     try:
-        _wait_for(tmp_path / "first.err", "round 1/", first)
+        _wait_for(tmp_path / "first.err", "/3000 acc", first)
         second = pool.fedray("run", QUICK, "--set", "rounds=1", "--backend", "inline", "-v",
                              "--tracking-uri", f"sqlite:///{tmp_path / 'second.db'}")
         assert second.returncode == 0, second.stderr
@@ -192,7 +189,7 @@ def test_ctrl_c_on_the_client_ends_the_run_killed_and_the_pool_serves_on(pool, t
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = pool.start("run", QUICK, "--set", "rounds=3000", "--backend", "inline", "--quiet",
                       "-v", "--tracking-uri", uri, out=tmp_path / "run")
-    _wait_for(tmp_path / "run.err", "round 1/", proc)
+    _wait_for(tmp_path / "run.err", "/3000 acc", proc)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(TIMEOUT) == 128 + signal.SIGINT
     err = (tmp_path / "run.err").read_text()
@@ -203,7 +200,7 @@ def test_ctrl_c_on_the_client_ends_the_run_killed_and_the_pool_serves_on(pool, t
     # SIGTERM too: Terminated, exit 143
     proc = pool.start("run", QUICK, "--set", "rounds=3000", "--backend", "inline", "--quiet",
                       "-v", "--tracking-uri", uri, out=tmp_path / "term")
-    _wait_for(tmp_path / "term.err", "round 1/", proc)
+    _wait_for(tmp_path / "term.err", "/3000 acc", proc)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(TIMEOUT) == 128 + signal.SIGTERM
     assert "interrupted by SIGTERM" in (tmp_path / "term.err").read_text()
@@ -217,7 +214,7 @@ def test_a_client_killed_mid_run_ends_its_command_and_the_pool_serves_on(pool, t
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = pool.start("run", QUICK, "--set", "rounds=3000", "--backend", "inline", "--quiet",
                       "-v", "--tracking-uri", uri, out=tmp_path / "run")
-    _wait_for(tmp_path / "run.err", "round 1/", proc)
+    _wait_for(tmp_path / "run.err", "/3000 acc", proc)
     proc.kill()
     proc.wait(TIMEOUT)
     deadline = time.monotonic() + TIMEOUT
@@ -233,7 +230,7 @@ def test_a_client_killed_mid_run_ends_its_command_and_the_pool_serves_on(pool, t
 def test_a_killed_pool_leaves_a_stale_socket_that_up_and_the_client_clean(pool, tmp_path):
     old = pool.pid()
     os.kill(old, signal.SIGKILL)
-    _wait_gone(old)
+    _wait_gone(pool, old)
     assert (pool.folder / "pool.sock").exists()  # what kill -9 leaves
     r = pool.fedray("run", QUICK, "--set", "rounds=1", "--backend", "inline", "-v",
                     "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -255,7 +252,7 @@ def test_up_twice_down_twice(pool):
     pid = pool.pid()
     down = pool.fedray("down")
     assert down.returncode == 0 and f"fedray down: the warm pool (pid {pid}) stopped" in down.stdout
-    _wait_gone(pid)
+    _wait_gone(pool, pid)
     assert not (pool.folder / "pool.sock").exists() and not (pool.folder / "pool.pid").exists()
     again = pool.fedray("down")
     assert again.returncode == 0 and again.stdout == "fedray down: no warm pool is up\n"
