@@ -121,6 +121,7 @@ class TaskExecutor:
 
         if not works:
             return
+        self.backend.evict_idle()  # a warm pool's idle actors hold the CPUs the tasks need
         events = Queue(actor_options={"num_cpus": 0})
         remote = self.ray.remote(num_cpus=1, max_retries=1)(_simulate)
         pending: dict[Any, tuple[int, Work]] = {}
