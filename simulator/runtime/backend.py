@@ -557,7 +557,8 @@ def ray_running() -> bool:
 
 def choose_backend(asked: str, runtimes: list[Any], address: str | None = None,
                    workers: int | None = None, cpus: float | None = None,
-                   estimate: Callable[[], WorkEstimate] | None = None) -> BackendChoice:
+                   estimate: Callable[[], WorkEstimate] | None = None,
+                   round_seconds: float = RAY_ROUND_SECONDS) -> BackendChoice:
     """The backend of a run: ``asked`` (``--backend``, else ``runtime.backend``) when it is
     ``ray`` or ``inline``; for ``auto``, Ray where the run needs it (``ray_needed``), else
     the one estimated to finish its rounds first. Inline, the rounds take the estimated work
@@ -565,8 +566,9 @@ def choose_backend(asked: str, runtimes: list[Any], address: str | None = None,
     ``cpus`` over each worker's ``runtime.num_cpus`` and ``threads``) share it, after Ray's
     start ``S`` (RAY_INIT_SECONDS, none where this process is connected to Ray already, and
     RAY_ACTOR_SECONDS for each of the ``P + 1`` actors, the server's included, spread over
-    the cores), and each round costs RAY_ROUND_SECONDS more: ``S + W / P + rounds x
-    RAY_ROUND_SECONDS``. Inline where that is no shorter than ``W``; with one worker (a
+    the cores), and each round costs ``round_seconds`` more (RAY_ROUND_SECONDS; a sweep's
+    tasks, whose rounds run in one process each, none): ``S + W / P + rounds x
+    round_seconds``. Inline where that is no shorter than ``W``; with one worker (a
     machine of one CPU), always inline. Without ``estimate`` where one is needed, the
     choice is ``auto`` (not made: ``fedray show`` fetches no data). In a warm pool
     (``simulator.runtime.pool``) ``S`` counts only the actors it has no idle one for (of the
@@ -600,7 +602,7 @@ def choose_backend(asked: str, runtimes: list[Any], address: str | None = None,
     cold = parallel + 1 - warm  # the actors that start a process, the server's included
     start = (0.0 if ray_running() else RAY_INIT_SECONDS) + \
         RAY_ACTOR_SECONDS * cold / max(1.0, min(have, cold))
-    on_ray = start + work.seconds / parallel + work.rounds * RAY_ROUND_SECONDS
+    on_ray = start + work.seconds / parallel + work.rounds * round_seconds
     name = "inline" if work.seconds <= on_ray else "ray"
     kept = f"; {warm} warm actor(s)" if warm else ""
     return BackendChoice(name, f"auto: the rounds' work is estimated at {work.text()}; on Ray "
