@@ -6,7 +6,9 @@ point logs its metrics, shows its progress and checkpoints the same way under ei
   (``fedray run``, ``fedray resume``);
 * ``TaskExecutor``: several points at once, each a single-process simulation (the inline
   backend) in a Ray task (``fedray sweep``). A task streams its rounds and checkpoints to the
-  driver through a queue (a small Ray actor); only the driver talks to MLflow.
+  driver through a queue (a small Ray actor); only the driver talks to MLflow;
+* ``SerialExecutor``: a sweep's points one after another in the driver (``fedray sweep`` of
+  short points), with the sweep's handling of a point that fails.
 """
 
 from __future__ import annotations
@@ -121,6 +123,7 @@ class TaskExecutor:
 
         if not works:
             return
+        self.backend.evict_idle()  # a warm pool's idle actors hold the CPUs the tasks need
         events = Queue(actor_options={"num_cpus": 0})
         remote = self.ray.remote(num_cpus=1, max_retries=1)(_simulate)
         pending: dict[Any, tuple[int, Work]] = {}
@@ -168,18 +171,49 @@ class TaskExecutor:
         try:
             result = self.ray.get(ref)
         except Exception as e:  # noqa: BLE001 - one failed point does not stop the sweep
-            cause = getattr(e, "cause", None) or e  # a RayTaskError wraps the real error
-            removed = exp.needs.explain(e)  # a file it needed, removed: said as that
-            text = (str(removed or cause).strip().splitlines() or [""])[-1]
-            logger.warning("%s: FAILED (%s: %s)", work.label,
-                           type(removed or cause).__name__, text)
             exp.end(run, None, "FAILED")
-            exp.result.failed.append(work.label)
             del self.live[token]
+            point_failed(exp, work, e)
             return
         exp.end(run, result, "FINISHED")
         del self.live[token]
-        done = summary(run.run_id, run.point, result)
-        exp.result.runs.append(done)
-        logger.info("%s: %s  (run %s; %d/%d)", work.label, final_text(done), run.run_id,
-                    len(exp.result.runs) + len(exp.result.failed), total)
+        point_done(exp, work, run.run_id, summary(run.run_id, run.point, result), total)
+
+
+class SerialExecutor:
+    """A sweep's points one after another in this process, on the inline backend: ``fedray
+    sweep`` where that is estimated to finish first (``runtime.backend: auto``; short
+    points, whose Ray tasks would cost more to start than they compute) or asked for
+    (``inline``). As under ``TaskExecutor``, a point that fails is marked FAILED, named in
+    ``exp.result.failed``, and the others go on; an interrupt marks the point running
+    KILLED."""
+
+    def __init__(self, backend: Any) -> None:
+        self.pool = PoolExecutor(backend)
+
+    def run(self, exp: Experiment, works: list[Work], tmp: Path) -> None:
+        for token, work in enumerate(works):
+            run = exp.start(work, self.pool.backend, tmp / str(token))
+            try:
+                done = self.pool.execute(exp, run, work.state)  # ends the run, either way
+            except Exception as e:  # noqa: BLE001 - one failed point does not stop the sweep
+                point_failed(exp, work, e)
+                continue
+            point_done(exp, work, run.run_id, done, len(works))
+
+
+def point_failed(exp: Experiment, work: Work, error: Exception) -> None:
+    """A sweep's point that failed: named in ``exp.result.failed``, its error in one line."""
+    cause = getattr(error, "cause", None) or error  # a RayTaskError wraps the real error
+    removed = exp.needs.explain(error)  # a file it needed, removed: said as that
+    text = (str(removed or cause).strip().splitlines() or [""])[-1]
+    logger.warning("%s: FAILED (%s: %s)", work.label, type(removed or cause).__name__, text)
+    exp.result.failed.append(work.label)
+
+
+def point_done(exp: Experiment, work: Work, run_id: str, done: dict[str, Any],
+               total: int) -> None:
+    """A sweep's point that finished: into ``exp.result.runs``, its headline."""
+    exp.result.runs.append(done)
+    logger.info("%s: %s  (run %s; %d/%d)", work.label, final_text(done), run_id,
+                len(exp.result.runs) + len(exp.result.failed), total)

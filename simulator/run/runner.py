@@ -8,20 +8,25 @@ exception they raise (``simulator.run.interrupts.unfinished_of``).
 
 from __future__ import annotations
 
+import os
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from simulator.config.load import LoadedScenario
 from simulator.data.prepare import fetch
 from simulator.errors import UsageError
 from simulator.log import logger
 from simulator.run.callbacks import Callback, default_callbacks
-from simulator.run.executors import PoolExecutor, TaskExecutor
+from simulator.run.executors import PoolExecutor, SerialExecutor, TaskExecutor
 from simulator.run.experiment import Experiment, ExperimentResult, Work, final_text, summary
 from simulator.run.interrupts import trap_sigterm
 from simulator.run.layout import Opening, point_key, sweep_key
 from simulator.run.tracking import default_uri
+
+if TYPE_CHECKING:
+    from simulator.runtime.backend import Backend, BackendChoice
 
 __all__ = ["final_text", "point_key", "run_loaded", "run_sweep", "summary", "sweep_key"]
 
@@ -101,8 +106,11 @@ def run_sweep(
 ) -> ExperimentResult:
     """Run a scenario's points several at a time, each a single-process simulation in a Ray
     task of ``runtime.num_cpus`` CPUs (and a GPU share for a point on a GPU; at most
-    ``parallel`` at once, default: the cluster's CPUs). Each point logs its rounds as they
-    end and checkpoints every ``runtime.checkpoint_every`` rounds, as under ``fedray run``.
+    ``parallel`` at once, default: the cluster's CPUs); or, where the scenario's
+    ``runtime.backend`` is ``inline``, or ``auto`` and the points are estimated to finish
+    sooner one after another in this process than on Ray with its start
+    (``sweep_backend``), one after another here. Each point logs its rounds as they end and
+    checkpoints every ``runtime.checkpoint_every`` rounds, as under ``fedray run``.
 
     A sweep is resumable: the parent run of an earlier sweep of the same resolved scenario
     is reused, its FINISHED points are not run again, and a point interrupted after a
@@ -112,7 +120,7 @@ def run_sweep(
     Returns the experiment's result: ``parent_run_id``, ``tracking_uri``, ``skipped``
     (labels), ``runs`` (as in ``run_loaded``), ``failed`` (labels) and ``unfinished``.
     """
-    from simulator.runtime.backend import RayBackend
+    from simulator.runtime.backend import InlineBackend, RayBackend
 
     if parallel is not None and parallel < 1:  # the CLI refuses it; here for the API
         raise UsageError(f"parallel: must be an integer >= 1, got {parallel}")
@@ -123,25 +131,67 @@ def run_sweep(
     exp = Experiment(opening, default_callbacks(True) + list(callbacks or []), uri,
                      "sweep parent")
     with exp.running():
+        choice = sweep_backend(loaded, address, parallel, ray_init)
         opening.tracker.result()  # before Ray: a store that cannot be used stops it
-        backend = RayBackend(address, "fedray sweep: its points run at once, as Ray tasks",
-                             **(ray_init or {}))
+        backend: Backend = InlineBackend(choice.reason) if choice.name == "inline" else \
+            RayBackend(address, choice.reason, **(ray_init or {}))
         try:
             trap_sigterm()
             with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:
                 works = exp.sweep_parent(loaded, backend, Path(tmp), fresh)
                 assert opening.parent is not None
                 exp.result.parent_run_id = opening.parent.result()
-                cap = max(1, min(parallel or backend.default_workers(), len(works) or 1))
-                _announce(len(loaded.points), exp, works, cap)
-                TaskExecutor(backend, cap).run(exp, works, Path(tmp))
+                if isinstance(backend, InlineBackend):
+                    _announce(len(loaded.points), exp, works, 1, " here, one after another")
+                    SerialExecutor(backend).run(exp, works, Path(tmp))
+                else:
+                    cap = max(1, min(parallel or backend.default_workers(), len(works) or 1))
+                    _announce(len(loaded.points), exp, works, cap)
+                    TaskExecutor(backend, cap).run(exp, works, Path(tmp))
         finally:
             backend.shutdown()
     return exp.result
 
 
-def _announce(total: int, exp: Experiment, works: list[Work], cap: int) -> None:
+def sweep_backend(loaded: LoadedScenario, address: str | None, parallel: int | None,
+                  ray_init: dict | None) -> BackendChoice:
+    """How ``fedray sweep`` runs its points: as Ray tasks, ``parallel`` at a time (``ray``),
+    or one after another in this process (``inline``): the scenario's ``runtime.backend``,
+    and for ``auto`` the one estimated to finish first (``simulator.sim.work.backend_for``,
+    with a point's task in the place of a ClientWorker: ``runtime.workers`` is not a
+    sweep's, each point runs in one process)."""
+    from simulator.runtime.backend import BackendChoice
+    from simulator.sim.work import backend_for
+
+    asked = loaded.scenario.runtime.backend
+    # strict points need a pinned process each: a task's (the driver's is not)
+    if asked == "ray" or address is not None or \
+            any(p.scenario.runtime.strict for p in loaded.points):
+        return BackendChoice("ray", "fedray sweep: its points run at once, as Ray tasks")
+    cpus = (ray_init or {}).get("num_cpus")
+    if parallel is not None:  # the slots the tasks would have
+        per = max(max(p.scenario.runtime.num_cpus, p.scenario.runtime.threads)
+                  for p in loaded.points) if loaded.points else 1
+        cpus = min(float(cpus or os.cpu_count() or 1), parallel * per)
+    points = [p.scenario.model_copy(update={"runtime": p.scenario.runtime.model_copy(
+        update={"workers": None})}) for p in loaded.points]
+    # a task's rounds run in its own process: Ray adds nothing a round (RAY_ROUND_SECONDS
+    # is an actor run's calls and transfers), only its start
+    choice = backend_for(points, asked, None, None, {"num_cpus": cpus} if cpus else None,
+                         round_seconds=0.0)
+    if choice.name == "ray":
+        return BackendChoice("ray", f"fedray sweep: its points run at once, as Ray tasks "
+                                    f"({choice.reason})")
+    return BackendChoice("inline", f"fedray sweep: its points one after another in this "
+                                   f"process ({choice.reason})")
+
+
+def _announce(total: int, exp: Experiment, works: list[Work], cap: int, how: str = "") -> None:
     going_on = sum(1 for w in works if w.run_id is not None)
-    logger.info("sweep: %d points, %d already finished, running %d%s, %d at a time", total,
+    logger.info("sweep: %d points, %d already finished, running %d%s, %s", total,
                 len(exp.result.skipped), len(works),
-                f" ({going_on} from their checkpoints)" if going_on else "", cap)
+                f" ({going_on} from their checkpoints)" if going_on else "",
+                how.strip() or f"{cap} at a time")
+
+
+

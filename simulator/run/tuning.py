@@ -535,6 +535,7 @@ def run_tune(loaded: LoadedScenario, address: str | None = None,
         tracker = opening.tracker.result()
         backend = RayBackend(address, "fedray tune: its trials run at once, as Ray Tune "
                              "trials", **ray_init)
+        backend.evict_idle()  # a warm pool's idle actors hold the CPUs the trials need
         _quiet_tune()
         try:
             trap_sigterm()

@@ -16,11 +16,12 @@ from simulator.messages import ByzantineRows, ClientRows, stack_groups
 from simulator.registry import instantiate
 from simulator.runtime.common import combine_buffers, deterministic_mode, single_thread
 from simulator.runtime.pipeline import Pipeline
+from simulator.runtime.pool import Reusable
 from simulator.seeding import torch_generator
 from strategies.codecs import encode_rows
 
 
-class Adversary:
+class Adversary(Reusable):
     """Produces the Byzantine rows of a round with the scenario's attack plugin."""
 
     def __init__(self, plan: Plan) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Protocol, TypeVar, cast, overload
 
 from simulator.errors import FedrayError, UsageError, WorkerLost
 from simulator.messages import Ref
+from simulator.runtime.pool import ActorKey, current_pool
 
 R = TypeVar("R")
 
@@ -116,7 +117,8 @@ class InlineBackend:
 
 
 class RayBackend:
-    """Actors on Ray: a local instance started here, or an existing cluster by address."""
+    """Actors on Ray: a local instance started here, or an existing cluster by address; in
+    a warm pool (``simulator.runtime.pool``) the pool's, whose idle actors a run reuses."""
 
     name = "ray"
     pipelined = True
@@ -127,38 +129,42 @@ class RayBackend:
         self.reason = reason
         self._owns = False
         self.fixed = False
-        if not ray.is_initialized():
-            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
-            kwargs.update(init_kwargs)
-            if address is None:
-                refuse_local_instance_in_job()
-                # A fresh local instance. Never join a cluster from the environment: a bare
-                # ray.init() also joins the one `ray start` recorded on this machine (and
-                # hangs when its head is dead); "local" always starts a new instance.
-                os.environ.pop("RAY_ADDRESS", None)
-                _quiet_default_auth_notice()
-                ray.init(address="local", **kwargs)
-            else:
-                kwargs.pop("include_dashboard", None)
-                try:
-                    _check_listening(address)
-                    ray.init(address=address, **kwargs)
-                except ConnectionError as e:
-                    raise ClusterUnreachable(
-                        f"--address {address}: cannot connect to the Ray cluster ({e}); check "
-                        "that it runs (`ray status`), and if it keeps Ray's token authentication "
-                        "run with RAY_AUTH_MODE=token and its token in ~/.ray/auth_token "
-                        "(README: On a Ray cluster)") from None
+        self.pool = current_pool()
+        if self.pool is not None:
+            self.pool.check_address(address)
+            if not ray.is_initialized():
+                fixed = _start_ray(ray, self.pool.address, {**self.pool.ray_init, **init_kwargs})
+                self.pool.started(fixed, lambda: _stop_ray(ray, fixed))
+            self.fixed = self.pool.fixed
+        elif not ray.is_initialized():
+            self.fixed = _start_ray(ray, address, init_kwargs)
             self._owns = True
-            self.fixed = address is None
         self._classes: dict[tuple[Any, ...], Any] = {}
+        # the actors this backend spawned, by id: their pool key (released to the pool)
+        self._spawned: dict[int, tuple[ActorKey, Any]] = {}
+        self._rebuilt: dict[int, Any] = {}  # reused actors: the ref of their rebuild call
 
     def spawn(self, cls: type, *args: Any, role: str,
               options: dict[str, Any] | None = None) -> Any:
         """An actor of ``cls`` with its role's options, ``options`` (resources: num_cpus,
-        num_gpus) over them."""
+        num_gpus) over them; in a warm pool, an idle one of the same options rebuilt for
+        this run (``Reusable.rebuild``) where the pool has one."""
         extra = dict(options or {})
-        key = (cls, role, repr(sorted(extra.items())))  # a runtime_env is a dict
+        holds = any(float({**ROLE_OPTIONS[role], **extra}.get(r) or 0) > 0
+                    for r in ("num_cpus", "num_gpus"))
+        # options as text: a runtime_env is a dict
+        key: ActorKey = (cls, role, repr(sorted(extra.items())), holds)
+        handle = self.pool.take(key, self._answers) if self.pool is not None else None
+        if handle is not None:
+            # an actor runs one caller's calls in order: the run's calls follow the rebuild
+            self._rebuilt[id(handle)] = handle.rebuild.remote(*args)
+        else:
+            handle = self._actor_class(key, extra).remote(*args)
+        self._spawned[id(handle)] = (key, handle)
+        return handle
+
+    def _actor_class(self, key: ActorKey, extra: dict[str, Any]) -> Any:
+        cls, role = key[:2]
         if key not in self._classes:
             options = {**ROLE_OPTIONS[role], **extra}
             if role != "worker":
@@ -171,7 +177,19 @@ class RayBackend:
                 node = self.ray.get_runtime_context().get_node_id()
                 options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
             self._classes[key] = self.ray.remote(cls).options(**options)
-        return self._classes[key].remote(*args)
+        return self._classes[key]
+
+    def _answers(self, handle: Any, timeout: float) -> bool:
+        """Whether an idle actor answers a ping within ``timeout`` seconds (else it is
+        killed)."""
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        try:
+            self.ray.get(handle.__ray_ready__.remote(), timeout=timeout)
+            return True
+        except (RayActorError, GetTimeoutError):
+            self._kill([handle])
+            return False
 
     def call(self, handle: Any, method: Callable[..., R], *args: Any) -> Ref[R]:
         return cast(Ref[R], getattr(handle, method.__name__).remote(*args))
@@ -194,10 +212,12 @@ class RayBackend:
     def ready(self, handles: list[Any], timeout: float) -> list[bool]:
         """Which actors answer a ping within ``timeout`` seconds (a busy actor answers once
         its queued calls are done; a dead one, or one still waiting for resources, does not).
-        Actors that do not answer are killed, so that they cannot come back later."""
-        from ray.exceptions import GetTimeoutError, RayActorError
+        Actors that do not answer are killed, so that they cannot come back later. A reused
+        actor's ping is its rebuild: an error of its constructor is raised as a new actor's
+        would be at its first call."""
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-        refs = [h.__ray_ready__.remote() for h in handles]
+        refs = [self._rebuilt.pop(id(h), None) or h.__ray_ready__.remote() for h in handles]
         self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
         out = []
         for h, ref in zip(handles, refs):
@@ -205,8 +225,12 @@ class RayBackend:
                 self.ray.get(ref, timeout=0)
                 out.append(True)
             except (RayActorError, GetTimeoutError):
-                self.release([h])
+                self._kill([h])
                 out.append(False)
+            except RayTaskError as e:  # a rebuild that raised
+                if isinstance(e.cause, FedrayError):
+                    raise e.cause from None
+                raise
         return out
 
     def put(self, value: R) -> Ref[R]:
@@ -222,15 +246,68 @@ class RayBackend:
         return sum(1 for n in self.ray.nodes() if n.get("Alive"))
 
     def release(self, handles: list[Any]) -> None:
+        """The run is done with ``handles``: into the warm pool, emptied (``forget``), where
+        one is open, else killed. Actors found dead are not kept."""
+        if self.pool is None:
+            self._kill(handles)
+            return
         for h in handles:
+            spawned = self._spawned.pop(id(h), None)
+            if spawned is not None:
+                self._rebuilt.pop(id(h), None)
+                h.forget.remote()
+                self.pool.give(spawned[0], h)
+
+    def _kill(self, handles: list[Any]) -> None:
+        for h in handles:
+            self._spawned.pop(id(h), None)
+            self._rebuilt.pop(id(h), None)
             with contextlib.suppress(Exception):  # already dead is fine
                 self.ray.kill(h)
 
+    def evict_idle(self) -> None:
+        """End the warm pool's idle actors (a sweep's or a search's tasks need their CPUs)."""
+        if self.pool is not None:
+            self.pool.evict()
+
     def shutdown(self) -> None:
+        """End the Ray instance this backend started (a warm pool's ends with the pool)."""
         if self._owns and self.ray.is_initialized():
-            if self.fixed:  # a local instance, whose processes are this process's children
-                stop_autoscaler_monitor()
-            self.ray.shutdown()
+            _stop_ray(self.ray, self.fixed)
+
+
+def _start_ray(ray: Any, address: str | None, init_kwargs: dict[str, Any]) -> bool:
+    """``ray.init`` of a new local instance (``address`` None: True, its resources cannot
+    grow) or of the cluster at ``address`` (False)."""
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
+    kwargs.update(init_kwargs)
+    if address is None:
+        refuse_local_instance_in_job()
+        # A fresh local instance. Never join a cluster from the environment: a bare
+        # ray.init() also joins the one `ray start` recorded on this machine (and
+        # hangs when its head is dead); "local" always starts a new instance.
+        os.environ.pop("RAY_ADDRESS", None)
+        _quiet_default_auth_notice()
+        ray.init(address="local", **kwargs)
+        return True
+    kwargs.pop("include_dashboard", None)
+    try:
+        _check_listening(address)
+        ray.init(address=address, **kwargs)
+    except ConnectionError as e:
+        raise ClusterUnreachable(
+            f"--address {address}: cannot connect to the Ray cluster ({e}); check "
+            "that it runs (`ray status`), and if it keeps Ray's token authentication "
+            "run with RAY_AUTH_MODE=token and its token in ~/.ray/auth_token "
+            "(README: On a Ray cluster)") from None
+    return False
+
+
+def _stop_ray(ray: Any, local: bool) -> None:
+    if ray.is_initialized():
+        if local:  # a local instance, whose processes are this process's children
+            stop_autoscaler_monitor()
+        ray.shutdown()
 
 
 MONITOR = b"autoscaler/_private/monitor.py"  # the command line of Ray's autoscaler monitor
@@ -480,7 +557,8 @@ def ray_running() -> bool:
 
 def choose_backend(asked: str, runtimes: list[Any], address: str | None = None,
                    workers: int | None = None, cpus: float | None = None,
-                   estimate: Callable[[], WorkEstimate] | None = None) -> BackendChoice:
+                   estimate: Callable[[], WorkEstimate] | None = None,
+                   round_seconds: float = RAY_ROUND_SECONDS) -> BackendChoice:
     """The backend of a run: ``asked`` (``--backend``, else ``runtime.backend``) when it is
     ``ray`` or ``inline``; for ``auto``, Ray where the run needs it (``ray_needed``), else
     the one estimated to finish its rounds first. Inline, the rounds take the estimated work
@@ -488,11 +566,13 @@ def choose_backend(asked: str, runtimes: list[Any], address: str | None = None,
     ``cpus`` over each worker's ``runtime.num_cpus`` and ``threads``) share it, after Ray's
     start ``S`` (RAY_INIT_SECONDS, none where this process is connected to Ray already, and
     RAY_ACTOR_SECONDS for each of the ``P + 1`` actors, the server's included, spread over
-    the cores), and each round costs RAY_ROUND_SECONDS more: ``S + W / P + rounds x
-    RAY_ROUND_SECONDS``. Inline where that is no shorter than ``W``; with one worker (a
+    the cores), and each round costs ``round_seconds`` more (RAY_ROUND_SECONDS; a sweep's
+    tasks, whose rounds run in one process each, none): ``S + W / P + rounds x
+    round_seconds``. Inline where that is no shorter than ``W``; with one worker (a
     machine of one CPU), always inline. Without ``estimate`` where one is needed, the
-    choice is ``auto`` (not made: ``fedray show`` fetches no data). The choice is where a
-    warm pool of actors would come in (its ``S`` near 0)."""
+    choice is ``auto`` (not made: ``fedray show`` fetches no data). In a warm pool
+    (``simulator.runtime.pool``) ``S`` counts only the actors it has no idle one for (of the
+    same role: an estimate, the options are the Plan's)."""
     if asked in ("ray", "inline"):
         if asked == "inline" and address:
             raise UsageError("--address: only with --backend ray or auto")
@@ -517,14 +597,17 @@ def choose_backend(asked: str, runtimes: list[Any], address: str | None = None,
         return BackendChoice("auto", "auto: chosen when the run starts, from the rounds' work "
                                      "estimated on its data")
     work = estimate()
-    actors = parallel + 1
+    pool = current_pool()
+    warm = min(pool.idle("worker"), parallel) + min(pool.idle("server"), 1) if pool else 0
+    cold = parallel + 1 - warm  # the actors that start a process, the server's included
     start = (0.0 if ray_running() else RAY_INIT_SECONDS) + \
-        RAY_ACTOR_SECONDS * actors / min(have, actors)
-    on_ray = start + work.seconds / parallel + work.rounds * RAY_ROUND_SECONDS
+        RAY_ACTOR_SECONDS * cold / max(1.0, min(have, cold))
+    on_ray = start + work.seconds / parallel + work.rounds * round_seconds
     name = "inline" if work.seconds <= on_ray else "ray"
+    kept = f"; {warm} warm actor(s)" if warm else ""
     return BackendChoice(name, f"auto: the rounds' work is estimated at {work.text()}; on Ray "
-                               f"{on_ray:.1f} s with its start ({start:.1f} s) and {parallel} "
-                               f"workers")
+                               f"{on_ray:.1f} s with its start ({start:.1f} s{kept}) and "
+                               f"{parallel} workers")
 
 
 def make_backend(choice: BackendChoice | str, address: str | None = None,

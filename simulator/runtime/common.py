@@ -69,9 +69,10 @@ def deterministic_mode(mode: bool | str) -> None:
         import os
 
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.benchmark = False
-        torch.backends.cudnn.deterministic = True
+    # both ways: a warm pool's actor may have run a point of the other mode before
+    torch.use_deterministic_algorithms(bool(mode))
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = bool(mode)
 
 
 def model_buffers(model: nn.Module) -> list[torch.Tensor]:

@@ -18,12 +18,13 @@ from simulator.runtime.common import (
     single_thread,
     torch_threads,
 )
+from simulator.runtime.pool import Reusable
 from simulator.seeding import torch_generator
 from strategies.gossip import consensus_distance, sparse_rows
 from strategies.protocols import GossipStep
 
 
-class Mixer:
+class Mixer(Reusable):
     """D-SGD's gossip and evaluation: the topology's mixing matrices, the Byzantine peers'
     messages (a gossip attack; they depend on each receiver's neighbourhood, so they are made
     where the gossip is computed), the defense, and the evaluation of the honest peers'

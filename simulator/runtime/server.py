@@ -41,6 +41,7 @@ from simulator.runtime.common import (
 )
 from simulator.runtime.evaluation import ServerEvaluation
 from simulator.runtime.pipeline import Pipeline
+from simulator.runtime.pool import Reusable
 from simulator.runtime.rows import ModeRows, with_means
 from simulator.seeding import torch_generator
 from strategies.codecs import decode_rows, finish
@@ -60,7 +61,7 @@ def _timings(t0: float, results: tuple[ClientRows, ...]) -> dict[str, float]:
 SKIPS_NAMED = 3  # skipped rounds named on the terminal; the aggregation_skipped metric counts all
 
 
-class Server:
+class Server(Reusable):
     """Owns the global model, the message path's server halves, the aggregation pipeline
     (pre-aggregators -> aggregator -> meta-aggregator), the server optimizer and the model
     versions an asynchronous mode keeps; the mode's rows are a ``ModeRows``', the evaluation

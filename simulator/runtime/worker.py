@@ -32,13 +32,14 @@ from simulator.runtime.common import (
     vector_to_buffers,
 )
 from simulator.runtime.jobs import EvaluationJobs, PeerModels
+from simulator.runtime.pool import Reusable
 from simulator.runtime.state import ClientStateStore
 from simulator.seeding import torch_generator
 from strategies.codecs import encode_rows
 from strategies.protocols import Attack, ClientData, Trainer
 
 
-class ClientWorker(EvaluationJobs, PeerModels):
+class ClientWorker(EvaluationJobs, PeerModels, Reusable):
     """Trains many virtual clients, one call per round, on one model instance.
 
     A client is its samples (a slice of the partition table, or generated or read from its

@@ -34,7 +34,7 @@ import torch
 from simulator.config import Scenario
 from simulator.config.plan import resolve
 from simulator.pinning import environment_pinned
-from simulator.runtime.backend import BackendChoice, choose_backend
+from simulator.runtime.backend import RAY_ROUND_SECONDS, BackendChoice, choose_backend
 from simulator.runtime.common import buffers_to_vector, eval_spans, torch_threads
 from simulator.runtime.worker import ClientWorker
 from simulator.sim.engine import PROTOCOLS, load_data
@@ -147,7 +147,8 @@ def _probe(sc: Scenario) -> _Probe:
 
 def backend_for(scenarios: list[Scenario], asked: str, address: str | None = None,
                 workers: int | None = None, ray_init: dict | None = None,
-                done: list[int] | None = None, fetched: bool = True) -> BackendChoice:
+                done: list[int] | None = None, fetched: bool = True,
+                round_seconds: float = RAY_ROUND_SECONDS) -> BackendChoice:
     """The backend that runs ``scenarios`` (a command's points, from round ``done[i]`` of
     the i-th) when ``asked`` (``--backend``, else ``runtime.backend``): ray, inline, or for
     auto the one ``simulator.runtime.backend.choose_backend`` finds to finish first, from
@@ -162,6 +163,7 @@ def backend_for(scenarios: list[Scenario], asked: str, address: str | None = Non
         (environment_pinned() or all(s.runtime.deterministic != "strict" for s in scenarios))
     choice = choose_backend(asked, [s.runtime for s in scenarios], address, workers,
                             (ray_init or {}).get("num_cpus"),
-                            (lambda: estimate_work(scenarios, done)) if here else None)
+                            (lambda: estimate_work(scenarios, done)) if here else None,
+                            round_seconds)
     LOG.debug("fedray: backend %s (%s)", choice.name, choice.reason)
     return choice

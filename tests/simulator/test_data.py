@@ -47,6 +47,7 @@ def test_digits_are_scikit_learns_read_without_importing_it():
 
     table, bunch = _digits_table(), load_digits()
     assert table.shape == (1797, 65)
+    assert _digits_table() is table and not table.flags.writeable  # read once, shared
     np.testing.assert_array_equal(table[:, :-1], bunch.data)
     np.testing.assert_array_equal(table[:, -1], bunch.target)
     d = Digits().load(10, seed=0, test_fraction=0.25)

@@ -69,11 +69,16 @@ def _history(client, run_id, key):
     return sorted(client.get_metric_history(run_id, mlflow_name(key)), key=lambda m: m.step)
 
 
+# a sweep's points as Ray tasks, or one after another in the driver (auto, for short points)
+SWEEP_BACKENDS = pytest.mark.parametrize("backend", ["ray", "inline"])
+
+
+@SWEEP_BACKENDS
 def test_sweep_points_stream_their_rounds_and_checkpoint_as_fedray_run_does(
-        tmp_path, mlflow_uri, shared_ray):
+        tmp_path, mlflow_uri, shared_ray, backend):
     p = tmp_path / "sweep.yaml"
     p.write_text(SWEEP)
-    loaded = load(p)
+    loaded = load(p, [f"runtime.backend={backend}"])
     seen = Seen()
     out = run_sweep(loaded, tracking_uri=mlflow_uri, parallel=2, callbacks=[seen])
     assert out.failed == [] and out.unfinished == [] and len(out.runs) == 2
@@ -92,11 +97,12 @@ def test_sweep_points_stream_their_rounds_and_checkpoint_as_fedray_run_does(
         assert checkpoint.latest(run_id) is None  # forgotten once FINISHED
 
 
+@SWEEP_BACKENDS
 def test_an_interrupted_sweep_point_goes_on_from_its_checkpoint(tmp_path, mlflow_uri,
-                                                                shared_ray, caplog):
+                                                                shared_ray, caplog, backend):
     p = tmp_path / "sweep.yaml"
     p.write_text(SWEEP)
-    loaded = load(p)
+    loaded = load(p, [f"runtime.backend={backend}"])
     with pytest.raises(KeyboardInterrupt) as e:  # Ctrl-C after round 4 of the second point
         run_sweep(loaded, tracking_uri=mlflow_uri, parallel=1,
                   callbacks=[Seen(stop=("median seed=0", 3))])
@@ -110,7 +116,8 @@ def test_an_interrupted_sweep_point_goes_on_from_its_checkpoint(tmp_path, mlflow
 
     seen = Seen()
     with caplog.at_level(logging.INFO, logger="fedray"):
-        again = run_sweep(load(p), tracking_uri=mlflow_uri, parallel=1, callbacks=[seen])
+        again = run_sweep(load(p, [f"runtime.backend={backend}"]), tracking_uri=mlflow_uri,
+                          parallel=1, callbacks=[seen])
     assert again.parent_run_id == unfinished[1].run_id and again.unfinished == []
     assert again.skipped == ["mean seed=0"]
     assert [(r["label"], r["run_id"]) for r in again.runs] == [("median seed=0", killed)]
@@ -130,12 +137,14 @@ def test_an_interrupted_sweep_point_goes_on_from_its_checkpoint(tmp_path, mlflow
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the cuda point must fail: no GPU")
+@SWEEP_BACKENDS
 def test_what_a_sweep_leaves_unfinished_comes_back_in_its_result(tmp_path, mlflow_uri,
-                                                                 shared_ray):
+                                                                 shared_ray, backend):
     p = tmp_path / "sweep.yaml"
     p.write_text(SWEEP.replace("rounds: 6", "rounds: 2").replace(
         "aggregator.name: [mean, median]", "runtime.device: [cpu, cuda]"))
-    out = run_sweep(load(p), tracking_uri=mlflow_uri, parallel=2)
+    out = run_sweep(load(p, [f"runtime.backend={backend}"]), tracking_uri=mlflow_uri,
+                    parallel=2)
     assert [r["label"] for r in out.runs] == ["device=cpu seed=0"]
     assert out.failed == ["device=cuda seed=0"]
     client = MlflowClient(mlflow_uri)
@@ -147,7 +156,8 @@ def test_what_a_sweep_leaves_unfinished_comes_back_in_its_result(tmp_path, mlflo
     assert failed.info.status == "FAILED"
     assert client.get_run(out.parent_run_id).info.status == "FAILED"
 
-    done = run_loaded(load(p, ["sweep={}"]), "inline", tracking_uri=mlflow_uri, quiet=True)
+    done = run_loaded(load(p, ["sweep={}", f"runtime.backend={backend}"]), "inline",
+                      tracking_uri=mlflow_uri, quiet=True)
     assert done.unfinished == [] and len(done.runs) == 1
 
 

@@ -27,9 +27,15 @@ sweep:
 """
 
 
-def test_parallel_sweep_then_resume_runs_only_unfinished_points(tmp_path, mlflow_uri, shared_ray):
+# a sweep's points as Ray tasks, or one after another in the driver (auto, for short points)
+SWEEP_BACKENDS = pytest.mark.parametrize("backend", ["ray", "inline"])
+
+
+@SWEEP_BACKENDS
+def test_parallel_sweep_then_resume_runs_only_unfinished_points(tmp_path, mlflow_uri, shared_ray,
+                                                                backend):
     p = tmp_path / "sweep.yaml"
-    p.write_text(SWEEP)
+    p.write_text(SWEEP + f"runtime: {{backend: {backend}}}\n")
     loaded = load(p)
     first = run_sweep(loaded, tracking_uri=mlflow_uri, parallel=2, callbacks=[RunFigure()])
     assert first.skipped == [] and first.failed == [] and len(first.runs) == 4
@@ -75,8 +81,9 @@ def test_parallel_sweep_then_resume_runs_only_unfinished_points(tmp_path, mlflow
     assert other.skipped == []
 
 
+@SWEEP_BACKENDS
 def test_an_interrupt_while_a_finished_point_is_logged_marks_it_killed(tmp_path, mlflow_uri,
-                                                                       shared_ray):
+                                                                       shared_ray, backend):
     """Ctrl-C (or SIGTERM) while the sweep logs a finished point's model and figure (a second
     or two a point): that point is marked KILLED and named beside the points in flight, not
     left RUNNING; the next sweep runs it again."""
@@ -88,7 +95,8 @@ def test_an_interrupt_while_a_finished_point_is_logged_marks_it_killed(tmp_path,
             raise KeyboardInterrupt
 
     p = tmp_path / "sweep.yaml"
-    p.write_text(SWEEP.replace("seeds: [0, 1]", "seeds: [0]"))
+    p.write_text(SWEEP.replace("seeds: [0, 1]", "seeds: [0]") +
+                 f"runtime: {{backend: {backend}}}\n")
     with pytest.raises(KeyboardInterrupt) as e:
         run_sweep(load(p), tracking_uri=mlflow_uri, parallel=1, callbacks=[CtrlC()])
     client = MlflowClient(mlflow_uri)
@@ -99,3 +107,26 @@ def test_an_interrupt_while_a_finished_point_is_logged_marks_it_killed(tmp_path,
         ("mean seed=0", "KILLED"), ("sweep parent", "KILLED")]
     again = run_sweep(load(p), tracking_uri=mlflow_uri, parallel=1)
     assert [r["label"] for r in again.runs] == ["mean seed=0", "median seed=0"]
+
+
+def test_auto_runs_short_points_here_and_long_ones_as_ray_tasks(tmp_path):
+    """fedray sweep's points on runtime.backend auto: one after another in this process where
+    that is estimated to finish first (Ray's start and its task processes' would outweigh
+    the rounds), as Ray tasks where the rounds outweigh it; a point needing its own process
+    (strict), --address or runtime.backend ray: Ray tasks."""
+    from simulator.run.runner import sweep_backend
+
+    p = tmp_path / "sweep.yaml"
+    p.write_text(SWEEP)
+    short = sweep_backend(load(p), None, None, None)
+    assert short.name == "inline"
+    assert short.reason.startswith("fedray sweep: its points one after another in this "
+                                   "process (auto: the rounds' work is estimated at ")
+    long = sweep_backend(load(p, ["rounds=20000"]), None, None, None)
+    assert long.name == "ray" and "on Ray" in long.reason
+    # one slot: Ray's tasks could not run at once
+    assert sweep_backend(load(p, ["rounds=20000"]), None, 1, None).name == "inline"
+    assert sweep_backend(load(p, ["runtime.backend=ray"]), None, None, None).name == "ray"
+    assert sweep_backend(load(p), "auto", None, None).name == "ray"
+    strict = sweep_backend(load(p, ["runtime.deterministic=strict"]), None, None, None)
+    assert strict.reason == "fedray sweep: its points run at once, as Ray tasks"
