@@ -49,6 +49,22 @@ HEAVY = ("torch", "numpy", "pyarrow", "pyarrow.parquet", "pydantic", "pandas", "
 SKIP = ("fedray.pool", "fedray.__main__", "fedray.testing")
 
 
+#: Caches of pure functions of fedray's code and the files it ships, kept between commands.
+KEPT = frozenset({"simulator.config.paths._schema_path_keys", "simulator.registry._number_field",
+                  "simulator.registry._params_model", "simulator.config.checks._forward_once",
+                  "simulator.data.datasets._digits_table"})
+
+
+def _installed() -> dict[str, float]:
+    """The modification time of each folder of ``sys.path`` (installing or removing a
+    package changes its folder's)."""
+    out: dict[str, float] = {}
+    for folder in sys.path:
+        with contextlib.suppress(OSError):
+            out[folder] = os.stat(folder or ".").st_mtime
+    return out
+
+
 class HandBack(BaseException):
     """The command cannot run in this process (a ``deterministic: strict`` run): the client
     runs it. Raised before the command printed or ran anything."""
@@ -128,6 +144,7 @@ class Pool:
 
         self.torch_rng = torch.get_rng_state()
         self.torch_settings = self._torch_settings()
+        self.installed = _installed()
         self._restore_torch(self.torch_settings)  # its first call costs seconds: at the start
 
     # -- the listener thread --------------------------------------------------------------
@@ -206,6 +223,8 @@ class Pool:
         argv = message.get("argv") or []
         if argv[:1] not in ([c] for c in wire.TRACKED):
             return f"it runs only {', '.join(wire.TRACKED)}"
+        if any(a == "--address" or a.startswith("--address=") for a in argv):
+            return "it keeps a local Ray instance; a command with --address runs in its client"
         for key, mine in self.identity.items():
             if message.get(key) != mine:
                 return f"its {key} is {mine}, the client's {message.get(key)}"
@@ -435,18 +454,26 @@ class Pool:
                 signal.signal(signum, handler)
 
     def forget(self) -> None:
-        """What fedray's modules remember within a process (functools caches of plugins,
-        data sets' sizes, paths; the data loaded): forgotten after each command, so the next
-        one starts from what a new process knows (a plugin installed, a file changed)."""
+        """What fedray's modules remember within a process (functools caches: data sets'
+        sizes, the data loaded, ...): forgotten after each command, so the next one starts
+        from what a new process knows (a data file changed), but for the caches of pure
+        functions of fedray's code (``KEPT``, a renamed one is merely forgotten) and the
+        installed plugins, forgotten where an installation changed a folder of ``sys.path``."""
+        from simulator import registry
         from simulator.sim.engine import forget_data
 
         forget_data()
         for name, module in list(sys.modules.items()):
-            if name.split(".")[0] not in PACKAGES:
+            if name.split(".")[0] not in PACKAGES or name == "simulator.registry":
                 continue
-            for value in list(vars(module).values()):
-                if getattr(value, "__module__", None) == name and hasattr(value, "cache_clear"):
+            for key, value in list(vars(module).items()):
+                if getattr(value, "__module__", None) == name and hasattr(value, "cache_clear") \
+                        and f"{name}.{key}" not in KEPT:
                     value.cache_clear()
+        installed = _installed()
+        if installed != self.installed:
+            registry.refresh()
+            self.installed = installed
 
     def _torch_settings(self) -> dict[str, Any]:
         import torch
@@ -503,6 +530,8 @@ def serve(where: Path) -> int:
     pid file, then commands until `fedray down` (or SIGTERM between commands)."""
     import fcntl
 
+    from simulator.runtime.pool import warm_pool
+
     # the log for the process's life (fd 2 is the client's during a command)
     _LOG.append(open(os.dup(2), "w", buffering=1, encoding="utf-8",  # noqa: SIM115
                      errors="replace"))
@@ -538,7 +567,7 @@ def serve(where: Path) -> int:
         threading.Thread(target=pool.listen, daemon=True, name="fedray-pool-listener").start()
         say(f"up: {len(mtimes)} modules of fedray imported in {time.perf_counter() - t0:.1f} s; "
             f"socket {where / wire.SOCKET}")
-        with _warm_pool():
+        with warm_pool():  # Ray (once a command starts it) and idle actors, between commands
             pool.serve()
     except _Stop:
         say("SIGTERM: stopping")
@@ -549,12 +578,6 @@ def serve(where: Path) -> int:
             with contextlib.suppress(FileNotFoundError):
                 (where / wire.PID).unlink()
     return 0
-
-
-def _warm_pool() -> contextlib.AbstractContextManager[Any]:
-    """The Ray instance and idle actors kept between commands
-    (``simulator.runtime.pool.warm_pool``); nothing kept before it exists."""
-    return contextlib.nullcontext()
 
 
 def main() -> None:

@@ -277,3 +277,56 @@ def test_a_strict_run_is_handed_back_and_restarts_pinned_in_its_client(pool, tmp
     assert _points(warm_uri) == _points(cold_uri)
     # what the client prints is the command's own output once, not twice
     assert _plain(warm.stdout) == _plain(cold.stdout.replace(cold_uri, warm_uri))
+
+
+def test_runs_on_ray_keep_its_instance_and_actors_with_the_numbers_of_a_cold_run(pool, tmp_path):
+    args = ["run", QUICK, "--set", "rounds=2", "--backend", "ray", "-v"]
+    uris = [f"sqlite:///{tmp_path / f'{name}.db'}" for name in ("first", "second", "cold")]
+    first = pool.fedray(*args, "--tracking-uri", uris[0])
+    second = pool.fedray(*args, "--tracking-uri", uris[1])
+    cold = pool.fedray(*args, "--tracking-uri", uris[2], pool=False)
+    for r in (first, second, cold):
+        assert r.returncode == 0, r.stderr
+    assert first.stderr.startswith(ON_POOL) and second.stderr.startswith(ON_POOL)
+    # the second run found Ray and the first run's actors in the pool
+    assert "Started a local Ray instance" in first.stderr
+    assert "Started a local Ray instance" not in second.stderr
+    assert _points(uris[0]) == _points(uris[1]) == _points(uris[2])
+
+
+def test_a_command_with_address_runs_in_its_client(pool):
+    r = pool.fedray("run", QUICK, "--address", "127.0.0.1:notaport", "--set", "rounds=1", "-v")
+    assert r.returncode == 2
+    assert "did not take the command (it keeps a local Ray instance; a command with " \
+        "--address runs in its client)" in r.stderr.splitlines()[0]
+    assert "--address 127.0.0.1:notaport: expected HOST:PORT" in r.stderr
+    assert "command: " not in pool.log()
+
+
+def test_down_waits_for_the_command_it_runs_and_force_interrupts_it(pool, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = pool.start("run", QUICK, "--set", "rounds=3000", "--backend", "inline", "--quiet",
+                      "--tracking-uri", uri, out=tmp_path / "run")
+    _wait_for(tmp_path / "run.err", "/3000 acc", proc)
+    pid = pool.pid()
+    down = subprocess.Popen([*FEDRAY, "down"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, env=pool.env)
+    assert down.stderr is not None
+    line = down.stderr.readline()
+    assert line == (f"fedray down: the pool (pid {pid}) runs `fedray run {QUICK} --set "
+                    f"rounds=3000 --backend inline --quiet --tracking-uri {uri}`: waiting for "
+                    "it to end (fedray down --force interrupts it)\n")
+    assert proc.poll() is None and down.poll() is None  # the command goes on; down waits
+    # a command the stopping pool is asked for runs in its client
+    r = pool.fedray("run", QUICK, "--set", "rounds=1", "--backend", "inline", "-v",
+                    "--tracking-uri", f"sqlite:///{tmp_path / 'other.db'}")
+    assert r.returncode == 0 and "did not take the command (busy: " in r.stderr
+    force = pool.fedray("down", "--force")  # interrupts it, as SIGTERM would
+    assert force.returncode == 0, force.stderr
+    assert "interrupting it (SIGTERM)" in force.stderr
+    assert proc.wait(TIMEOUT) == 128 + signal.SIGTERM
+    assert "interrupted by SIGTERM" in (tmp_path / "run.err").read_text()
+    out, _ = down.communicate(timeout=TIMEOUT)
+    assert down.returncode == 0 and out == f"fedray down: the warm pool (pid {pid}) stopped\n"
+    assert sorted(_statuses(uri).values()) == ["KILLED", "KILLED"]
+    assert not (pool.folder / "pool.sock").exists()
