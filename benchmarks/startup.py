@@ -289,6 +289,9 @@ def warm_pool(root: Path, base: Path, repeat: int) -> None:
             f, e = (statistics.median(d[(b, store)]) for d in (first_s, end_s))
             print(f"| {name} | {store} | {f:5.2f} s = {f / yard:4.2f}x | "
                   f"{e:5.2f} s = {e / yard:4.2f}x |")
+        f, e = first_s[("ray", "existing")][0], end_s[("ray", "existing")][0]
+        print(f"the pool's first command on Ray (it starts Ray and the actors the later ones "
+              f"reuse): round 1 at {f:.2f} s, finished at {e:.2f} s")
     finally:
         subprocess.run([*FEDRAY, "down", "--force"], cwd=base, env={**os.environ, **env},
                        check=False, stdout=subprocess.DEVNULL)
