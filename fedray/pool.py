@@ -35,7 +35,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -114,7 +114,6 @@ class Request:
     conn: socket.socket
     message: dict[str, Any]
     fds: list[int]
-    signals: list[int] = field(default_factory=list)
 
 
 class Pool:
@@ -133,7 +132,6 @@ class Pool:
         self.running: Request | None = None
         self.busy = False
         self.stopping: list[socket.socket] = []  # the `fedray down` connections waiting
-        self.force = False
         self.todo: queue.Queue[Request | None] = queue.Queue()
         self.main_thread = threading.main_thread()
         self.environ = dict(os.environ)
@@ -150,16 +148,21 @@ class Pool:
     # -- the listener thread --------------------------------------------------------------
 
     def listen(self) -> None:
+        """Each connection on a thread of its own (a client slow to send holds no other)."""
         while True:
             try:
                 conn, _ = self.listener.accept()
             except OSError:
                 return  # closed: the pool ends
-            try:
-                self._take(conn)
-            except Exception as e:  # noqa: BLE001 - one client's fault never ends the pool
-                say(f"a connection failed: {type(e).__name__}: {e}")
-                conn.close()
+            threading.Thread(target=self._take_safely, args=(conn,), daemon=True,
+                             name="fedray-pool-connection").start()
+
+    def _take_safely(self, conn: socket.socket) -> None:
+        try:
+            self._take(conn)
+        except Exception as e:  # noqa: BLE001 - one client's fault never ends the pool
+            say(f"a connection failed: {type(e).__name__}: {e}")
+            conn.close()
 
     def _take(self, conn: socket.socket) -> None:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -174,6 +177,9 @@ class Pool:
             conn.close()
             return
         op = message.get("op")
+        if op != "run":
+            for fd in fds:
+                os.close(fd)
         if op == "ping":
             wire.send(conn, {"op": "pong", "pid": os.getpid(), "busy": self._busy_text()})
             conn.close()
@@ -193,7 +199,6 @@ class Pool:
         with self.lock:
             busy = self.running
             self.stopping.append(conn)
-            self.force = self.force or force
         wire.send(conn, {"op": "stopping", "pid": os.getpid(), "busy": self._busy_text()})
         if busy is not None and force:
             self.deliver(busy, signal.SIGTERM)
@@ -263,7 +268,6 @@ class Pool:
         with self.lock:
             if self.running is not req:
                 return
-            req.signals.append(signum)
             if why:
                 say(f"{why}: {signal.Signals(signum).name} to its command")
             if signum == signal.SIGINT:
