@@ -180,3 +180,17 @@ def test_deterministic_mode_is_set_both_ways():
         assert not torch.backends.cudnn.deterministic
     finally:
         torch.use_deterministic_algorithms(before)
+
+
+def test_the_default_mode_costs_no_import():
+    """torch.use_deterministic_algorithms imports torch._inductor and torch._dynamo (1.2 s
+    here): a process of the default mode (false) never calls it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from simulator.runtime.common import deterministic_mode; "
+            "deterministic_mode(False); print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True)
+    assert out.stdout.strip() == "False"
+
