@@ -59,10 +59,13 @@ def test_runs_on_reused_actors_equal_cold_runs_to_the_bit(ray_backend, mlflow_ur
         assert _rows(DSGD, DS, mlflow_uri) == cold["dsgd"]
         assert pool.reused == 2
         assert _rows(QUICKSTART, ["rounds=3"], mlflow_uri) == cold["quick"]
+        quick_data = pool._data[0]
+        assert _rows(QUICKSTART, ["rounds=3"], mlflow_uri) == cold["quick"]
+        assert pool._data[0] is quick_data and len(pool._data) == 2  # put once, the last two
         again = _rows(BYZANTINE, BYZ, mlflow_uri)
-        # two workers; two workers and the server (a mixer of no CPU ends no idle actor);
-        # the four
-        assert pool.reused == 2 + 3 + 4 and pool.idle("server") == 2  # a server, a mixer
+        # two workers; two workers and the server, twice (a mixer of no CPU ends no idle
+        # actor); the four
+        assert pool.reused == 2 + 3 + 3 + 4 and pool.idle("server") == 2  # a server, a mixer
     assert current_pool() is None
     assert first == cold["byz"] and again == cold["byz"]
     assert len(cold["byz"]["eval/test_accuracy"]) == 3
