@@ -115,3 +115,4 @@ docs-tables: $(STAMP)
 	$(PY) benchmarks/docs_tables.py docs/models.md bn_buffers_attack
 	$(PY) benchmarks/docs_tables.py docs/models.md models_zoo
 	$(PY) benchmarks/docs_tables.py docs/performance.md kernels
+	$(PY) benchmarks/docs_tables.py docs/performance.md session sweep_cost

@@ -65,9 +65,13 @@ class Backend(Protocol):
     @overload
     def get(self, ref: list[Ref[R]]) -> list[R]: ...
     def put(self, value: R) -> Ref[R]: ...
+    # an object later runs may share (a data set's client source): a warm pool keeps its
+    # reference for the next run on the same data
+    def put_data(self, value: R) -> Ref[R]: ...
     def default_workers(self) -> int: ...
     def gpus(self) -> float: ...
     def num_nodes(self) -> int: ...
+    # the run is done with these actors: ended, or kept for the next run by a warm pool
     def release(self, handles: list[Any]) -> None: ...
     def shutdown(self) -> None: ...
 
@@ -96,6 +100,9 @@ class InlineBackend:
         return ref
 
     def put(self, value: R) -> Ref[R]:
+        return cast(Ref[R], value)
+
+    def put_data(self, value: R) -> Ref[R]:
         return cast(Ref[R], value)
 
     def default_workers(self) -> int:
@@ -235,6 +242,11 @@ class RayBackend:
 
     def put(self, value: R) -> Ref[R]:
         return cast(Ref[R], self.ray.put(value))
+
+    def put_data(self, value: R) -> Ref[R]:
+        if self.pool is None:
+            return self.put(value)
+        return cast(Ref[R], self.pool.shared(value, self.ray.put))
 
     def default_workers(self) -> int:
         return max(1, int(self.ray.cluster_resources().get("CPU", 1)))

@@ -69,8 +69,10 @@ def deterministic_mode(mode: bool | str) -> None:
         import os
 
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts
-    # both ways: a warm pool's actor may have run a point of the other mode before
-    torch.use_deterministic_algorithms(bool(mode))
+    # both ways: a warm pool's actor may have run a point of the other mode before. Only
+    # when it changes: the call imports torch._inductor and torch._dynamo (1-2 s here)
+    if torch.are_deterministic_algorithms_enabled() != bool(mode):
+        torch.use_deterministic_algorithms(bool(mode))
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = bool(mode)
 

@@ -5,7 +5,8 @@ actor: a run takes an idle actor whose Ray options are its own (the same role, C
 runtime environment) and has it rebuild itself for the run (``Reusable.rebuild``: the
 constructor again, on the new run's Plan and data), so that everything a run computes is
 made for it, and its numbers equal a cold run's to the bit. An idle actor that died (a
-process killed, a node lost) is dropped when a run asks for one, and a new one started.
+process killed, a node lost) is dropped when a run asks for one, and a new one started. A
+data set's client source goes into the object store once for the runs on the same data.
 
 Idle actors keep their Ray resources (a ClientWorker its CPU): a new actor that needs
 resources has the idle ones of other options that hold some ended first, and a sweep's or a
@@ -30,6 +31,7 @@ from simulator.errors import UsageError
 LOG = logging.getLogger("fedray.engine")
 
 TAKE_TIMEOUT = 10.0  # seconds an idle actor may take to answer before it counts as dead
+DATA_KEPT = 2  # data sets whose client source the pool keeps in the object store
 
 # (the actor's class, its role, its Ray options as text, whether it holds Ray resources)
 ActorKey = tuple[type, str, str, bool]
@@ -60,6 +62,7 @@ class WarmPool:
         self.fixed = False  # the instance is a local one the pool started (RayBackend.fixed)
         self._stop: Callable[[], None] | None = None  # ends the Ray instance it started
         self._idle: dict[ActorKey, list[Any]] = {}
+        self._data: list[tuple[Any, Any]] = []  # (a data set's client source, its Ray ref)
         self._lock = threading.Lock()
         self.reused = 0  # actors given to a run again (for the tests and the debug lines)
 
@@ -105,11 +108,26 @@ class WarmPool:
         with self._lock:
             self._idle.setdefault(key, []).append(handle)
 
+    def shared(self, value: Any, put: Callable[[Any], Any]) -> Any:
+        """The object store's reference of ``value`` (a data set's client source), put
+        once for the runs on the same data: the engine's data cache gives them the same
+        object (``simulator.sim.engine.load_data``). The last DATA_KEPT are kept."""
+        with self._lock:
+            for obj, ref in self._data:
+                if obj is value:
+                    return ref
+        ref = put(value)
+        with self._lock:
+            self._data = [(value, ref), *self._data[:DATA_KEPT - 1]]
+        return ref
+
     def evict(self) -> None:
-        """End every idle actor (a sweep's or a search's tasks need their resources)."""
+        """End every idle actor (a sweep's or a search's tasks need their resources) and
+        drop the data the pool kept in the object store."""
         with self._lock:
             ended = [h for v in self._idle.values() for h in v]
             self._idle.clear()
+            self._data = []
         self._end(ended)
 
     def close(self) -> None:

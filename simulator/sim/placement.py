@@ -101,7 +101,7 @@ class WorkerPool:
         b, data = self.backend, self.data
         self.worker_options, self.server_options = self.actor_options()
         self.check_fits()
-        source_ref = b.put(data.source)
+        source_ref = b.put_data(data.source)
         self.workers = [
             WorkerHandle(b, b.spawn(ClientWorker, source_ref, data.input_shape,
                                     data.num_classes, self.plan, data.vocabulary, role="worker",

@@ -59,10 +59,13 @@ def test_runs_on_reused_actors_equal_cold_runs_to_the_bit(ray_backend, mlflow_ur
         assert _rows(DSGD, DS, mlflow_uri) == cold["dsgd"]
         assert pool.reused == 2
         assert _rows(QUICKSTART, ["rounds=3"], mlflow_uri) == cold["quick"]
+        quick_data = pool._data[0]
+        assert _rows(QUICKSTART, ["rounds=3"], mlflow_uri) == cold["quick"]
+        assert pool._data[0] is quick_data and len(pool._data) == 2  # put once, the last two
         again = _rows(BYZANTINE, BYZ, mlflow_uri)
-        # two workers; two workers and the server (a mixer of no CPU ends no idle actor);
-        # the four
-        assert pool.reused == 2 + 3 + 4 and pool.idle("server") == 2  # a server, a mixer
+        # two workers; two workers and the server, twice (a mixer of no CPU ends no idle
+        # actor); the four
+        assert pool.reused == 2 + 3 + 3 + 4 and pool.idle("server") == 2  # a server, a mixer
     assert current_pool() is None
     assert first == cold["byz"] and again == cold["byz"]
     assert len(cold["byz"]["eval/test_accuracy"]) == 3
@@ -180,3 +183,17 @@ def test_deterministic_mode_is_set_both_ways():
         assert not torch.backends.cudnn.deterministic
     finally:
         torch.use_deterministic_algorithms(before)
+
+
+def test_the_default_mode_costs_no_import():
+    """torch.use_deterministic_algorithms imports torch._inductor and torch._dynamo (1.2 s
+    here): a process of the default mode (false) never calls it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from simulator.runtime.common import deterministic_mode; "
+            "deterministic_mode(False); print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True)
+    assert out.stdout.strip() == "False"
+
