@@ -143,7 +143,6 @@ class Pool:
         self.torch_rng = torch.get_rng_state()
         self.torch_settings = self._torch_settings()
         self.installed = _installed()
-        self._restore_torch(self.torch_settings)  # its first call costs seconds: at the start
 
     # -- the listener thread --------------------------------------------------------------
 
@@ -493,7 +492,11 @@ class Pool:
         import torch
 
         torch.set_num_threads(s["threads"])
-        torch.use_deterministic_algorithms(s["deterministic"], warn_only=s["warn_only"])
+        # only where a command changed it: the call imports torch._inductor and _dynamo (1-2 s)
+        if (torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled()) != (
+                s["deterministic"], s["warn_only"]):
+            torch.use_deterministic_algorithms(s["deterministic"], warn_only=s["warn_only"])
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = s["cudnn"]
         torch.backends.mkldnn.set_flags(s["mkldnn"])
         torch.set_default_dtype(s["dtype"])
