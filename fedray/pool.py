@@ -164,10 +164,12 @@ class Pool:
             conn.close()
 
     def _take(self, conn: socket.socket) -> None:
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        if struct.unpack("3i", creds)[1] != os.getuid():
-            conn.close()
-            return
+        if hasattr(socket, "SO_PEERCRED"):  # Linux; elsewhere the folder's 0700 alone
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                    struct.calcsize("3i"))
+            if struct.unpack("3i", creds)[1] != os.getuid():  # (pid, uid, gid)
+                conn.close()
+                return
         conn.settimeout(30)
         message, fds = wire.receive_with_fds(conn)
         if message is None:
@@ -569,7 +571,9 @@ def serve(where: Path) -> int:
         listener.listen(16)
         pool = Pool(where, listener, mtimes, started)
         pid_tmp = where / f"{wire.PID}.{os.getpid()}"
-        pid_tmp.write_text(f"{os.getpid()}\n")
+        fd = os.open(pid_tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
         pid_tmp.replace(where / wire.PID)
         threading.Thread(target=pool.listen, daemon=True, name="fedray-pool-listener").start()
         say(f"up: {len(mtimes)} modules of fedray imported in {time.perf_counter() - t0:.1f} s; "
