@@ -16,10 +16,12 @@ measured in the same run), the median of ``--repeat`` rounds of the whole matrix
   wait for the MLflow run to be open, each callback's end, the statuses, the exit);
 * ``fedray validate``, ``show`` and ``list``, and whether each imports torch, Ray or MLflow;
 
+the same on a warm pool (``fedray up``, in the benchmark's own ``XDG_RUNTIME_DIR``; every
+other row runs with ``FEDRAY_POOL=0``), beside ``import torch`` measured again in that series;
 then the import-time breakdown of the inline run (``-X importtime``): the cumulative time of
 each top-level package, and who imports it.
 
-    python benchmarks/startup.py [--repeat 3] [--root DIR]
+    python benchmarks/startup.py [--repeat 3] [--root DIR] [--pool-only]
 
 ``--root``: the checkout whose ``scenarios/quickstart.yaml`` runs (the code is whatever
 ``python -m fedray`` imports: set PYTHONPATH to measure another checkout, e.g. the commit
@@ -44,11 +46,13 @@ FEDRAY = [PY, "-m", "fedray"]
 HEAVY = ("torch", "ray", "mlflow")
 
 
-def timed(cmd: list[str], cwd: Path, marker: str | None = None) -> tuple[float, float]:
+def timed(cmd: list[str], cwd: Path, marker: str | None = None,
+          env: dict[str, str] | None = None) -> tuple[float, float]:
     """(seconds to the first stderr line containing ``marker``, seconds to the end)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+                            text=True, env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+                                            **(env or {})})
     first: float | None = None
     said: list[str] = []
     assert proc.stderr is not None
@@ -242,21 +246,82 @@ def matrix(root: Path, base: Path, repeat: int) -> None:
                   f"{e:5.2f} s = {e / yard:4.2f}x |")
 
 
+def warm_pool(root: Path, base: Path, repeat: int) -> None:
+    """The one-round runs on a warm pool (``fedray up``; its own XDG_RUNTIME_DIR), interleaved
+    with ``import torch``: ``fedray up`` itself, the pool's first command, then medians of
+    the defaults and ``--backend inline`` with a new and an existing store, and ``--backend
+    ray`` with an existing one, as ratios to the yardstick's median in this series."""
+    runtime = base / "runtime"
+    runtime.mkdir(mode=0o700)
+    env = {"XDG_RUNTIME_DIR": str(runtime), "FEDRAY_POOL": "1"}
+    t0 = time.perf_counter()
+    subprocess.run([*FEDRAY, "up"], cwd=base, env={**os.environ, **env,
+                   "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}, check=True,
+                   stdout=subprocess.DEVNULL)
+    print(f"\nfedray up: {time.perf_counter() - t0:.2f} s (its imports)")
+    try:
+        existing = base / "pool-existing"
+        existing.mkdir()
+        first = timed(one_round(root, "inline"), existing, "round 1/", env)
+        print(f"the pool's first command (inline, new store): round 1 at {first[0]:.2f} s, "
+              f"finished at {first[1]:.2f} s")
+        rows: list[tuple[str | None, str]] = [(None, "new"), (None, "existing"),
+                                              ("inline", "new"), ("inline", "existing"),
+                                              ("ray", "existing")]
+        first_s: dict[tuple[str | None, str], list[float]] = {}
+        end_s: dict[tuple[str | None, str], list[float]] = {}
+        torch_s: list[float] = []
+        for i in range(repeat):
+            torch_s.append(timed([PY, "-c", "import torch"], base)[1])
+            for b, store in rows:
+                cwd = existing if store == "existing" else base / f"pool-new-{i}-{b}"
+                cwd.mkdir(exist_ok=True)
+                f, e = timed(one_round(root, b), cwd, "round 1/", env)
+                first_s.setdefault((b, store), []).append(f)
+                end_s.setdefault((b, store), []).append(e)
+        yard = statistics.median(torch_s)
+        print(f"python -c 'import torch'  {yard:6.2f} s (median of {repeat}: "
+              f"{', '.join(f'{t:.2f}' for t in torch_s)})")
+        print("\n| one round of the quickstart, on the warm pool | store | first round | "
+              "finished |\n|---|---|---:|---:|")
+        for b, store in rows:
+            name = "defaults" if b is None else f"--backend {b}"
+            f, e = (statistics.median(d[(b, store)]) for d in (first_s, end_s))
+            print(f"| {name} | {store} | {f:5.2f} s = {f / yard:4.2f}x | "
+                  f"{e:5.2f} s = {e / yard:4.2f}x |")
+        f, e = first_s[("ray", "existing")][0], end_s[("ray", "existing")][0]
+        print(f"the pool's first command on Ray (it starts Ray and the actors the later ones "
+              f"reuse): round 1 at {f:.2f} s, finished at {e:.2f} s")
+    finally:
+        subprocess.run([*FEDRAY, "down", "--force"], cwd=base, env={**os.environ, **env},
+                       check=False, stdout=subprocess.DEVNULL)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--root", type=Path, default=ROOT)
+    ap.add_argument("--pool-only", action="store_true",
+                    help="only the warm pool's rows (fedray up, its commands, import torch)")
     args = ap.parse_args()
+    os.environ["FEDRAY_POOL"] = "0"  # the rows without a pool: not a pool the user has up
     root = args.root.resolve()
     quick = str(root / "scenarios" / "quickstart.yaml")
     with tempfile.TemporaryDirectory(prefix="fedray-startup-") as d:
         base = Path(d)
         os.environ["XDG_CACHE_HOME"] = str(base / "cache")  # the templates: the benchmark's
+        if args.pool_only:
+            (base / "first").mkdir()  # the store template, as the full series makes it
+            timed(one_round(root, "inline"), base / "first")
+            warm_pool(root, base, args.repeat)
+            return
         (base / "first").mkdir()
         e = timed(one_round(root, "inline"), base / "first")[1]
         print(f"the first new store of this MLflow version (inline, one round): {e:.2f} s")
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         matrix(root, base, args.repeat)
+        print(f"load average {os.getloadavg()[0]:.1f}")
+        warm_pool(root, base, args.repeat)
         print(f"load average {os.getloadavg()[0]:.1f}")
         one = one_round(root, "inline")
         print("\nafter the round of a one-round inline run, existing store (one instrumented "

@@ -1,5 +1,5 @@
-"""``python -m fedray``: the ``fedray`` command."""
+"""``python -m fedray``: the ``fedray`` command (on the warm pool where one takes it)."""
 
-from fedray.cli import entry
+from fedray.launch import entry
 
 entry()

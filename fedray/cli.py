@@ -1,4 +1,5 @@
-"""``fedray``: run | sweep | resume | sync | report | privacy compare | validate | list | ui.
+"""``fedray``: run | sweep | resume | sync | report | privacy compare | validate | list | ui |
+up | down.
 
 The command line only: argument parsing, the commands' printed output and exit codes. The
 work is in ``simulator`` (the runner, resume, the config), the pictures in ``dashboards``.
@@ -417,6 +418,20 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_up(args: argparse.Namespace) -> int:
+    """Start the warm pool (``fedray.pool``), or say that one is up."""
+    from fedray.pool_client import up
+
+    return up()
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    """Stop the warm pool, or say that none is up."""
+    from fedray.pool_client import down
+
+    return down(args.force)
+
+
 def ui_command(tracking_uri: str, host: str, port: int) -> list[str]:
     """The ``mlflow ui`` command line ``fedray ui`` runs. A store URI that carries
     credentials is not on it (a command line is visible to every user of the machine): it
@@ -660,6 +675,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="each plugin's description, paper, keys with types and defaults")
     ls.set_defaults(func=cmd_list)
 
+    up = sub.add_parser("up", help="start a warm pool: a process with torch, MLflow and "
+                        "fedray imported that runs fedray run, sweep, resume and tune for this "
+                        "user's commands (FEDRAY_POOL=0 runs a command without it)")
+    up.set_defaults(func=cmd_up)
+    dn = sub.add_parser("down", help="stop the warm pool (after the command it runs)")
+    dn.add_argument("--force", action="store_true",
+                    help="interrupt the command it runs (as SIGTERM would) instead of waiting")
+    dn.set_defaults(func=cmd_down)
+
     u = sub.add_parser("ui", help="the MLflow UI over the tracking store")
     u.add_argument("--tracking-uri", default=None)
     u.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only)")
@@ -702,10 +726,16 @@ def _pending_note(command: str, start: Path) -> None:
                         f".fedray/pending/); {then}"), file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None,
+         restart: Callable[[], None] | None = None) -> int:
     """The ``fedray`` command. fedray's messages (``logging``) are printed on stderr as they
-    are written: information and above, the debug messages too with ``-v``."""
-    own = argv is None  # this process's own command line: it may restart itself
+    are written: information and above, the debug messages too with ``-v``. A
+    ``deterministic: strict`` run in a process not started pinned calls ``restart`` before
+    anything ran (it must not return): this process's own command line (``argv`` None)
+    restarts pinned (``_restart_pinned``); the warm pool hands the command back to its
+    client (``fedray.pool``); without one the command ends in its one line."""
+    if argv is None:  # this process's own command line: it may restart itself
+        restart = _restart_pinned
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["table"]:  # its own parser (python -m dashboards.tables is the same)
         with to_stderr():
@@ -720,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
               "existing folder and run it again", file=sys.stderr)
         return EXIT_INVALID
     with to_stderr(level):
-        return _command(args, tracked, start, own)
+        return _command(args, tracked, start, restart)
 
 
 def _restart_pinned() -> None:
@@ -762,12 +792,13 @@ def _check_tracking_uri(args: argparse.Namespace) -> None:
         check_command_uri(args.tracking_uri)
 
 
-def _command(args: argparse.Namespace, tracked: bool, start: Path, own: bool = False) -> int:
+def _command(args: argparse.Namespace, tracked: bool, start: Path,
+             restart: Callable[[], None] | None = None) -> int:
     """``args.func``, its failures reported in one line with the runs they left unfinished:
     exit 2 for a user's mistake (UsageError, DataError: a scenario, an argument, a file, a
     URI, an address), 1 for a fault during a run, 128 + the signal for an interrupt. A
-    ``deterministic: strict`` run found before anything ran restarts the command (``own``: it
-    is this process's command line) in a process started with the pinned kernels."""
+    ``deterministic: strict`` run found before anything ran calls ``restart`` (``main``): the
+    command again in a process started with the pinned kernels, nothing printed here."""
     if tracked:
         trap_sigterm()
     note = tracked  # the journal's note at the end
@@ -781,8 +812,10 @@ def _command(args: argparse.Namespace, tracked: bool, start: Path, own: bool = F
               f"{_unfinished(args.command, True, unfinished_of(e))}", file=sys.stderr)
         return 128 + signum
     except (FedrayError, DataError) as e:
-        if isinstance(e, NeedsPinnedProcess) and own and not environment_pinned():
-            _restart_pinned()  # does not return
+        if isinstance(e, NeedsPinnedProcess) and restart is not None \
+                and not environment_pinned():
+            note = False  # the restarted command says it
+            restart()  # does not return: it execs, or raises
         # a run that lost a worker, or a file put back, goes on; a removed store held the runs
         resumable = isinstance(e, (WorkerLost, ClientStateLost)) or (
             isinstance(e, Removed) and e.what != Removed.TRACKING_STORE)

@@ -49,6 +49,9 @@ def _cache_home(tmp_path_factory):
     the user's cache."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        # the commands tests start run in their own process, not on a warm pool the user
+        # may have up (tests/simulator/test_pool_daemon.py starts its own)
+        mp.setenv("FEDRAY_POOL", "0")
         yield
 
 

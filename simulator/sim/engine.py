@@ -81,6 +81,14 @@ def load_data(sc: Scenario) -> fdata.FederatedData:
         return _data_cache[key]
 
 
+def forget_data() -> None:
+    """Drop the data ``load_data`` keeps: a process that outlives a command (the warm pool,
+    ``fedray.pool``) loads the next command's data again, as a new process would (a data
+    file may have changed between them)."""
+    with _data_lock:
+        _data_cache.clear()
+
+
 def data_load(sc: Scenario) -> tuple[str, str]:
     """How the scenario's data loads (all or cohort) and why: as validation resolved it,
     or, for a scenario that did not go through validation with ``load: auto``, chosen now
