@@ -202,9 +202,15 @@ class RayBackend:
         return cast(Ref[R], getattr(handle, method.__name__).remote(*args))
 
     def get(self, ref: Any) -> Any:
-        """``ray.get``; a result lost with a dead actor (or its node) raises WorkerLost."""
+        """``ray.get``; a result lost with a dead actor (or its node) raises WorkerLost.
+        Reused actors' rebuilds not yet waited for (``ready`` waits for the workers') are
+        first: an error of a constructor is raised before any result of the actor's."""
         from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
+        if self._rebuilt:
+            pending = list(self._rebuilt.values())
+            self._rebuilt.clear()
+            self.get(pending)
         try:
             return self.ray.get(ref)
         except RayTaskError as e:
