@@ -133,7 +133,8 @@ def run_sweep(
     with exp.running():
         choice = sweep_backend(loaded, address, parallel, ray_init)
         opening.tracker.result()  # before Ray: a store that cannot be used stops it
-        backend: Backend = InlineBackend(choice.reason) if choice.name == "inline" else \
+        serial = choice.name == "inline"
+        backend: Backend = InlineBackend(choice.reason) if serial else \
             RayBackend(address, choice.reason, **(ray_init or {}))
         try:
             trap_sigterm()
@@ -141,12 +142,12 @@ def run_sweep(
                 works = exp.sweep_parent(loaded, backend, Path(tmp), fresh)
                 assert opening.parent is not None
                 exp.result.parent_run_id = opening.parent.result()
-                if isinstance(backend, InlineBackend):
-                    _announce(len(loaded.points), exp, works, 1, " here, one after another")
+                if serial:
+                    _announce(len(loaded.points), exp, works, "here, one after another")
                     SerialExecutor(backend).run(exp, works, Path(tmp))
                 else:
                     cap = max(1, min(parallel or backend.default_workers(), len(works) or 1))
-                    _announce(len(loaded.points), exp, works, cap)
+                    _announce(len(loaded.points), exp, works, f"{cap} at a time")
                     TaskExecutor(backend, cap).run(exp, works, Path(tmp))
         finally:
             backend.shutdown()
@@ -160,7 +161,7 @@ def sweep_backend(loaded: LoadedScenario, address: str | None, parallel: int | N
     and for ``auto`` the one estimated to finish first (``simulator.sim.work.backend_for``,
     with a point's task in the place of a ClientWorker: ``runtime.workers`` is not a
     sweep's, each point runs in one process)."""
-    from simulator.runtime.backend import BackendChoice
+    from simulator.runtime.backend import BackendChoice, cpus_per_worker
     from simulator.sim.work import backend_for
 
     asked = loaded.scenario.runtime.backend
@@ -170,8 +171,7 @@ def sweep_backend(loaded: LoadedScenario, address: str | None, parallel: int | N
         return BackendChoice("ray", "fedray sweep: its points run at once, as Ray tasks")
     cpus = (ray_init or {}).get("num_cpus")
     if parallel is not None:  # the slots the tasks would have
-        per = max(max(p.scenario.runtime.num_cpus, p.scenario.runtime.threads)
-                  for p in loaded.points) if loaded.points else 1
+        per = cpus_per_worker([p.scenario.runtime for p in loaded.points])
         cpus = min(float(cpus or os.cpu_count() or 1), parallel * per)
     points = [p.scenario.model_copy(update={"runtime": p.scenario.runtime.model_copy(
         update={"workers": None})}) for p in loaded.points]
@@ -186,12 +186,8 @@ def sweep_backend(loaded: LoadedScenario, address: str | None, parallel: int | N
                                    f"process ({choice.reason})")
 
 
-def _announce(total: int, exp: Experiment, works: list[Work], cap: int, how: str = "") -> None:
+def _announce(total: int, exp: Experiment, works: list[Work], how: str) -> None:
     going_on = sum(1 for w in works if w.run_id is not None)
     logger.info("sweep: %d points, %d already finished, running %d%s, %s", total,
                 len(exp.result.skipped), len(works),
-                f" ({going_on} from their checkpoints)" if going_on else "",
-                how.strip() or f"{cap} at a time")
-
-
-
+                f" ({going_on} from their checkpoints)" if going_on else "", how)

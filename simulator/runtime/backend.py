@@ -573,6 +573,12 @@ def ray_running() -> bool:
     return bool(ray is not None and ray.is_initialized())
 
 
+def cpus_per_worker(runtimes: list[Any]) -> float:
+    """The CPUs one ClientWorker (or a sweep's task) of these runs takes: the most of each
+    point's ``runtime.num_cpus`` and ``threads``."""
+    return float(max(max(rt.num_cpus, rt.threads) for rt in runtimes)) if runtimes else 1.0
+
+
 def choose_backend(asked: str, runtimes: list[Any], address: str | None = None,
                    workers: int | None = None, cpus: float | None = None,
                    estimate: Callable[[], WorkEstimate] | None = None,
@@ -606,7 +612,7 @@ def choose_backend(asked: str, runtimes: list[Any], address: str | None = None,
         return BackendChoice("inline", f"auto: {where} 1: one ClientWorker, which this "
                                        "process runs without Ray's start")
     have = float(cpus or os.cpu_count() or 1)
-    per = max(max(rt.num_cpus, rt.threads) for rt in runtimes) if runtimes else 1.0
+    per = cpus_per_worker(runtimes)
     parallel = max(1, int(have // per))
     if parallel == 1:
         return BackendChoice("inline", f"auto: {have:g} CPU(s) for workers of {per:g}: Ray's "
