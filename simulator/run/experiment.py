@@ -116,7 +116,7 @@ class Experiment:
         self.result = ExperimentResult(uri)
         self._ended: set[PointRun] = set()  # the point runs whose status is set
         # what the runs need on disk: the working directory, the store, each point's paths
-        self.needs = Needs(uri)
+        self.needs = Needs(uri, opening.start)
 
     @property
     def tracker(self) -> Tracker:

@@ -17,6 +17,7 @@ import simulator
 from simulator.config import RunPoint
 from simulator.config.load import LoadedScenario
 from simulator.config.schema import Tracking
+from simulator.run.removed import working_directory
 from simulator.run.tracking import Tracker, check_uri, flatten, git_commit
 
 
@@ -208,6 +209,9 @@ class Opening:
 
     def __init__(self, uri: str, experiment: str) -> None:
         check_uri(uri)  # what can be refused without opening the store, before anything runs
+        # the command's working directory, read before the opening thread runs (a folder
+        # removed while the store opens is then named in its line: Experiment.needs)
+        self.start = working_directory()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedray-opening")
         self.tracker = self._pool.submit(Tracker, uri, experiment)
         self.parent: Future[str] | None = None
@@ -216,6 +220,7 @@ class Opening:
     def existing(cls, tracker: Tracker, parent: str | None = None) -> Opening:
         """An opening whose tracker (and parent run, when given) exist already."""
         opening = cls.__new__(cls)
+        opening.start = working_directory()
         opening._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedray-opening")
         opening.tracker, opening.parent = Future(), None
         opening.tracker.set_result(tracker)

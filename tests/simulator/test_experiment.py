@@ -185,6 +185,7 @@ from simulator.run.experiment import Experiment, _AT_EXIT, exit_without_collecti
 
 class Fake:
     parent = None
+    start = None
     def close(self): pass
 
 before = atexit._ncallbacks()
