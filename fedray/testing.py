@@ -542,24 +542,46 @@ def _trainer_checks(make_with: Callable[..., Any], layout: MessageLayout) -> lis
 
 
 def _codec_checks(make: Callable[[], Any]) -> list[Check]:
+    from strategies.codecs import chain_layout
+    from strategies.protocols import ROWS, CodecBatch, MessageShape, PartSpec
+
+    shape = MessageShape(D)
+
+    def batch(codec: Any) -> CodecBatch:
+        gens = [torch.Generator().manual_seed(100 + i) for i in range(N)]
+        return CodecBatch(3, gens, shape, [{} for _ in range(N)] if codec.keeps_state()
+                          else None)
+
     def round_trip() -> None:
         x = matrix(23, n=N, offset=0.0)
         before = x.clone()
         codec = make()
-        payload = codec.encode(x)
+        payload = codec.encode({ROWS: x}, batch(codec))
         assert torch.equal(x, before), "encode() modified its input"
-        assert payload.shape[0] == N and payload.is_floating_point(), \
-            f"a payload of {tuple(payload.shape)} {payload.dtype}: one float row a message"
-        again = make().encode(x)
-        assert torch.equal(payload, again), "encode() is not deterministic"
-        stacked = payload.to(torch.float32)  # the server stacks payloads into float32
-        rows = codec.decode(stacked)
-        assert rows.shape == (N, D) and rows.dtype == torch.float32 and \
-            torch.isfinite(rows).all(), f"decode() gave {tuple(rows.shape)} {rows.dtype}"
-        agg = codec.finish(rows.mean(0), N, torch.Generator().manual_seed(0))
+        assert payload and all(v.shape[0] == N for v in payload.values()), \
+            f"a payload of {[tuple(v.shape) for v in payload.values()]}: one row a message"
+        again = make().encode({ROWS: x}, batch(codec))
+        assert payload.keys() == again.keys() and all(
+            torch.equal(payload[k], again[k]) for k in payload), \
+            "encode() is not deterministic under the batch's generators"
+        layout = codec.layout({ROWS: PartSpec(D, "float32")}, shape)
+        assert layout.keys() == payload.keys(), \
+            f"layout() names {sorted(layout)}, encode() sent {sorted(payload)}"
+        for k, spec in layout.items():
+            per_row = payload[k][0]
+            assert (per_row.numel(), str(per_row.dtype).removeprefix("torch.")) == \
+                (spec.entries, spec.dtype), f"part {k!r}: layout {spec}, sent " \
+                f"{per_row.numel()} {per_row.dtype}"
+        assert chain_layout((codec,), shape) == layout
+        rows = codec.decode(payload, shape)
+        assert rows.keys() == {ROWS}, f"decode() gave parts {sorted(rows)}"
+        dense = rows[ROWS]
+        assert dense.shape == (N, D) and dense.dtype == torch.float32 and \
+            torch.isfinite(dense).all(), f"decode() gave {tuple(dense.shape)} {dense.dtype}"
+        screened = codec.screen(dense)
+        assert screened.shape == (N, D) and torch.isfinite(screened).all()
+        agg = codec.finish(screened.mean(0), N, torch.Generator().manual_seed(0))
         assert agg.shape == (D,) and torch.isfinite(agg).all()
-        cost = codec.wire_bytes(4 * D, D)
-        assert isinstance(cost, int) and cost > 0, f"wire_bytes gave {cost!r}"
         pickle.loads(pickle.dumps(codec))
 
     return [("round_trip", round_trip)]

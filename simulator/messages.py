@@ -51,17 +51,41 @@ class TrainRequest:
 
 
 @dataclass(frozen=True)
+class Encoded:
+    """A payload a codec chain made (``codecs:``; ``strategies.protocols.Codec``): named
+    arrays, one leading row a message (top-k's int32 ``indices`` and float32 ``values``;
+    float16 rows), as they cross the object store."""
+
+    parts: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.parts.values()))) if self.parts else 0
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of its arrays."""
+        return sum(int(a.nbytes) for a in self.parts.values())
+
+
+@dataclass(frozen=True)
 class ClientRows:
     """Per-client results of one worker call, rows following ``clients``: a round's
-    ``updates`` (or, in D-SGD, the peers' models), the clients' training ``losses``
+    ``updates`` (float32 rows; with a codec chain, the :class:`Encoded` payload the server
+    decodes; in D-SGD, the peers' models), the clients' training ``losses``
     (NaN where a peer did not train), the model ``buffers`` each client ends with (a model
     with BatchNorm statistics) and the call's ``seconds``."""
 
     clients: np.ndarray  # (k,) int64
-    updates: np.ndarray  # (k, d) float32
+    updates: np.ndarray | Encoded  # (k, d) float32, or a codec chain's payload
     losses: np.ndarray  # (k,) float64
     seconds: float = 0.0
     buffers: np.ndarray | None = None  # (k, d_b) float32
+
+    @property
+    def dense(self) -> np.ndarray:
+        """``updates`` as float32 rows (D-SGD's models, a decoded payload: never encoded)."""
+        assert isinstance(self.updates, np.ndarray), "an encoded payload, not rows"
+        return self.updates
 
 
 @dataclass(frozen=True)
@@ -69,7 +93,7 @@ class ByzantineRows:
     """The Byzantine clients' rows of a round (``(f, d)``) and, for a model with buffers,
     their buffer rows (``(f, d_b)``)."""
 
-    rows: np.ndarray
+    rows: np.ndarray | Encoded
     buffers: np.ndarray | None = None
 
 
@@ -178,6 +202,7 @@ def _fill_rows(out: np.ndarray, order: Sequence[int] | np.ndarray,
         where = np.fromiter((pos[int(c)] for c in r.clients), dtype=np.int64,
                             count=len(r.clients))
         rows = getattr(r, part)
+        assert isinstance(rows, np.ndarray), "an encoded payload is decoded before stacking"
         lo = int(where[0])
         if np.array_equal(where, np.arange(lo, lo + len(where))):
             out[lo:lo + len(where)] = rows  # a block in place: one copy, no fancy index
@@ -238,3 +263,27 @@ def stack_groups(groups: Sequence[tuple[Sequence[int] | np.ndarray, int]], resul
         at += len(clients)
         i += n
     return out
+
+
+def stack_payloads(groups: Sequence[tuple[Sequence[int] | np.ndarray, int]],
+                   results: Sequence[ClientRows]) -> np.ndarray | Encoded:
+    """``stack_groups`` of the results' ``updates`` whichever form they travel in: float32
+    rows, or each part of an :class:`Encoded` payload stacked in the same order."""
+    if not results or not isinstance(results[0].updates, Encoded):
+        return stack_groups(groups, results, results[0].dense.shape[1] if results else 0)
+    first = results[0].updates
+    out: dict[str, np.ndarray] = {}
+    for name, a in first.parts.items():
+        size = sum(len(clients) for clients, _ in groups)
+        out[name] = np.empty((size, *a.shape[1:]), dtype=a.dtype)
+    at, i = 0, 0
+    for clients, n in groups:
+        pos = {int(c): at + j for j, c in enumerate(np.asarray(clients, dtype=np.int64))}
+        for r in results[i:i + n]:
+            assert isinstance(r.updates, Encoded)
+            where = [pos[int(c)] for c in r.clients]
+            for name, a in r.updates.parts.items():
+                out[name][where] = a
+        at += len(clients)
+        i += n
+    return Encoded(out)

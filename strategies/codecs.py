@@ -9,6 +9,11 @@
   of at most ``2^-25`` below it; an entry beyond 65504 becomes ``inf`` (the row is then
   non-finite, as the robust rules see it). The payload costs 2 bytes an entry, half the
   identity's 4.
+* ``top_k`` (:class:`TopK`, functional twins :func:`top_k` and :func:`scatter_rows`): each
+  message's ``k`` entries of largest magnitude (ties to the lower index), sent as int32
+  indices and float32 values: ``8 k`` bytes a message (Stich, Cordonnier, Jaggi, "Sparsified
+  SGD with memory", NeurIPS 2018; Aji and Heafield, EMNLP 2017), optionally with error
+  feedback (:class:`Compressor`).
 * :class:`ClientLevelDP`: client-level differential privacy (DP-FedAvg, McMahan, Ramage,
   Talwar, Zhang, ICLR 2018) as a codec: its server half clips every row before the pipeline
   and adds the Gaussian noise to the aggregate. Built from the scenario's ``privacy`` block
@@ -18,14 +23,28 @@
 
 from __future__ import annotations
 
-import numpy as np
+import math
+from typing import Annotated
+
 import torch
+from annotated_types import Ge, Gt, Le
 
-from strategies.protocols import Codec, Privacy
+from strategies.protocols import (
+    ROWS,
+    Codec,
+    CodecBatch,
+    MessageShape,
+    Parts,
+    PartSpec,
+    Privacy,
+    payload_bytes,
+)
 
-__all__ = ["ClientLevelDP", "Float16", "chain_bytes", "decode_rows", "encode_rows", "finish", "to_float16"]
+__all__ = ["ClientLevelDP", "Compressor", "Float16", "TopK", "chain_bytes", "chain_layout",
+           "decode_chain", "encode_chain", "finish", "scatter_rows", "screen", "to_float16",
+           "top_k"]
 
-FLOAT32_BYTES = 4
+RESIDUAL = "residual"  # an error-feedback codec's per-client state
 
 
 def to_float16(rows: torch.Tensor) -> torch.Tensor:
@@ -34,26 +53,149 @@ def to_float16(rows: torch.Tensor) -> torch.Tensor:
 
 
 class Float16(Codec):
-    """Half-precision transport (see the module docstring for its error bound): the client
-    sends each entry as a float16, the server reads it back into float32 exactly (every
-    float16 is a float32), so the only loss is the rounding of :func:`to_float16`.
+    """Half-precision transport (see the module docstring for its error bound): every
+    float32 part of the payload travels as float16 (the dense rows; top-k's values, its
+    indices untouched), the server reads it back into float32 exactly (every float16 is a
+    float32), so the only loss is the rounding of :func:`to_float16`.
 
     Example: ``1 + 2^-12`` rounds to ``1`` (the tie goes to even), ``65520`` to ``inf``.
 
-    >>> Float16().encode(torch.tensor([[1 + 2**-12, 0.1, 65520.0]])).float().tolist()
+    >>> from strategies.protocols import ROWS, CodecBatch, MessageShape
+    >>> Float16().encode({ROWS: torch.tensor([[1 + 2**-12, 0.1, 65520.0]])},
+    ...                  CodecBatch(0, [], MessageShape(3)))[ROWS].float().tolist()
     [[1.0, 0.0999755859375, inf]]
     """
 
-    def encode(self, rows: torch.Tensor) -> torch.Tensor:
-        return to_float16(rows)
+    def encode(self, parts: Parts, batch: CodecBatch) -> Parts:
+        return {k: to_float16(v) if v.dtype == torch.float32 else v for k, v in parts.items()}
 
-    def wire_bytes(self, inner: int, width: int) -> int:
-        """Half of what it carries (each float32 entry becomes 2 bytes)."""
-        return inner // 2
+    def decode(self, parts: Parts, shape: MessageShape) -> Parts:
+        return {k: v.to(torch.float32) if v.dtype == torch.float16 else v
+                for k, v in parts.items()}
+
+    def layout(self, inner: dict[str, PartSpec], shape: MessageShape) -> dict[str, PartSpec]:
+        """Each float32 part at 2 bytes an entry."""
+        return {k: PartSpec(p.entries, "float16") if p.dtype == "float32" else p
+                for k, p in inner.items()}
+
+
+class Compressor(Codec):
+    """A codec that compresses the dense rows (:meth:`compress` on the client,
+    :meth:`decompress` on the server), optionally with **error feedback**
+    (``error_feedback: true``): each client keeps the residual ``e`` of what compression
+    dropped and adds it to its next message, ``p = u + e``, sends ``C(p)`` and keeps
+    ``e' = p - D(C(p))`` (EF-SGD: Karimireddy, Rebjock, Stich, Jaggi, "Error feedback fixes
+    SignSGD and other gradient compression schemes", ICML 2019; Stich, Cordonnier, Jaggi,
+    NeurIPS 2018). A client's residual starts at zero, is kept by the worker that trains it
+    (in checkpoints, moved with a lost worker) and changes only when it takes part.
+    Departure: fedray applies it to the client's whole message (its model delta after local
+    training, as FL's compressed-update papers do), not to each minibatch gradient; a
+    Byzantine client's crafted row is compressed without a residual (``states`` None)."""
+
+    def __init__(self, error_feedback: bool = False) -> None:
+        self.error_feedback = error_feedback
+
+    def compress(self, rows: torch.Tensor, batch: CodecBatch) -> Parts:
+        """The payload of float32 ``rows`` ``(k, w)`` (the batch's generators: one a row)."""
+        raise NotImplementedError
+
+    def decompress(self, parts: Parts, shape: MessageShape) -> torch.Tensor:
+        """The float32 rows ``(n, shape.width)`` a stacked payload stands for."""
+        raise NotImplementedError
+
+    def encode(self, parts: Parts, batch: CodecBatch) -> Parts:
+        rows = parts[ROWS].to(torch.float32)
+        if not (self.error_feedback and batch.states is not None):
+            return self.compress(rows, batch)
+        residual = torch.stack([st.get(RESIDUAL, torch.zeros(rows.shape[1]))
+                                for st in batch.states]) if len(rows) else rows
+        p = rows + residual
+        out = self.compress(p, batch)
+        left = p - self.decompress(out, batch.shape)
+        for st, e in zip(batch.states, left, strict=True):
+            st[RESIDUAL] = e.clone()
+        return out
+
+    def decode(self, parts: Parts, shape: MessageShape) -> Parts:
+        return {ROWS: self.decompress(parts, shape)}
+
+    def needs_rows(self) -> bool:
+        return True
+
+    def dense(self) -> bool:
+        return False
+
+    def keeps_state(self) -> bool:
+        return self.error_feedback
+
+
+def top_k(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``k`` entries of largest magnitude: ``(indices (n, k) int32 ascending,
+    values (n, k))``, one ``torch.topk`` over the matrix; among equal magnitudes the lower
+    index wins (a stable order, so the choice does not depend on the platform's sort).
+
+    >>> top_k(torch.tensor([[0.5, -2.0, 1.0, 2.0]]), 2)
+    (tensor([[1, 3]], dtype=torch.int32), tensor([[-2.,  2.]]))
+    """
+    order = torch.argsort(rows.abs(), dim=1, descending=True, stable=True)[:, :k]
+    idx = torch.sort(order, dim=1).values
+    return idx.to(torch.int32), torch.gather(rows, 1, idx)
+
+
+def scatter_rows(indices: torch.Tensor, values: torch.Tensor, width: int) -> torch.Tensor:
+    """Dense float32 rows ``(n, width)``: ``values`` at ``indices``, zero elsewhere."""
+    out = torch.zeros(indices.shape[0], width, dtype=torch.float32)
+    return out.scatter_(1, indices.long(), values.to(torch.float32))
+
+
+class TopK(Compressor):
+    """Top-k sparsification: each message's ``k`` entries of largest magnitude (or its
+    ``fraction`` of ``w``, at least one), sent as int32 indices and float32 values,
+    ``8 k`` bytes against the identity's ``4 w`` (:func:`top_k`). Biased; with
+    ``error_feedback: true`` the dropped mass is sent later (Stich et al., NeurIPS 2018).
+    At most one of ``k`` and ``fraction`` (neither: ``fraction`` 0.01, the 1 % of
+    Stich et al.'s experiments); a ``k`` beyond the message's width is refused before
+    anything runs.
+
+    >>> from strategies.protocols import ROWS, CodecBatch
+    >>> c, shape = TopK(k=1), MessageShape(3)
+    >>> c.decode(c.encode({ROWS: torch.tensor([[0.1, -3.0, 2.0]])}, CodecBatch(0, [], shape)),
+    ...          shape)
+    {'rows': tensor([[ 0., -3.,  0.]])}
+    """
+
+    def __init__(self, k: Annotated[int, Ge(1)] | None = None,
+                 fraction: Annotated[float, Gt(0), Le(1)] | None = None,
+                 error_feedback: bool = False) -> None:
+        if k is not None and fraction is not None:
+            raise ValueError("give k or fraction, not both")
+        super().__init__(error_feedback)
+        self.k = k
+        self.fraction = 0.01 if k is None and fraction is None else fraction
+
+    def entries(self, width: int) -> int:
+        """The entries a message of ``width`` keeps."""
+        if self.k is not None:
+            if self.k > width:
+                raise ValueError(f"k must be <= the message's width {width}, got {self.k}")
+            return self.k
+        assert self.fraction is not None
+        return max(1, math.ceil(self.fraction * width))
+
+    def compress(self, rows: torch.Tensor, batch: CodecBatch) -> Parts:
+        idx, vals = top_k(rows, self.entries(rows.shape[1]))
+        return {"indices": idx, "values": vals}
+
+    def decompress(self, parts: Parts, shape: MessageShape) -> torch.Tensor:
+        return scatter_rows(parts["indices"], parts["values"], shape.width)
+
+    def layout(self, inner: dict[str, PartSpec], shape: MessageShape) -> dict[str, PartSpec]:
+        k = self.entries(shape.width)
+        return {"indices": PartSpec(k, "int32"), "values": PartSpec(k, "float32")}
 
 
 class ClientLevelDP(Codec):
-    """Client-level DP as the server's half of a codec: :meth:`decode` clips every row
+    """Client-level DP as the server's half of a codec: :meth:`screen` clips every row
     (``privacy.privatize``), :meth:`finish` adds the noise calibrated to the mean of ``m``
     clipped rows (``privacy.noise``). The same numbers as calling the mechanism around the
     pipeline; the client half sends the message as it is (the server clips, as DP-FedAvg
@@ -62,42 +204,61 @@ class ClientLevelDP(Codec):
     def __init__(self, privacy: Privacy) -> None:
         self.privacy = privacy
 
-    def decode(self, payload: torch.Tensor) -> torch.Tensor:
-        return self.privacy.privatize(payload)
+    def screen(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.privacy.privatize(rows)
 
     def finish(self, aggregate: torch.Tensor, m: int, generator: torch.Generator
                ) -> torch.Tensor:
         return self.privacy.noise(aggregate, m, generator)
 
 
-def chain_bytes(chain: list[Codec] | tuple[Codec, ...], width: int) -> int:
-    """What one client's payload of a ``width``-entry message costs after ``chain`` (each
-    codec's ``wire_bytes`` of the one before it; the raw float32 message first)."""
-    out = FLOAT32_BYTES * width
+Chain = list[Codec] | tuple[Codec, ...]
+
+
+def chain_layout(chain: Chain, shape: MessageShape) -> dict[str, PartSpec]:
+    """The parts of one client's payload after ``chain`` (the raw float32 message first)."""
+    out = {ROWS: PartSpec(shape.width, "float32")}
     for codec in chain:
-        out = codec.wire_bytes(out, width)
+        out = codec.layout(out, shape)
     return out
 
 
-def encode_rows(chain: list[Codec] | tuple[Codec, ...], rows: np.ndarray) -> np.ndarray:
-    """``rows`` (float32 messages) through the chain's client halves, in order, as the
-    array that travels (``rows`` itself without a codec that changes it)."""
-    if not chain:
-        return rows
-    t = torch.from_numpy(rows)
-    for codec in chain:
-        t = codec.encode(t)
-    return t.numpy()
+def chain_bytes(chain: Chain, shape: MessageShape | int) -> int:
+    """What one client's payload costs after ``chain`` (``shape``: a message's shape, or its
+    width)."""
+    if isinstance(shape, int):
+        shape = MessageShape(shape)
+    return payload_bytes(chain_layout(chain, shape))
 
 
-def decode_rows(chain: list[Codec] | tuple[Codec, ...], rows: torch.Tensor) -> torch.Tensor:
-    """Stacked payload rows (float32) through the chain's server halves, in reverse."""
+def encode_chain(chain: Chain, rows: torch.Tensor, round_: int, shape: MessageShape,
+                 generators: list[list[torch.Generator]],
+                 states: list[list[dict[str, torch.Tensor]]] | None) -> Parts:
+    """Float32 ``rows`` ``(k, w)`` through the chain's client halves, in order: codec ``i``
+    draws from ``generators[i]`` (one a row) and keeps ``states[i]`` (one dict a row; None
+    where no state is kept)."""
+    parts: Parts = {ROWS: rows}
+    for i, codec in enumerate(chain):
+        parts = codec.encode(parts, CodecBatch(round_, generators[i], shape,
+                                               None if states is None else states[i]))
+    return parts
+
+
+def decode_chain(chain: Chain, parts: Parts, shape: MessageShape) -> torch.Tensor:
+    """A stacked payload through the chain's server halves, in reverse: float32 rows."""
     for codec in reversed(chain):
-        rows = codec.decode(rows)
+        parts = codec.decode(parts, shape)
+    return parts[ROWS].to(torch.float32)
+
+
+def screen(chain: Chain, rows: torch.Tensor) -> torch.Tensor:
+    """The step's dense rows through the chain's ``screen``, in reverse."""
+    for codec in reversed(chain):
+        rows = codec.screen(rows)
     return rows
 
 
-def finish(chain: list[Codec] | tuple[Codec, ...], aggregate: torch.Tensor, m: int,
+def finish(chain: Chain, aggregate: torch.Tensor, m: int,
            generator: torch.Generator) -> torch.Tensor:
     """The pipeline's aggregate through the chain's ``finish``, in reverse."""
     for codec in reversed(chain):

@@ -69,12 +69,14 @@ __all__ = [
     "CONTRACTS",
     "DELTA",
     "PERSONAL",
+    "ROWS",
     "Aggregator",
     "Attack",
     "BaseAttack",
     "ClientData",
     "ClientRule",
     "Codec",
+    "CodecBatch",
     "Correction",
     "Dataset",
     "DatasetInfo",
@@ -86,10 +88,13 @@ __all__ = [
     "GossipStep",
     "LocalSettings",
     "MessageLayout",
+    "MessageShape",
     "MetaAggregator",
     "Model",
     "Part",
+    "PartSpec",
     "Partitioner",
+    "Parts",
     "Plugin",
     "Population",
     "PopulationDataset",
@@ -103,6 +108,7 @@ __all__ = [
     "Traits",
     "check_weights",
     "gather",
+    "payload_bytes",
     "require_generator",
     "stray_traits",
 ]
@@ -619,41 +625,123 @@ class ServerOptimizer(Plugin, Stateful, ABC):
 # ---------------------------------------------------------------------------- codecs
 
 
+# the dense part of a payload: one float row ``(k, w)`` a message (what the chain starts
+# with on the client and what decoding ends with on the server)
+ROWS = "rows"
+
+Parts = dict[str, torch.Tensor]  # a payload: named tensors, one leading row a message
+
+
+@dataclass(frozen=True)
+class PartSpec:
+    """One part of a payload, per message: ``entries`` values of ``dtype`` (a torch dtype's
+    name: ``float32``, ``float16``, ``bfloat16``, ``int32``, ``int8``, ``uint8``). Its bytes
+    are ``entries * itemsize``: what the payload costs is declared by the codec and equals
+    what crosses the object store (a test compares them)."""
+
+    entries: int
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return self.entries * torch.empty(0, dtype=getattr(torch, self.dtype)).element_size()
+
+
+@dataclass(frozen=True)
+class MessageShape:
+    """What a codec may know of the message it encodes: its ``width`` (entries a row) and
+    the model parameters' ``shapes`` (the row's first ``sum(prod(shape))`` entries are the
+    parameters in that order, as ``parameters_to_vector`` lays them out), for a codec that
+    compresses each layer as a matrix (PowerSGD)."""
+
+    width: int
+    shapes: tuple[tuple[int, ...], ...] = ()
+
+
+@dataclass
+class CodecBatch:
+    """The clients whose messages one ``encode`` call carries, row by row: the ``round``,
+    one seeded ``generators`` entry a row (``(seed, "codec", position in the chain, round,
+    client)``: a client's payload does not depend on which worker encodes it or with whom),
+    the message's ``shape``, and ``states``: this codec's per-client state a row (``{}`` the first time; the codec
+    replaces the entries in place, the worker keeps them between rounds, checkpoints carry
+    them), or None where no state is kept (a Byzantine client's crafted row: error feedback
+    has nothing to correct there)."""
+
+    round: int
+    generators: list[torch.Generator]
+    shape: MessageShape
+    states: list[dict[str, torch.Tensor]] | None = None
+
+
+def payload_bytes(layout: dict[str, PartSpec]) -> int:
+    """The bytes of one message's payload of ``layout``."""
+    return sum(p.nbytes for p in layout.values())
+
+
 class Codec(Plugin):
     """A stage of the message path (the scenario's ``codecs:`` list, in order; client-level
     differential privacy is one too, from the ``privacy`` block): a client half and a server
     half, as pfl-research's postprocessors pair a client transform with its server inverse.
+    A payload is :data:`Parts`: named tensors, one leading row a message; the chain starts
+    from ``{ROWS: (k, w) float32}``.
 
     * :meth:`encode` (client half, on the worker, and on the Adversary: Byzantine clients
-      speak the protocol): a round's messages ``(k, w)`` float32 -> the payload that
-      travels, ``(k, w)`` of any float dtype the server stacks back into float32;
-    * :meth:`decode` (server half, per row, before the robust pipeline): the stacked
-      payload, float32 ``(n, w)`` -> the rows the pipeline aggregates;
+      speak the protocol): a round's payload -> the payload that travels (any parts, any
+      dtypes, any widths: top-k sends indices and values). Randomness comes from the batch's
+      per-client generators, per-client state (an error-feedback residual) from its
+      ``states``;
+    * :meth:`decode` (server half, per row, where the payload arrives): the payload -> the
+      payload it encoded (the chain, in reverse, ends with ``{ROWS: (n, w) float32}``);
+    * :meth:`screen` (server half, on the step's dense rows, honest and Byzantine, before
+      the robust pipeline: DP-FedAvg clips there);
     * :meth:`finish` (server half, after the pipeline): the aggregate of ``m`` rows;
-    * :meth:`wire_bytes`: what one client's payload costs, from what the payload it encodes
-      costs (``inner``; the raw message: 4 bytes an entry). The engine counts it per round
-      (``bytes_up``) and the simulated clock charges it at each client's bandwidth.
+    * :meth:`layout`: the parts one message's payload has, from the parts of the payload it
+      encodes (``inner``); their bytes (:func:`payload_bytes`) are counted per round
+      (``bytes_up``) and the simulated clock charges them at each client's bandwidth;
+    * :meth:`needs_rows`: whether :meth:`encode` takes the dense rows (a compressor) rather
+      than any payload (a precision change of its float parts), so a chain that gives it
+      another codec's payload is refused before anything runs; :meth:`dense`: whether its
+      payload is still the dense rows;
+    * :meth:`keeps_state`: whether it keeps per-client state (error feedback): the clients
+      then train where their state is, and a lost worker or a resumed run restores it.
 
     The chain encodes in order and decodes in reverse; the identity (no codec) changes no
     number. The defaults are the identity."""
 
-    def encode(self, rows: torch.Tensor) -> torch.Tensor:
-        """The payload of ``rows`` (one message a row); never in place."""
-        return rows
+    def encode(self, parts: Parts, batch: CodecBatch) -> Parts:
+        """The payload of ``parts`` (one message a row); never in place."""
+        return parts
 
-    def decode(self, payload: torch.Tensor) -> torch.Tensor:
-        """The rows a stacked ``payload`` (float32) stands for; never in place."""
-        return payload
+    def decode(self, parts: Parts, shape: MessageShape) -> Parts:
+        """The payload ``parts`` encodes (stacked rows of many clients, each a message of
+        ``shape``); never in place."""
+        return parts
+
+    def screen(self, rows: torch.Tensor) -> torch.Tensor:
+        """The step's dense rows ``(n, w)`` as the robust pipeline receives them."""
+        return rows
 
     def finish(self, aggregate: torch.Tensor, m: int, generator: torch.Generator
                ) -> torch.Tensor:
         """The pipeline's ``aggregate`` of ``m`` rows as the server steps on it."""
         return aggregate
 
-    def wire_bytes(self, inner: int, width: int) -> int:
-        """The bytes of one payload of a ``width``-entry message whose inner payload costs
-        ``inner`` bytes."""
+    def layout(self, inner: dict[str, PartSpec], shape: MessageShape) -> dict[str, PartSpec]:
+        """The parts of one message's payload after this codec, from ``inner``'s."""
         return inner
+
+    def needs_rows(self) -> bool:
+        """Whether :meth:`encode` needs the dense float rows (``{ROWS: ...}``) as input."""
+        return False
+
+    def dense(self) -> bool:
+        """Whether its payload is the dense rows (one ``ROWS`` part of ``width`` entries)."""
+        return True
+
+    def keeps_state(self) -> bool:
+        """Whether it keeps per-client state between rounds (``CodecBatch.states``)."""
+        return False
 
 
 # ---------------------------------------------------------------------------- trainers

@@ -94,14 +94,15 @@ class Plan:
     # the message path: the scenario's codecs, in order (client-level privacy acts after
     # them on the server: ``build_codecs``)
     codecs: tuple[PluginSpec, ...] = ()
+    codec_state: bool = False  # a codec keeps per-client state (error feedback)
     # the asynchronous modes' settings (the scenario's, or the defaults); None when sync
     asynchrony: Asynchrony | None = None
 
     def stateful_clients(self, has_buffers: bool) -> bool:
         """Whether clients keep state between rounds in the worker that owns them: their
-        rule's, or (``server.buffers: local``, a model with buffers) their own
-        buffers."""
-        return self.client_state or (self.local_buffers and has_buffers)
+        rule's, a codec's (an error-feedback residual), or (``server.buffers: local``, a
+        model with buffers) their own buffers."""
+        return self.client_state or self.codec_state or (self.local_buffers and has_buffers)
 
 
 def privacy_level(sc: Scenario) -> PrivacyLevel:
@@ -235,5 +236,6 @@ def resolve(sc: Scenario) -> Plan:
         local_norm=sc.server.buffers == "fedbn", buffer_rule=buffer_rule(sc),
         pipeline=PipelinePlan(tuple(sc.preaggregators), sc.aggregator, sc.meta),
         attack=_attack(sc), b_hat=b_hat(sc), mode=mode, codecs=tuple(sc.codecs),
+        codec_state=any(registry.instantiate("codecs", c).keeps_state() for c in sc.codecs),
         asynchrony=(sc.asynchrony or Asynchrony()) if mode.clock else None,
     )

@@ -12,13 +12,14 @@ import torch
 
 from simulator.config.plan import Plan, build_codecs
 from simulator.errors import guarded
-from simulator.messages import ByzantineRows, ClientRows, stack_groups
+from simulator.messages import ByzantineRows, ClientRows, Encoded, stack_groups
 from simulator.registry import instantiate
 from simulator.runtime.common import combine_buffers, deterministic_mode, single_thread
+from simulator.runtime.payloads import decoded, encode_payload
 from simulator.runtime.pipeline import Pipeline
 from simulator.runtime.pool import Reusable
 from simulator.seeding import torch_generator
-from strategies.codecs import encode_rows
+from strategies.protocols import MessageShape
 
 
 class Adversary(Reusable):
@@ -51,17 +52,27 @@ class Adversary(Reusable):
         if tuple(rows.shape) != (f, seen.shape[1]):
             raise ValueError(f"attack: returned shape {tuple(rows.shape)}, expected "
                              f"{(f, seen.shape[1])}")
-        return encode_rows(self.codecs, rows.to(torch.float32).numpy())
+        return rows.to(torch.float32).numpy()
 
-    def attack_rows(self, round_: int, f: int, groups: list[tuple[list[int], int]], d: int,
-                    d_buffers: int, *results: ClientRows) -> ByzantineRows:
-        """``f`` Byzantine rows (``rows``) and, for a model with buffers, their ``buffers``
-        rows. ``results`` hold the honest updates of the round (omniscient attack) or the
-        Byzantine clients' own honest updates, stacked by ``groups`` (``stack_groups``:
-        the clients of each train call and its number of results)."""
+    def attack_rows(self, round_: int, f: int, groups: list[tuple[list[int], int]],
+                    shape: MessageShape, d_buffers: int, *results: ClientRows
+                    ) -> ByzantineRows:
+        """``f`` Byzantine rows (``rows``: messages of ``shape``, as the codec chain sends
+        them) and, for a model with buffers, their ``buffers`` rows. ``results`` hold the
+        honest updates of the round (omniscient attack) or the Byzantine clients' own
+        honest updates, stacked by ``groups`` (``stack_groups``: the clients of each train
+        call and its number of results), read back from their payloads as the server
+        reads them. The crafted rows go through the chain's client halves (Byzantine
+        clients speak the protocol: a sign attacker sends signs), without per-client state
+        (error feedback corrects nothing a client crafts afresh each round) and drawing
+        from ``(seed, "codec-byzantine", codec, round, j)`` for the ``j``-th row."""
         self._round = round_
-        rows = self._rows(self.attack, torch.from_numpy(stack_groups(groups, results, d)), f,
-                          round_, "attack")
+        if self.codecs:
+            results = tuple(decoded(self.codecs, r, shape) for r in results)
+        seen = torch.from_numpy(stack_groups(groups, results, shape.width))
+        crafted = self._rows(self.attack, seen, f, round_, "attack")
+        rows: np.ndarray | Encoded = encode_payload(
+            self.codecs, crafted, round_, shape, self.seed, range(f), None, "codec-byzantine")
         buffers = None
         if d_buffers:
             seen = torch.from_numpy(stack_groups(groups, results, d_buffers, "buffers"))

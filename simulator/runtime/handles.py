@@ -27,6 +27,7 @@ from simulator.runtime.backend import Backend
 from simulator.runtime.mixer import Mixer
 from simulator.runtime.server import Server
 from simulator.runtime.worker import ClientWorker
+from strategies.protocols import MessageShape
 
 
 class _Handle:
@@ -91,6 +92,9 @@ class ServerHandle(_Handle):
     def params(self) -> Ref[np.ndarray]:
         return self.backend.call(self.actor, Server.params)
 
+    def message_shape(self) -> Ref[MessageShape]:
+        return self.backend.call(self.actor, Server.message_shape)
+
     def buffers(self) -> Ref[np.ndarray]:
         return self.backend.call(self.actor, Server.buffers)
 
@@ -126,9 +130,10 @@ class ServerHandle(_Handle):
 class AdversaryHandle(_Handle):
     """The ``Adversary``."""
 
-    def attack_rows(self, round_: int, f: int, groups: list[tuple[list[int], int]], d: int,
-                    d_buffers: int, results: Sequence[Ref[ClientRows]]) -> Ref[ByzantineRows]:
-        return self.backend.call(self.actor, Adversary.attack_rows, round_, f, groups, d,
+    def attack_rows(self, round_: int, f: int, groups: list[tuple[list[int], int]],
+                    shape: MessageShape, d_buffers: int, results: Sequence[Ref[ClientRows]]
+                    ) -> Ref[ByzantineRows]:
+        return self.backend.call(self.actor, Adversary.attack_rows, round_, f, groups, shape,
                                  d_buffers, *results)
 
 

@@ -127,7 +127,7 @@ class PeerModels:
         if mixed is not None:
             pos = {int(c): i for i, c in enumerate(mixed.clients)}
             for p in peers:
-                self.peer_x[int(p)] = torch.from_numpy(np.array(mixed.updates[pos[int(p)]]))
+                self.peer_x[int(p)] = torch.from_numpy(np.array(mixed.dense[pos[int(p)]]))
         rows = np.empty((len(peers), x0.numel()), dtype=np.float32)
         losses = np.full(len(peers), np.nan)
         if train:

@@ -40,11 +40,13 @@ from simulator.runtime.common import (
     vector_to_buffers,
 )
 from simulator.runtime.evaluation import ServerEvaluation
+from simulator.runtime.payloads import decode_payload, decoded, message_shape
 from simulator.runtime.pipeline import Pipeline
 from simulator.runtime.pool import Reusable
 from simulator.runtime.rows import ModeRows, with_means
 from simulator.seeding import torch_generator
-from strategies.codecs import decode_rows, finish
+from strategies.codecs import finish, screen
+from strategies.protocols import MessageShape
 from strategies.trainers import local_sgd, minibatches
 
 LOG = logging.getLogger("fedray.server")
@@ -91,6 +93,7 @@ class Server(Reusable):
         # the message path's server halves (client-level DP among them: DP-FedAvg clips
         # each row and noises the aggregate here; sample-level DP acts in the trainer)
         self.codecs = build_codecs(plan)
+        self.shape = message_shape(self.model, plan.message.width(int(self.x.numel())))
         self.seed = seed
         self.skips = 0  # rounds whose aggregation was skipped (the first SKIPS_NAMED named)
         self.task = instantiate("tasks", scenario.task)
@@ -124,6 +127,10 @@ class Server(Reusable):
 
     def params(self) -> np.ndarray:
         return self.x.numpy().copy()
+
+    def message_shape(self) -> MessageShape:
+        """A client message's shape (its width; the model's parameter shapes)."""
+        return self.shape
 
     def buffers(self) -> np.ndarray:
         """The global model's buffers (empty for a model without any)."""
@@ -194,12 +201,15 @@ class Server(Reusable):
     def _step(self, round_: int, layout: StepLayout, byzantine: ByzantineRows | None,
               results: tuple[ClientRows, ...]) -> dict[str, float]:
         t0 = time.perf_counter()
+        if self.codecs:  # the payloads read back into rows, each worker's at once
+            results = tuple(decoded(self.codecs, r, self.shape) for r in results)
         groups = [(clients, n) for _, clients, n in layout.groups]
         honest = torch.from_numpy(stack_groups(groups, results, self.dim, into=self.row_buffer))
-        byz = byzantine.rows if byzantine is not None and len(byzantine.rows) else None
+        byz = decode_payload(self.codecs, byzantine.rows, self.shape) \
+            if byzantine is not None and len(byzantine.rows) else None
         rows, honest_rows, weights = self.rows.build(layout, honest, byz, self._gaps)
         losses = stack_groups(groups, results, 0, "losses")
-        rows = decode_rows(self.codecs, rows)  # DP-FedAvg: every row clipped
+        rows = screen(self.codecs, rows)  # DP-FedAvg: every row clipped
         d = int(self.x.numel())
         width = self.message.row_width(d)  # the robust pipeline's columns
         robust = rows if width == rows.shape[1] else rows[:, :width]

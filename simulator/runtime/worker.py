@@ -19,7 +19,7 @@ import torch
 from simulator.config.plan import Plan, build_client_rule, build_codecs, build_privacy
 from simulator.data import ClientSource
 from simulator.errors import ClientStateLost, guarded
-from simulator.messages import ClientRows, TrainRequest
+from simulator.messages import ClientRows, Encoded, TrainRequest
 from simulator.models import build_model
 from simulator.registry import PluginSpec, instantiate
 from simulator.runtime.common import (
@@ -32,10 +32,10 @@ from simulator.runtime.common import (
     vector_to_buffers,
 )
 from simulator.runtime.jobs import EvaluationJobs, PeerModels
+from simulator.runtime.payloads import CodecStates, encode_payload, message_shape
 from simulator.runtime.pool import Reusable
 from simulator.runtime.state import ClientStateStore
 from simulator.seeding import torch_generator
-from strategies.codecs import encode_rows
 from strategies.protocols import Attack, ClientData, Trainer
 
 
@@ -68,6 +68,9 @@ class ClientWorker(EvaluationJobs, PeerModels, Reusable):
         self.scenario = scenario
         self.plan = plan
         self.codecs = build_codecs(plan)  # the message path's client halves
+        self.codec_states = CodecStates(self.codecs)  # their per-client state (residuals)
+        self.shape = message_shape(self.model, plan.message.width(
+            sum(p.numel() for p in self.model.parameters())))
         self.use_trainer(plan.trainer)
         self.state_dtype = {"float32": torch.float32,
                             "float16": torch.float16}[scenario.runtime.state_dtype]
@@ -205,7 +208,8 @@ class ClientWorker(EvaluationJobs, PeerModels, Reusable):
     def _holds(self, client: int) -> bool:
         """Whether this worker holds what ``client`` left here (rule state, own buffers)."""
         return ((not self.stateful or client in self.client_state)
-                and (not self.local_buffers or client in self.client_buffers))
+                and (not self.local_buffers or client in self.client_buffers)
+                and (not self.codec_states.keeping or client in self.codec_states))
 
     def read(self, clients: Sequence[int]) -> None:
         """The samples of the clients of a call, read at once (a population on files reads
@@ -241,13 +245,19 @@ class ClientWorker(EvaluationJobs, PeerModels, Reusable):
         if self.buffer_dim:
             assert buffers is not None, "a model with buffers needs the server's buffers"
             updates, losses, rows = self._run_buffers(round_, data, start, buffers)
-            return ClientRows(ids, encode_rows(self.codecs, updates), losses,
+            return ClientRows(ids, self._encode(round_, ids, updates), losses,
                               time.perf_counter() - t0, rows)
         updates, losses = (self._run(round_, data, start) if data else
                            (np.empty((0, self.plan.message.width(start.numel())), np.float32),
                             np.empty(0)))
-        return ClientRows(ids, encode_rows(self.codecs, updates), losses,
+        return ClientRows(ids, self._encode(round_, ids, updates), losses,
                           time.perf_counter() - t0)
+
+    def _encode(self, round_: int, ids: np.ndarray, updates: np.ndarray
+                ) -> np.ndarray | Encoded:
+        """The clients' messages as they travel (the codec chain's payload)."""
+        return encode_payload(self.codecs, updates, round_, self.shape, self.seed,
+                              ids.tolist(), self.codec_states)
 
     BUFFERS = "model.buffers"  # a client's own buffers in its checkpointed state
     NORM = "model.norm"  # its own BatchNorm weights (server.buffers fedbn)
@@ -256,6 +266,8 @@ class ClientWorker(EvaluationJobs, PeerModels, Reusable):
         """The per-client state this worker keeps (gradient rules' momenta, local buffers),
         for checkpoints."""
         out = {c: {k: v.clone() for k, v in st.items()} for c, st in self.client_state.items()}
+        for c, st in self.codec_states.items():
+            out.setdefault(c, {}).update(st)
         for c, st in self.client_buffers.items():
             out.setdefault(c, {})[self.BUFFERS] = st["buffers"].clone()
             if "norm" in st:
@@ -266,8 +278,10 @@ class ClientWorker(EvaluationJobs, PeerModels, Reusable):
         """Restore the states of this worker's clients (a checkpoint's, all clients' mixed)."""
         self.client_state = ClientStateStore(self.state_dtype)
         self.client_buffers = ClientStateStore(torch.float32)
+        self.codec_states.load(states)
         for c, st in states.items():
-            rule = {k: v for k, v in st.items() if k not in (self.BUFFERS, self.NORM)}
+            rule = {k: v for k, v in st.items() if k not in (self.BUFFERS, self.NORM)
+                    and not k.startswith(CodecStates.PREFIX)}
             if rule:
                 self.client_state.set(int(c), rule)
             if self.BUFFERS in st:

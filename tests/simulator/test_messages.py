@@ -14,7 +14,7 @@ from simulator.runtime.backend import InlineBackend
 from simulator.sim.engine import Engine
 from strategies.codecs import Float16, chain_bytes
 from strategies.fairness import QFedAvg, qfedavg_message, qfedavg_step
-from strategies.protocols import DELTA, MessageLayout, Part
+from strategies.protocols import DELTA, ROWS, CodecBatch, MessageLayout, MessageShape, Part
 from tests.simulator.test_engine import point as engine_point
 
 BASE = """\
@@ -110,8 +110,11 @@ def test_float16_transport_halves_the_bytes_and_the_clock_charges_them(tmp_path)
 
 def test_float16_rounds_each_entry_within_its_stated_bound():
     x = torch.randn(50, 300, generator=torch.Generator().manual_seed(0)) * 3
-    back = Float16().encode(x).to(torch.float32)
-    assert back.dtype == torch.float32 and torch.equal(back, Float16().decode(back))
+    shape = MessageShape(300)
+    half = Float16().encode({ROWS: x}, CodecBatch(0, [], shape))
+    back = Float16().decode(half, shape)[ROWS]
+    assert half[ROWS].dtype == torch.float16 and back.dtype == torch.float32
+    assert torch.equal(back, half[ROWS].to(torch.float32))
     rel = ((back - x).abs() / x.abs()).max()
     assert 0 < float(rel) <= 2.0**-11
     assert chain_bytes((Float16(),), 300) == 600 and chain_bytes((), 300) == 1200

@@ -152,7 +152,7 @@ class AsyncRounds(ServerRounds):
                     self._train(byz, self.poison,
                                 attacker_ranks(byzantine) if self.poison else None)
             byz_ref = self.adversary.attack_rows(
-                round_, len(byz), [(list(c), n) for _, c, n in seen_groups], self.dim,
+                round_, len(byz), [(list(c), n) for _, c, n in seen_groups], self.shape,
                 self.d_buffers, seen_refs)
         a = settings(sc)
         weights = (tuple(float(contributed[t]) for t in honest + byz) if a.weights == "updates"

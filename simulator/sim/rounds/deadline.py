@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from simulator.config.schema import Staleness
-from simulator.messages import ClientRows, Group, Ref, stack_rows
+from simulator.messages import ClientRows, Encoded, Group, Ref, stack_payloads, stack_rows
 from simulator.sim.clock import staleness_scale
 from simulator.sim.rounds import RunContext
 from simulator.sim.rounds.server import Participation, ServerRounds, Training
@@ -97,7 +97,7 @@ class DeadlineRounds(ServerRounds):
             return
         got = list(self.ctx.backend.get(tr.carried_refs))
         self._carried[round_] = ClientRows(
-            np.asarray(late, dtype=np.int64), stack_rows(late, got, self.dim),
+            np.asarray(late, dtype=np.int64), stack_payloads([(late, len(got))], got),
             stack_rows(late, got, 0, "losses"), 0.0,
             stack_rows(late, got, self.d_buffers, "buffers") if self.d_buffers else None)
 
@@ -115,18 +115,35 @@ class DeadlineRounds(ServerRounds):
         return out
 
     def checkpoint(self) -> dict[str, Any]:
-        """The server's state and the late updates it holds, by round (as tensors)."""
+        """The server's state and the late updates it holds, by round (as tensors; an
+        encoded payload's parts as ``updates.NAME``)."""
         out = super().checkpoint()
         if self._carried:
             out["carried"] = {r: {k: torch.from_numpy(np.array(v)) for k, v in (
-                ("clients", rows.clients), ("updates", rows.updates), ("losses", rows.losses),
-                ("buffers", rows.buffers)) if v is not None}
+                ("clients", rows.clients), *_payload_items(rows.updates),
+                ("losses", rows.losses), ("buffers", rows.buffers)) if v is not None}
                 for r, rows in self._carried.items()}
         return out
 
     def restore(self, state: dict[str, Any]) -> list[Any]:
         self._carried = {int(r): ClientRows(
-            c["clients"].numpy(), c["updates"].numpy(), c["losses"].numpy(), 0.0,
+            c["clients"].numpy(), _payload(c), c["losses"].numpy(), 0.0,
             c["buffers"].numpy() if "buffers" in c else None)
             for r, c in state.get("carried", {}).items()}
         return super().restore(state)
+
+
+_PARTS = "updates."  # an encoded payload's part in a checkpoint
+
+
+def _payload_items(updates: np.ndarray | Encoded) -> list[tuple[str, np.ndarray]]:
+    if isinstance(updates, Encoded):
+        return [(_PARTS + k, v) for k, v in updates.parts.items()]
+    return [("updates", updates)]
+
+
+def _payload(saved: dict[str, Any]) -> np.ndarray | Encoded:
+    if "updates" in saved:
+        return saved["updates"].numpy()
+    return Encoded({k[len(_PARTS):]: v.numpy() for k, v in saved.items()
+                    if k.startswith(_PARTS)})

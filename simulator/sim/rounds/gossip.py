@@ -94,7 +94,7 @@ class GossipRounds(RoundProtocol):
 
         assert self._state is not None  # a round has run
         results = self.ctx.backend.get(list(self._state))
-        x = stack_rows(self.honest, results, results[0].updates.shape[1])
+        x = stack_rows(self.honest, results, results[0].dense.shape[1])
         return {"peers": torch.from_numpy(x)}
 
     def restore(self, state: dict[str, Any]) -> list[Any]:

@@ -32,6 +32,7 @@ from simulator.runtime.server import Server
 from simulator.sim.rounds import RoundProtocol, RunContext
 from simulator.sim.sampling import attacker_ranks, missed_round, sample_clients
 from strategies.codecs import chain_bytes
+from strategies.protocols import MessageShape
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class ServerRounds(RoundProtocol):
         self._bytes = [0, 0]  # bytes sent up and down so far
         # set by ``ready``, once the server's model is known
         self.dim = self.d_buffers = self.bytes_up = self.bytes_down = 0
+        self.shape = MessageShape(0)  # a client message's (the server's model says)
         self.devices: Any = None  # the simulated devices (speeds), when the run has them
         self.task_seconds: Callable[[int, int], float] | None = None
 
@@ -129,12 +131,13 @@ class ServerRounds(RoundProtocol):
         d = len(b.get(params_ref))
         # a client's row: its whole message (the parts the client rule declares)
         self.dim = plan.message.width(d)
+        self.shape = b.get(self.server.message_shape())
         self.d_buffers = len(b.get(self.server.buffers()))
         # what one client receives (the model, its buffers, the server optimizer's broadcast
         # state: SCAFFOLD's control variate, of the model's size) and sends (its message's
         # payload after the codecs, and its buffers), in bytes
         self.bytes_down = 4 * (d + self.d_buffers + (d if plan.shared_state else 0))
-        self.bytes_up = chain_bytes(build_codecs(plan), self.dim) + 4 * self.d_buffers
+        self.bytes_up = chain_bytes(build_codecs(plan), self.shape) + 4 * self.d_buffers
         self.task_seconds = self._devices()
         return derived
 
@@ -249,7 +252,7 @@ class ServerRounds(RoundProtocol):
         if tr.seen is not None:
             assert self.adversary is not None  # Byzantine clients come with an attack
             byz_ref = self.adversary.attack_rows(round_, len(tr.byz),
-                                                 [(tr.seen[0], len(tr.seen[1]))], self.dim,
+                                                 [(tr.seen[0], len(tr.seen[1]))], self.shape,
                                                  self.d_buffers, tr.seen[1])
         groups, refs, scales = self.step_rows(round_, tr)
         step_ref = self.server.step(round_, StepLayout(groups, scales=scales), byz_ref, refs)

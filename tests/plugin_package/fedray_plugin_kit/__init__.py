@@ -19,6 +19,7 @@ from strategies.protocols import (
     ClientData,
     ClientRule,
     Codec,
+    CodecBatch,
     Dataset,
     DatasetInfo,
     DatasetSplit,
@@ -28,6 +29,7 @@ from strategies.protocols import (
     MetaAggregator,
     Model,
     Partitioner,
+    Parts,
     PreAggregator,
     Privacy,
     ServerOptimizer,
@@ -255,5 +257,6 @@ class Rounded(Codec):
     def __init__(self, decimals: Annotated[int, Ge(0), Le(8)] = 3) -> None:
         self.decimals = decimals
 
-    def encode(self, rows: torch.Tensor) -> torch.Tensor:
-        return torch.round(rows, decimals=self.decimals)
+    def encode(self, parts: Parts, batch: CodecBatch) -> Parts:
+        return {k: torch.round(v, decimals=self.decimals) if v.is_floating_point() else v
+                for k, v in parts.items()}

@@ -1,0 +1,114 @@
+"""The codec chain in the actors (``codecs:``; ``strategies.codecs``): a worker encodes its
+clients' messages into what travels (:func:`encode_payload`), keeping the codecs' per-client
+state (:class:`CodecStates`); the server and the adversary read them back as float32 rows
+(:func:`decoded`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from simulator.messages import ClientRows, Encoded
+from simulator.runtime.state import ClientStateStore
+from simulator.seeding import torch_generator
+from strategies.codecs import decode_chain, encode_chain
+from strategies.protocols import Codec, MessageShape
+
+Chain = tuple[Codec, ...]
+
+
+def message_shape(model: nn.Module, width: int) -> MessageShape:
+    """A message row of ``width`` entries whose first ones are ``model``'s parameters."""
+    return MessageShape(width, tuple(tuple(p.shape) for p in model.parameters()))
+
+
+class CodecStates:
+    """The chain's per-client state in a worker (error-feedback residuals): codec ``i``'s
+    entry ``name`` of a client is kept as ``codec.{i}.{name}`` in float32 (whatever
+    ``runtime.state_dtype`` says: a residual rounded each round would be another method)."""
+
+    PREFIX = "codec."
+
+    def __init__(self, chain: Chain) -> None:
+        self.chain = chain
+        self.keeping = any(c.keeps_state() for c in chain)
+        self.store = ClientStateStore(torch.float32)
+
+    def __contains__(self, client: int) -> bool:
+        return client in self.store
+
+    def batch(self, clients: Sequence[int]) -> list[list[dict[str, torch.Tensor]]] | None:
+        """Per codec, each client's state (``{}`` for a codec that keeps none); None when no
+        codec keeps any."""
+        if not self.keeping:
+            return None
+        held = [self.store.get(int(c)) for c in clients]
+        out: list[list[dict[str, torch.Tensor]]] = []
+        for i, codec in enumerate(self.chain):
+            head = f"{self.PREFIX}{i}."
+            out.append([{k[len(head):]: v for k, v in h.items() if k.startswith(head)}
+                        if codec.keeps_state() else {} for h in held])
+        return out
+
+    def keep(self, clients: Sequence[int], states: list[list[dict[str, torch.Tensor]]]
+             ) -> None:
+        for j, c in enumerate(clients):
+            merged = {f"{self.PREFIX}{i}.{k}": v for i, per in enumerate(states)
+                      for k, v in per[j].items()}
+            if merged:
+                self.store.set(int(c), merged)
+
+    def items(self) -> list[tuple[int, dict[str, torch.Tensor]]]:
+        return [(c, {k: v.clone() for k, v in st.items()}) for c, st in self.store.items()]
+
+    def load(self, states: dict[int, dict[str, torch.Tensor]]) -> None:
+        """A checkpoint's states (all kinds mixed): the ``codec.`` entries of each client."""
+        self.store = ClientStateStore(torch.float32)
+        for c, st in states.items():
+            mine = {k: v for k, v in st.items() if k.startswith(self.PREFIX)}
+            if mine:
+                self.store.set(int(c), mine)
+
+
+def encode_payload(chain: Chain, rows: np.ndarray, round_: int, shape: MessageShape,
+                   seed: int, clients: Sequence[int], states: CodecStates | None,
+                   purpose: str = "codec") -> np.ndarray | Encoded:
+    """Float32 message ``rows`` of ``clients`` as they travel: the rows themselves without a
+    chain, else the chain's payload (codec ``i`` draws from ``(seed, purpose, i, round,
+    client)``; ``states``: the worker's, None for Byzantine rows, which keep none)."""
+    if not chain:
+        return rows
+    generators = [[torch_generator(seed, purpose, i, round_, int(c)) for c in clients]
+                  for i in range(len(chain))]
+    held = states.batch(clients) if states is not None else None
+    parts = encode_chain(chain, torch.from_numpy(rows), round_, shape, generators, held)
+    if states is not None and held is not None:
+        states.keep(clients, held)
+    return Encoded({k: v.contiguous().numpy() for k, v in parts.items()})
+
+
+def decode_payload(chain: Chain, updates: np.ndarray | Encoded, shape: MessageShape
+                   ) -> np.ndarray:
+    """The float32 rows a payload stands for (the rows themselves without a chain)."""
+    if not isinstance(updates, Encoded):
+        return updates
+    parts = {k: torch.from_numpy(np.array(v)) for k, v in updates.parts.items()}
+    if not len(updates):
+        width = shape.width
+        return np.empty((0, width), dtype=np.float32)
+    return decode_chain(chain, parts, shape).numpy()
+
+
+def decoded(chain: Chain, result: ClientRows, shape: MessageShape) -> ClientRows:
+    """``result`` with its payload read back into float32 rows."""
+    if not isinstance(result.updates, Encoded):
+        return result
+    return dataclasses.replace(result, updates=decode_payload(chain, result.updates, shape))
+
+
+__all__ = ["CodecStates", "decode_payload", "decoded", "encode_payload",
+           "message_shape"]
