@@ -28,6 +28,7 @@ from typing import Annotated
 
 import torch
 from annotated_types import Ge, Gt, Le
+from torch import nn
 
 from strategies.protocols import (
     ROWS,
@@ -41,7 +42,7 @@ from strategies.protocols import (
 )
 
 __all__ = ["ClientLevelDP", "Compressor", "Float16", "TopK", "chain_bytes", "chain_layout",
-           "decode_chain", "encode_chain", "finish", "scatter_rows", "screen", "to_float16",
+           "decode_chain", "encode_chain", "finish", "message_shape", "scatter_rows", "screen", "to_float16",
            "top_k"]
 
 RESIDUAL = "residual"  # an error-feedback codec's per-client state
@@ -167,17 +168,19 @@ class TopK(Compressor):
     def __init__(self, k: Annotated[int, Ge(1)] | None = None,
                  fraction: Annotated[float, Gt(0), Le(1)] | None = None,
                  error_feedback: bool = False) -> None:
-        if k is not None and fraction is not None:
-            raise ValueError("give k or fraction, not both")
         super().__init__(error_feedback)
         self.k = k
         self.fraction = 0.01 if k is None and fraction is None else fraction
+
+    def check(self, n: int) -> None:
+        if self.k is not None and self.fraction is not None:
+            raise ValueError(f"fraction: give k or fraction, not both (k is {self.k})")
 
     def entries(self, width: int) -> int:
         """The entries a message of ``width`` keeps."""
         if self.k is not None:
             if self.k > width:
-                raise ValueError(f"k must be <= the message's width {width}, got {self.k}")
+                raise ValueError(f"k: must be <= a message's {width:,} entries, got {self.k}")
             return self.k
         assert self.fraction is not None
         return max(1, math.ceil(self.fraction * width))
@@ -213,6 +216,11 @@ class ClientLevelDP(Codec):
 
 
 Chain = list[Codec] | tuple[Codec, ...]
+
+
+def message_shape(model: nn.Module, width: int) -> MessageShape:
+    """A message row of ``width`` entries whose first ones are ``model``'s parameters."""
+    return MessageShape(width, tuple(tuple(p.shape) for p in model.parameters()))
 
 
 def chain_layout(chain: Chain, shape: MessageShape) -> dict[str, PartSpec]:

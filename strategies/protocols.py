@@ -24,6 +24,7 @@ datasets           :class:`Dataset`           arrays of samples and labels
 partitioners       :class:`Partitioner`       sample indices per client
 models             :class:`Model`             a torch module from ``input_shape``, classes
 tasks              :class:`Task`              the loss and the metrics of what is learnt
+codecs             :class:`Codec`             a message's payload and back (compression)
 =================  =========================  ==============================================
 
 The rules every kind shares:
@@ -36,8 +37,8 @@ The rules every kind shares:
   one :class:`Traits` object (``traits = Traits(random=True)``); the base's default says
   "none of these".
 * **One ``check(n)`` rule.** Every plugin has ``check(n)``: ``n`` is what it will be given
-  (rows for aggregation rules, peers for a topology, clients for a dataset or a
-  partitioner, the number of Byzantine rows for an attack). It raises ``ValueError`` with a
+  (rows for aggregation rules, peers for a topology, clients for a dataset, a
+  partitioner or a codec, the number of Byzantine rows for an attack). It raises ``ValueError`` with a
   message that starts with the offending key (``"f: must be < n/2 = 5, got 7"``) when the
   plugin cannot work with ``n``; validation runs it before anything runs, the engine again
   every round for aggregation rules (dropouts change ``n``). The default accepts every ``n``.

@@ -13,11 +13,12 @@ from typing import Any
 from simulator import registry
 from simulator.config.data_load import LoadChoice, available_memory, choose_load, describe_dataset
 from simulator.config.errors import Problem, problem
-from simulator.config.plan import Plan, resolve
+from simulator.config.plan import Plan, build_codecs, resolve
 from simulator.config.schema import MODES, Runtime, Scenario, Stragglers, default_at
 from simulator.errors import DataError, brief_text
 from simulator.registry import instantiate
 from simulator.sim.sampling import byzantine_clients
+from strategies.codecs import chain_layout, message_shape
 
 
 def cross_field(sc: Scenario, problems: list[Problem]) -> LoadChoice | None:
@@ -139,6 +140,31 @@ def _check_message(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
     if sc.codecs and sc.topology is not None:
         problems.append(Problem(("codecs",), "D-SGD's gossip carries models, not messages "
                                 "through a codec chain; remove codecs or the topology"))
+    chain = build_codecs(plan)
+    ours = chain[len(chain) - len(sc.codecs):]  # client-level DP comes first, dense
+    for i, codec in enumerate(ours):
+        sparse = [sc.codecs[j]["name"] for j, c in enumerate(ours[:i]) if not c.dense()]
+        if codec.needs_rows() and sparse:
+            problems.append(Problem(("codecs", i), f"{sc.codecs[i]['name']} compresses the "
+                                    f"dense rows, which {sparse[-1]} before it no longer "
+                                    "sends: one compressor a chain, first (a precision codec "
+                                    "such as float16 may follow it)"))
+
+
+def _check_codec_layout(sc: Scenario, plan: Plan, net: Any, d: int,
+                        problems: list[Problem]) -> None:
+    """Each codec's payload for the model's messages (a ``k`` beyond a message's entries,
+    a rank beyond a layer's): its ValueError at its key."""
+    shape = message_shape(net, plan.message.width(d))
+    chain = build_codecs(plan)
+    scenario_at = len(chain) - len(sc.codecs)
+    layout = chain_layout(chain[:scenario_at], shape)
+    for i, codec in enumerate(chain[scenario_at:]):
+        try:
+            layout = codec.layout(layout, shape)
+        except ValueError as e:
+            problems.append(problem(("codecs", i), e))
+            return
 
 
 def _check_reference(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
@@ -220,6 +246,8 @@ def _check_plugins(sc: Scenario, problems: list[Problem]) -> bool:
         _check(instantiate("attacks", sc.attack), c.byzantine, ("attack",), problems)
     if sc.privacy is not None:
         _check(instantiate("privacy", sc.privacy), c.total, ("privacy",), problems)
+    for i, spec in enumerate(sc.codecs):
+        _check(instantiate("codecs", spec), c.total, ("codecs", i), problems)
     _check(instantiate("partitioners", sc.data.partitioner), c.total, ("data", "partitioner"),
            problems)
     return _check(instantiate("datasets", sc.data.dataset), c.total, ("data", "dataset"),
@@ -446,11 +474,14 @@ def _check_model(sc: Scenario, plan: Plan, info: Any, problems: list[Problem]) -
                                 f"{name} has none: use a model with norm: batch, or another "
                                 "value (auto | mean | median | local)"))
     _check_work(sc, plan, info, d, problems)
+    if sc.codecs:
+        _check_codec_layout(sc, plan, _forward_once(json.dumps(sc.model, sort_keys=True),
+                                                    info)[0], d, problems)
     workers = sc.runtime.workers or os.cpu_count() or 1
     # per worker: parameters, gradients, an optimizer buffer and the update; the server: the
     # model, the round's (n, d) update matrix and the optimizer's state; per-client state
     per_client = 4 if sc.runtime.state_dtype == "float32" else 2
-    stateful = plan.client_state
+    stateful = plan.client_state or plan.codec_state
     need = 4 * d * (4 * workers + 3 + min(sc.clients.sampled, sc.clients.total)) + \
         (per_client * d * sc.clients.total if stateful else 0) + \
         (4 * d * sc.clients.total if sc.topology is not None else 0)  # D-SGD peers' models

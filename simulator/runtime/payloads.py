@@ -10,7 +10,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
 from simulator.messages import ClientRows, Encoded
 from simulator.runtime.state import ClientStateStore
@@ -19,11 +18,6 @@ from strategies.codecs import decode_chain, encode_chain
 from strategies.protocols import Codec, MessageShape
 
 Chain = tuple[Codec, ...]
-
-
-def message_shape(model: nn.Module, width: int) -> MessageShape:
-    """A message row of ``width`` entries whose first ones are ``model``'s parameters."""
-    return MessageShape(width, tuple(tuple(p.shape) for p in model.parameters()))
 
 
 class CodecStates:
@@ -110,5 +104,4 @@ def decoded(chain: Chain, result: ClientRows, shape: MessageShape) -> ClientRows
     return dataclasses.replace(result, updates=decode_payload(chain, result.updates, shape))
 
 
-__all__ = ["CodecStates", "decode_payload", "decoded", "encode_payload",
-           "message_shape"]
+__all__ = ["CodecStates", "decode_payload", "decoded", "encode_payload"]

@@ -40,12 +40,12 @@ from simulator.runtime.common import (
     vector_to_buffers,
 )
 from simulator.runtime.evaluation import ServerEvaluation
-from simulator.runtime.payloads import decode_payload, decoded, message_shape
+from simulator.runtime.payloads import decode_payload, decoded
 from simulator.runtime.pipeline import Pipeline
 from simulator.runtime.pool import Reusable
 from simulator.runtime.rows import ModeRows, with_means
 from simulator.seeding import torch_generator
-from strategies.codecs import finish, screen
+from strategies.codecs import finish, message_shape, screen
 from strategies.protocols import MessageShape
 from strategies.trainers import local_sgd, minibatches
 

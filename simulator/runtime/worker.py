@@ -32,10 +32,11 @@ from simulator.runtime.common import (
     vector_to_buffers,
 )
 from simulator.runtime.jobs import EvaluationJobs, PeerModels
-from simulator.runtime.payloads import CodecStates, encode_payload, message_shape
+from simulator.runtime.payloads import CodecStates, encode_payload
 from simulator.runtime.pool import Reusable
 from simulator.runtime.state import ClientStateStore
 from simulator.seeding import torch_generator
+from strategies.codecs import message_shape
 from strategies.protocols import Attack, ClientData, Trainer
 
 

@@ -1,7 +1,8 @@
 """The equivalence set: small scenarios that between them run every path of the engine
 (dropout and stragglers, FedProx's stragglers sending part of their epochs, a data-poisoning
 attack, an omniscient attack through NNM and CWTM, client-level DP, worker momentum,
-mu2-SGD, the vectorised trainer, a server optimizer with state, BatchNorm buffers, D-SGD). Ray must equal inline on each, to the bit
+mu2-SGD, the vectorised trainer, a server optimizer with state, BatchNorm buffers, D-SGD,
+top-k with error feedback). Ray must equal inline on each, to the bit
 (tests/simulator/test_engine.py); ``python tests/simulator/equivalence.py OUT.json`` writes
 each case's metrics and final parameters' digest, to compare two versions of the engine."""
 
@@ -45,6 +46,10 @@ CASES: dict[str, list[str]] = {
                   "clients.byzantine=1", "attack={name: sign_flip}",
                   "aggregator={name: median}"],
     "dsgd": ["topology={name: ring}", "clients.per_round=null", "clients.total=8"],
+    # compressed payloads with error feedback (per-client residuals in the workers), an
+    # omniscient attack that reads them back and sends its own through the codec
+    "top-k-ef": ["codecs=[{name: top_k, fraction: 0.1, error_feedback: true}]",
+                 "clients.byzantine=2", "attack={name: alie}", "aggregator={name: cwtm, f: 2}"],
 }
 
 

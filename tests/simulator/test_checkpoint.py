@@ -61,8 +61,10 @@ def _roundtrip(state):
     # personal models, measured on each client's own test samples
     ["local.optimizer={name: ditto, lam: 0.5}", "local.steps=3",
      "data.dataset={name: synthetic, alpha: 1.0, beta: 1.0}", "data.partitioner={name: natural}"],
+    # error-feedback residuals, each client's in the worker that trains it
+    ["local.optimizer={name: sgd}", "codecs=[{name: top_k, fraction: 0.05, error_feedback: true}]"],
 ], ids=["momentum-cc-server-momentum", "mu2sgd", "fedadam", "batchnorm", "batchnorm-local",
-        "scaffold", "feddyn", "fedbn", "ditto"])
+        "scaffold", "feddyn", "fedbn", "ditto", "top-k-error-feedback"])
 def test_resume_from_a_checkpoint_gives_the_uninterrupted_numbers(tmp_path, over):
     sc = _point(tmp_path, FL, *over)
     saved: dict[int, dict] = {}
@@ -138,9 +140,11 @@ DITTO_KILL = KILL.replace("dataset: {name: digits}",
     "local: {epochs: 2, batch_size: 8, lr: 0.05}",
     "local: {epochs: 2, batch_size: 8, lr: 0.05, optimizer: {name: ditto, lam: 0.5}}")
 
+EF_KILL = KILL + "codecs: [{name: top_k, fraction: 0.01, error_feedback: true}]\n"
 
-@pytest.mark.parametrize("text", [KILL, ASYNC_KILL, SCAFFOLD_KILL, DITTO_KILL],
-                         ids=["sync", "fedbuff", "scaffold", "ditto"])
+
+@pytest.mark.parametrize("text", [KILL, ASYNC_KILL, SCAFFOLD_KILL, DITTO_KILL, EF_KILL],
+                         ids=["sync", "fedbuff", "scaffold", "ditto", "top-k-error-feedback"])
 def test_kill_9_of_the_driver_then_resume_gives_the_uninterrupted_metrics(tmp_path, mlflow_uri,
                                                                           text):
     import os

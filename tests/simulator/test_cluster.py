@@ -154,13 +154,15 @@ def _wait_dead(handle, timeout: float = 60.0) -> None:
 @pytest.mark.parametrize("every, rule", [
     (0, "optimizer: {name: momentum}"), (2, "optimizer: {name: momentum}"),
     (2, "steps: 3}\nserver: {optimizer: {name: scaffold}"),
-    (2, "steps: 3, optimizer: {name: ditto, lam: 0.5}")],
+    (2, "steps: 3, optimizer: {name: ditto, lam: 0.5}"),
+    (2, ("steps: 3}\ncodecs: [{name: top_k, fraction: 0.05, error_feedback: true}]\n"
+        "server: {optimizer: {name: sgd}"))],
     ids=["from-the-start", "from-a-checkpoint", "scaffold-from-a-checkpoint",
-         "ditto-from-a-checkpoint"])
+         "ditto-from-a-checkpoint", "error-feedback-from-a-checkpoint"])
 def test_lost_client_state_sends_the_run_back_to_a_state_it_holds(tmp_path, shared_ray, terminal,
                                                                    every, rule):
-    """Worker momentum (and SCAFFOLD's client control variates) keep per-client state in the
-    workers: when a worker dies with it, the run goes back to the newest state it holds (the
+    """Worker momentum (and SCAFFOLD's client control variates, Ditto's personal models, a
+    codec's error-feedback residuals) keep per-client state in the workers: when a worker dies with it, the run goes back to the newest state it holds (the
     start, or the last checkpoint round), restores it on the live workers and computes the
     rounds since again: the uninterrupted run's numbers, each round reported once."""
     import ray
