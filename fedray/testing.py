@@ -580,6 +580,13 @@ def _codec_checks(make: Callable[[], Any]) -> list[Check]:
             torch.isfinite(dense).all(), f"decode() gave {tuple(dense.shape)} {dense.dtype}"
         screened = codec.screen(dense)
         assert screened.shape == (N, D) and torch.isfinite(screened).all()
+        combined, info = codec.combine(screened, 3, 7)
+        m = codec.output_rows(N)
+        assert combined.shape == (m, D) and torch.isfinite(combined).all(), \
+            f"combine() gave {tuple(combined.shape)}, output_rows({N}) says {m}"
+        assert codec.hides_rows() or torch.equal(combined, screened), \
+            "a codec that hides no rows changed them in combine()"
+        assert all(isinstance(v, float) for v in info.values())
         agg = codec.finish(screened.mean(0), N, torch.Generator().manual_seed(0))
         assert agg.shape == (D,) and torch.isfinite(agg).all()
         pickle.loads(pickle.dumps(codec))

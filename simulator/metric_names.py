@@ -31,7 +31,10 @@ SECTIONS: dict[str, tuple[str, ...]] = {
              "clients_applied"),
     "privacy": ("epsilon",),
     # the message path: bytes each round (or step) sent up and down, and their totals
-    "comm": ("bytes_up", "bytes_down", "bytes_up_total", "bytes_down_total"),
+    "comm": ("bytes_up", "bytes_down", "bytes_up_total", "bytes_down_total",
+             # secure aggregation: the step's groups, the clients that dropped after masking,
+             # the groups too few survivors could unmask
+             "secagg_groups", "secagg_dropped", "secagg_groups_lost"),
 }
 MLFLOW = {name: f"{section}/{name}" for section, names in SECTIONS.items() for name in names}
 PLAIN = {v: k for k, v in MLFLOW.items()}

@@ -231,12 +231,13 @@ def chain_layout(chain: Chain, shape: MessageShape) -> dict[str, PartSpec]:
     return out
 
 
-def chain_bytes(chain: Chain, shape: MessageShape | int) -> int:
-    """What one client's payload costs after ``chain`` (``shape``: a message's shape, or its
-    width)."""
+def chain_bytes(chain: Chain, shape: MessageShape | int, n: int = 0) -> int:
+    """What one client sends after ``chain`` in a step of ``n`` rows: its payload and its
+    protocol's extra bytes (``shape``: a message's shape, or its width)."""
     if isinstance(shape, int):
         shape = MessageShape(shape)
-    return payload_bytes(chain_layout(chain, shape))
+    return payload_bytes(chain_layout(chain, shape)) + sum(c.extra_bytes(shape, n)
+                                                           for c in chain)
 
 
 def encode_chain(chain: Chain, rows: torch.Tensor, round_: int, shape: MessageShape,

@@ -37,8 +37,8 @@ The rules every kind shares:
   one :class:`Traits` object (``traits = Traits(random=True)``); the base's default says
   "none of these".
 * **One ``check(n)`` rule.** Every plugin has ``check(n)``: ``n`` is what it will be given
-  (rows for aggregation rules, peers for a topology, clients for a dataset, a
-  partitioner or a codec, the number of Byzantine rows for an attack). It raises ``ValueError`` with a
+  (rows of a step for aggregation rules and codecs, peers for a topology, clients for a
+  dataset or a partitioner, the number of Byzantine rows for an attack). It raises ``ValueError`` with a
   message that starts with the offending key (``"f: must be < n/2 = 5, got 7"``) when the
   plugin cannot work with ``n``; validation runs it before anything runs, the engine again
   every round for aggregation rules (dropouts change ``n``). The default accepts every ``n``.
@@ -705,7 +705,11 @@ class Codec(Plugin):
       another codec's payload is refused before anything runs; :meth:`dense`: whether its
       payload is still the dense rows;
     * :meth:`keeps_state`: whether it keeps per-client state (error feedback): the clients
-      then train where their state is, and a lost worker or a resumed run restores it.
+      then train where their state is, and a lost worker or a resumed run restores it;
+    * :meth:`hides_rows`: whether its server sees sums, not rows (secure aggregation): then
+      :meth:`combine` gives the rows the robust pipeline aggregates (``output_rows(n)`` of
+      them, the group means), and :meth:`extra_bytes` what its protocol costs a client
+      beside the payload.
 
     The chain encodes in order and decodes in reverse; the identity (no codec) changes no
     number. The defaults are the identity."""
@@ -743,6 +747,25 @@ class Codec(Plugin):
     def keeps_state(self) -> bool:
         """Whether it keeps per-client state between rounds (``CodecBatch.states``)."""
         return False
+
+    def hides_rows(self) -> bool:
+        """Whether its server sees only sums of rows (secure aggregation)."""
+        return False
+
+    def output_rows(self, n: int) -> int:
+        """The rows the robust pipeline receives from a step of ``n`` rows."""
+        return n
+
+    def combine(self, rows: torch.Tensor, round_: int, seed: int
+                ) -> tuple[torch.Tensor, dict[str, float]]:
+        """A codec that hides rows: the rows the pipeline aggregates, from the step's dense
+        ``rows`` (the clients' messages, which its server never sees), and the step's
+        protocol metrics; the default hides nothing."""
+        return rows, {}
+
+    def extra_bytes(self, shape: MessageShape, n: int) -> int:
+        """Bytes a client sends beside its payload in a step of ``n`` rows (keys, shares)."""
+        return 0
 
 
 # ---------------------------------------------------------------------------- trainers

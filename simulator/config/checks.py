@@ -142,6 +142,10 @@ def _check_message(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
                                 "through a codec chain; remove codecs or the topology"))
     chain = build_codecs(plan)
     ours = chain[len(chain) - len(sc.codecs):]  # client-level DP comes first, dense
+    hiding = [i for i, c in enumerate(ours) if c.hides_rows()]
+    if hiding:
+        _check_hidden_rows(sc, plan, hiding[0], problems)
+        return
     for i, codec in enumerate(ours):
         sparse = [sc.codecs[j]["name"] for j, c in enumerate(ours[:i]) if not c.dense()]
         if codec.needs_rows() and sparse:
@@ -149,6 +153,42 @@ def _check_message(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
                                     f"dense rows, which {sparse[-1]} before it no longer "
                                     "sends: one compressor a chain, first (a precision codec "
                                     "such as float16 may follow it)"))
+
+
+def _check_hidden_rows(sc: Scenario, plan: Plan, at: int, problems: list[Problem]) -> None:
+    """Secure aggregation: its server sees group sums, so what needs a client's row (a
+    server that clips it, a part averaged beside it, a rule over single rows without
+    groups, an asynchronous step) is refused in one line."""
+    name = sc.codecs[at]["name"]
+    loc = ("codecs", at)
+    if len(sc.codecs) > 1:
+        others = [c["name"] for i, c in enumerate(sc.codecs) if i != at]
+        problems.append(Problem(loc, f"{name} masks each client's dense fixed-point row and "
+                                f"takes no other codec ({others}): a mask makes a sparse or "
+                                "rounded payload dense again"))
+    if plan.privacy_level == "client":
+        problems.append(Problem(("privacy", "name"), f"client-level DP clips each row on the "
+                                f"server, which under {name} sees only group sums; use dp_sgd "
+                                "(sample level) or drop the privacy block"))
+    if plan.message.multipart:
+        problems.append(Problem(loc, f"{plan.client_rule['name']!r} sends parts beside its "
+                                f"row that the server averages one by one; {name} shows it "
+                                "only sums: use another client rule"))
+    mode = sc.server.resolved_mode
+    if mode.clock or mode.steps_on != "round":
+        problems.append(Problem(("server", "mode"), f"{name} sums a round's cohort; "
+                                f"{mode.name} steps on arrivals it keeps one by one: use "
+                                "sync or deadline"))
+    if sc.codecs[at].get("group_size") is None:
+        agg = sc.aggregator["name"]
+        if sc.preaggregators or sc.meta is not None or \
+                not registry.get("aggregators", agg).traits.averaging:
+            rules = [p["name"] for p in sc.preaggregators] + \
+                ([sc.meta["name"]] if sc.meta is not None else []) + [agg]
+            problems.append(Problem(loc, f"without group_size the server sees one sum of "
+                                    f"the round, so {' + '.join(rules)} has no rows to "
+                                    "work on: set group_size (the robust rules then run "
+                                    "over the group means) or use aggregator mean"))
 
 
 def _check_codec_layout(sc: Scenario, plan: Plan, net: Any, d: int,
@@ -230,6 +270,10 @@ def _check_plugins(sc: Scenario, problems: list[Problem]) -> bool:
     c = sc.clients
     # the rows of a full round, or of an asynchronous step
     n = rows_per_step(sc) if sc.server.resolved_mode.clock else min(c.sampled, c.total)
+    for i, spec in enumerate(sc.codecs):
+        codec = instantiate("codecs", spec)
+        _check(codec, n, ("codecs", i), problems)
+        n = codec.output_rows(n)  # secure aggregation: the groups' means
     for i, spec in enumerate(sc.preaggregators):
         pre = instantiate("preaggregators", spec)
         _check(pre, n, ("preaggregators", i), problems)
@@ -246,8 +290,6 @@ def _check_plugins(sc: Scenario, problems: list[Problem]) -> bool:
         _check(instantiate("attacks", sc.attack), c.byzantine, ("attack",), problems)
     if sc.privacy is not None:
         _check(instantiate("privacy", sc.privacy), c.total, ("privacy",), problems)
-    for i, spec in enumerate(sc.codecs):
-        _check(instantiate("codecs", spec), c.total, ("codecs", i), problems)
     _check(instantiate("partitioners", sc.data.partitioner), c.total, ("data", "partitioner"),
            problems)
     return _check(instantiate("datasets", sc.data.dataset), c.total, ("data", "dataset"),

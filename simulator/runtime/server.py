@@ -93,6 +93,8 @@ class Server(Reusable):
         # the message path's server halves (client-level DP among them: DP-FedAvg clips
         # each row and noises the aggregate here; sample-level DP acts in the trainer)
         self.codecs = build_codecs(plan)
+        # secure aggregation: its server aggregates group sums, never a client's row
+        self.hiding = next((c for c in self.codecs if c.hides_rows()), None)
         self.shape = message_shape(self.model, plan.message.width(int(self.x.numel())))
         self.seed = seed
         self.skips = 0  # rounds whose aggregation was skipped (the first SKIPS_NAMED named)
@@ -213,21 +215,11 @@ class Server(Reusable):
         d = int(self.x.numel())
         width = self.message.row_width(d)  # the robust pipeline's columns
         robust = rows if width == rows.shape[1] else rows[:, :width]
-        agg = None
-        if not len(honest_rows):
-            self._skipped(round_, "no sampled honest client sent an update (dropout, "
-                                  "stragglers)")
-        else:
-            try:
-                reference = self._root_update(round_) if self.root is not None else None
-                agg = self.pipeline.aggregate(robust.to(self.agg_device), round_, weights,
-                                              reference).cpu()
-            except TooFewRows as e:  # too few rows left this round (dropouts, stragglers)
-                self._skipped(round_, str(e))
+        agg, hidden = self._aggregate(round_, robust, len(honest_rows), weights)
         if agg is None:  # nothing to aggregate: the model stays, the round is counted
             return {"aggregation_skipped": 1.0,
                     "client_loss": float(losses.mean()) if len(losses) else float("nan"),
-                    **_timings(t0, results)}
+                    **hidden, **_timings(t0, results)}
         if self.codecs:  # DP-FedAvg: the noise on the mean
             agg = finish(self.codecs, agg, rows.shape[0],
                          torch_generator(self.seed, "dp-noise", round_))
@@ -257,9 +249,35 @@ class Server(Reusable):
             "nonfinite_aggregate": 0.0 if finite else 1.0,
             "aggregation_skipped": 0.0,
             "client_loss": float(losses.mean()) if len(losses) else float("nan"),
+            **hidden,
             **buffer_metrics,
             **_timings(t0, results),
         }
+
+    def _aggregate(self, round_: int, robust: torch.Tensor, honest: int,
+                   weights: torch.Tensor | None
+                   ) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """The robust pipeline's aggregate of the step's ``robust`` rows (under secure
+        aggregation, of the group means its server sees) and the protocol's metrics; None
+        when the round has nothing to aggregate (it is then counted as skipped)."""
+        hidden: dict[str, float] = {}
+        if self.hiding is not None and honest:  # the server sees group sums only
+            robust, hidden = self.hiding.combine(robust, round_, self.seed)
+        if not honest:
+            self._skipped(round_, "no sampled honest client sent an update (dropout, "
+                                  "stragglers)")
+            return None, hidden
+        if not len(robust):
+            self._skipped(round_, "secure aggregation recovered no group (too many "
+                                  "dropouts after masking)")
+            return None, hidden
+        try:
+            reference = self._root_update(round_) if self.root is not None else None
+            return self.pipeline.aggregate(robust.to(self.agg_device), round_, weights,
+                                           reference).cpu(), hidden
+        except TooFewRows as e:  # too few rows left this round (dropouts, stragglers)
+            self._skipped(round_, str(e))
+            return None, hidden
 
     def _load_model(self) -> None:
         """The global parameters and buffers into the server's model (on its device)."""

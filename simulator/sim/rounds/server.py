@@ -137,7 +137,9 @@ class ServerRounds(RoundProtocol):
         # state: SCAFFOLD's control variate, of the model's size) and sends (its message's
         # payload after the codecs, and its buffers), in bytes
         self.bytes_down = 4 * (d + self.d_buffers + (d if plan.shared_state else 0))
-        self.bytes_up = chain_bytes(build_codecs(plan), self.shape) + 4 * self.d_buffers
+        c = plan.scenario.clients
+        self.bytes_up = chain_bytes(build_codecs(plan), self.shape, min(c.sampled, c.total)) \
+            + 4 * self.d_buffers
         self.task_seconds = self._devices()
         return derived
 
