@@ -132,14 +132,31 @@ class Compressor(Codec):
 
 def top_k(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's ``k`` entries of largest magnitude: ``(indices (n, k) int32 ascending,
-    values (n, k))``, one ``torch.topk`` over the matrix; among equal magnitudes the lower
-    index wins (a stable order, so the choice does not depend on the platform's sort).
+    values (n, k))``; among equal magnitudes at the threshold the lower index wins, so the
+    choice is the same on any platform and thread count. A partial selection over the
+    matrix (``torch.topk`` gives each row's threshold; a cumulative count settles ties
+    there), not a sort of each row.
 
     >>> top_k(torch.tensor([[0.5, -2.0, 1.0, 2.0]]), 2)
     (tensor([[1, 3]], dtype=torch.int32), tensor([[-2.,  2.]]))
+    >>> top_k(torch.tensor([[1.0, -1.0, 1.0, 0.0]]), 2)  # a tie: the lower indices
+    (tensor([[0, 1]], dtype=torch.int32), tensor([[ 1., -1.]]))
     """
-    order = torch.argsort(rows.abs(), dim=1, descending=True, stable=True)[:, :k]
-    idx = torch.sort(order, dim=1).values
+    n, width = rows.shape
+    if k >= width:
+        idx = torch.arange(width).expand(n, width)
+        return idx.to(torch.int32).contiguous(), rows.clone()
+    mag = rows.abs()
+    # each row's k-th largest magnitude (a partial selection, not a sort)
+    threshold = torch.topk(mag, k, dim=1, sorted=False).values.min(dim=1, keepdim=True).values
+    at = (mag >= threshold).nonzero()  # row-major: ascending within each row
+    if bool((torch.bincount(at[:, 0], minlength=n) == k).all()):  # no tie at a threshold
+        idx = at[:, 1].reshape(n, k)
+    else:  # the tied entries at the threshold: the lower indices take the room left
+        above, tied = mag > threshold, mag == threshold
+        room = k - above.sum(dim=1, keepdim=True)
+        keep = above | (tied & (torch.cumsum(tied, dim=1) <= room))
+        idx = keep.nonzero()[:, 1].reshape(n, k)
     return idx.to(torch.int32), torch.gather(rows, 1, idx)
 
 
@@ -198,21 +215,32 @@ class TopK(Compressor):
 
 
 class ClientLevelDP(Codec):
-    """Client-level DP as the server's half of a codec: :meth:`screen` clips every row
-    (``privacy.privatize``), :meth:`finish` adds the noise calibrated to the mean of ``m``
-    clipped rows (``privacy.noise``). The same numbers as calling the mechanism around the
-    pipeline; the client half sends the message as it is (the server clips, as DP-FedAvg
-    does, so Byzantine rows are clipped too)."""
+    """Client-level DP as a codec. Central (DP-FedAvg, the default): the server's
+    :meth:`screen` clips every row (``privacy.privatize``), :meth:`finish` adds the noise
+    calibrated to the mean of ``m`` clipped rows (``privacy.noise``); the client half sends
+    the message as it is (the server clips, as DP-FedAvg does, so Byzantine rows are clipped
+    too). ``distributed`` (under secure aggregation, whose server sees no row): each client
+    clips its own row and adds its share of the noise (``privacy.noise_share`` over the
+    ``m`` rows of a round), so a sum of all ``m`` rows carries the central noise (Kairouz,
+    Liu, Steinke, "The distributed discrete Gaussian mechanism", ICML 2021, shape the noise
+    likewise, in integers); a Byzantine client's crafted row goes through it too."""
 
-    def __init__(self, privacy: Privacy) -> None:
+    def __init__(self, privacy: Privacy, distributed: bool = False, m: int = 1) -> None:
         self.privacy = privacy
+        self.distributed, self.m = distributed, m
+
+    def encode(self, parts: Parts, batch: CodecBatch) -> Parts:
+        if not self.distributed:
+            return parts
+        return {ROWS: self.privacy.noise_share(parts[ROWS].to(torch.float32), self.m,
+                                                batch.generators)}
 
     def screen(self, rows: torch.Tensor) -> torch.Tensor:
-        return self.privacy.privatize(rows)
+        return rows if self.distributed else self.privacy.privatize(rows)
 
     def finish(self, aggregate: torch.Tensor, m: int, generator: torch.Generator
                ) -> torch.Tensor:
-        return self.privacy.noise(aggregate, m, generator)
+        return aggregate if self.distributed else self.privacy.noise(aggregate, m, generator)
 
 
 Chain = list[Codec] | tuple[Codec, ...]

@@ -53,6 +53,7 @@ the built-ins pass the same checks.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
@@ -851,6 +852,20 @@ class Privacy(Plugin, ABC):
     def noise(self, aggregate: torch.Tensor, m: int, generator: torch.Generator) -> torch.Tensor:
         """Client level: the aggregate of ``m`` rows with its noise."""
         return aggregate
+
+    def noise_share(self, rows: torch.Tensor, m: int, generators: Sequence[torch.Generator]
+                    ) -> torch.Tensor:
+        """Client level under secure aggregation (distributed DP): each client's row as it
+        masks it, clipped (:meth:`privatize`) and with its share of the noise, one Gaussian
+        of std ``noise_multiplier * clip / sqrt(m)`` a row (its generator's): the shares of
+        ``m`` rows sum to the noise of std ``noise_multiplier * clip`` that the central
+        mechanism adds to their sum (:meth:`noise` on the mean)."""
+        out = self.privatize(rows)
+        if self.noise_multiplier == 0 or not len(rows):
+            return out
+        std = self.noise_multiplier * self.clip / math.sqrt(m)
+        draws = torch.stack([torch.randn(rows.shape[1], generator=g) for g in generators])
+        return out + std * draws.to(out.dtype)
 
 
 # ---------------------------------------------------------------------------- data, models

@@ -100,7 +100,11 @@ def _check_clients_rule(sc: Scenario, plan: Plan, problems: list[Problem]) -> No
     run's Plan resolves them)."""
     level = plan.privacy_level
     averaging = registry.get("aggregators", sc.aggregator["name"]).traits.averaging
-    if level == "client" and (not averaging or sc.preaggregators or sc.meta):
+    # under secure aggregation over groups each group's sum is noised by its clients: the
+    # robust rule over the group means is post-processing of a DP release
+    grouped = any(c.hides_rows() for c in build_codecs(plan)) and any(
+        c.get("group_size") is not None for c in sc.codecs)
+    if level == "client" and not grouped and (not averaging or sc.preaggregators or sc.meta):
         problems.append(Problem(("privacy", "name"), "client-level DP adds noise calibrated to the "
                                 "mean's sensitivity: it needs aggregator mean and no pre- or "
                                 f"meta-aggregator (got {sc.aggregator['name']}); dp_sgd (sample "
@@ -166,10 +170,6 @@ def _check_hidden_rows(sc: Scenario, plan: Plan, at: int, problems: list[Problem
         problems.append(Problem(loc, f"{name} masks each client's dense fixed-point row and "
                                 f"takes no other codec ({others}): a mask makes a sparse or "
                                 "rounded payload dense again"))
-    if plan.privacy_level == "client":
-        problems.append(Problem(("privacy", "name"), f"client-level DP clips each row on the "
-                                f"server, which under {name} sees only group sums; use dp_sgd "
-                                "(sample level) or drop the privacy block"))
     if plan.message.multipart:
         problems.append(Problem(loc, f"{plan.client_rule['name']!r} sends parts beside its "
                                 f"row that the server averages one by one; {name} shows it "

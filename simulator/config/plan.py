@@ -146,13 +146,18 @@ def build_client_rule(plan: Plan) -> Any:
 
 def build_codecs(plan: Plan) -> tuple[Any, ...]:
     """The message path's codecs, client half first in order: client-level privacy (whose
-    server half clips each row after the others have decoded it, and noises the aggregate),
+    server half clips each row after the others have decoded it, and noises the aggregate;
+    under secure aggregation its client half clips and adds each client's noise share),
     then the scenario's ``codecs``."""
     from strategies.codecs import ClientLevelDP
 
     chain = tuple(registry.instantiate("codecs", spec) for spec in plan.codecs)
     if plan.privacy is not None and plan.privacy_level == "client":
-        return (ClientLevelDP(registry.instantiate("privacy", plan.privacy)), *chain)
+        # under secure aggregation each client noises its own row (distributed DP)
+        c = plan.scenario.clients
+        return (ClientLevelDP(registry.instantiate("privacy", plan.privacy),
+                              any(codec.hides_rows() for codec in chain),
+                              min(c.sampled, c.total)), *chain)
     return chain
 
 

@@ -8,15 +8,38 @@ from typing import Any
 
 import numpy as np
 
-from simulator.config.plan import Plan, build_privacy
+from simulator import registry
+from simulator.config.plan import Plan, build_codecs, build_privacy
+
+
+def seen_privacy(plan: Plan) -> Any:
+    """The privacy plugin whose mechanism the server's view composes: the scenario's, or
+    under secure aggregation over groups of ``g`` of a round's ``m`` rows with client-level
+    DP, the same plugin at noise multiplier ``z * sqrt(g / m)``: each group sum carries
+    ``g`` of the ``m`` noise shares, and each client is in one group (None without
+    privacy)."""
+    privacy = build_privacy(plan)
+    if privacy is None or plan.privacy_level != "client":
+        return privacy
+    c = plan.scenario.clients
+    m = min(c.sampled, c.total)
+    hiding = [codec for codec in build_codecs(plan) if codec.hides_rows()]
+    groups = hiding[0].output_rows(m) if hiding else 1
+    if groups <= 1:  # one sum of the round: the central mechanism's noise
+        return privacy
+    size = math.ceil(m / groups)  # the largest group: the least noise a sum carries
+    assert plan.privacy is not None
+    return registry.instantiate("privacy", {
+        **plan.privacy, "noise_multiplier": privacy.noise_multiplier * math.sqrt(size / m)})
 
 
 class PrivacyAccountant:
-    """What a run's privacy plugin spends (nothing without one)."""
+    """What a run's privacy plugin spends (nothing without one; under secure aggregation
+    over groups, what the group sums the server sees spend: :func:`seen_privacy`)."""
 
     def __init__(self, plan: Plan, client_sizes: np.ndarray, local_steps: np.ndarray) -> None:
         self.plan = plan
-        self.privacy = build_privacy(plan)
+        self.privacy = seen_privacy(plan)
         self.client_sizes, self.local_steps = client_sizes, local_steps
         self._mechanism: tuple[int, Any] = (-1, None)  # (rounds, mechanism) last composed
 

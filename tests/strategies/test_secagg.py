@@ -158,9 +158,6 @@ def test_dropouts_after_masking_are_recovered_or_lose_their_group(tmp_path):
      "codecs[0]: without group_size the server sees one sum of the round, so median"),
     ("codecs: [{name: secagg, group_size: 2}, {name: float16}]\n",
      "codecs[0]: secagg masks each client's dense fixed-point row and takes no other codec"),
-    (("codecs: [{name: secagg, group_size: 2}]\n"
-     "privacy: {name: dp_fedavg, clip: 1.0, noise_multiplier: 1.0}\n"),
-     "privacy.name: client-level DP clips each row on the server"),
     ("codecs: [{name: secagg, group_size: 2}]\nserver: {mode: fedbuff}\n",
      "server.mode: secagg sums a round's cohort"),
     ("codecs: [{name: secagg, bits: 8}]\n",
@@ -173,3 +170,47 @@ def test_what_secure_aggregation_cannot_do_is_refused_in_one_line(tmp_path, extr
     with pytest.raises(ScenarioError) as e:
         engine_point(tmp_path, BASE + extra)
     assert any(where in line for line in e.value.lines), e.value.lines
+
+
+DP = "privacy: {name: dp_fedavg, clip: 0.5, noise_multiplier: %s}\n"
+
+
+def test_distributed_dp_under_one_sum_spends_the_central_epsilon(tmp_path):
+    """Each client clips and adds N(0, (z C)^2 / m): the round's sum carries the central
+    noise, so the accountant's epsilon is DP-FedAvg's to the digit; with z = 0 the numbers
+    are server-side clipping's to the fixed-point step."""
+    central = run(tmp_path, DP % 1.0)
+    shared = run(tmp_path, DP % 1.0 + "codecs: [{name: secagg, range: 10.0}]\n")
+    assert shared.params["privacy.epsilon"] == central.params["privacy.epsilon"]
+    assert [m["epsilon"] for m in shared.metrics] == [m["epsilon"] for m in central.metrics]
+    assert not np.array_equal(shared.final_params, central.final_params)  # other draws
+    plain = run(tmp_path, DP % 0.0)
+    clipped = run(tmp_path, DP % 0.0 + "codecs: [{name: secagg, range: 10.0}]\n")
+    np.testing.assert_allclose(clipped.final_params, plain.final_params, atol=1e-6)
+
+
+def test_groups_spend_what_one_group_sum_shows(tmp_path):
+    """Groups of 2 of 6 rows: a group sum carries 2 of the 6 noise shares, so it is the
+    central mechanism at z * sqrt(2 / 6); the robust rule over the group means is
+    post-processing, so a median is allowed."""
+    grouped = run(tmp_path, DP % 1.5 + "aggregator: {name: median}\n"
+                  "codecs: [{name: secagg, group_size: 2, range: 10.0}]\n")
+    seen = run(tmp_path, DP % repr(1.5 * (2 / 6) ** 0.5))
+    assert grouped.params["privacy.epsilon"] == seen.params["privacy.epsilon"]
+    assert float(grouped.params["privacy.epsilon"]) > float(run(tmp_path, DP % 1.5)
+                                                             .params["privacy.epsilon"])
+
+
+def test_noise_shares_of_m_clients_sum_to_the_central_noise():
+    from strategies.privacy import DPFedAvg
+
+    dp, m, width = DPFedAvg(clip=2.0, noise_multiplier=1.5), 8, 4000
+    rows = torch.zeros(m, width)
+    noisy = dp.noise_share(rows, m, [torch.Generator().manual_seed(i) for i in range(m)])
+    total = noisy.sum(0)
+    # std of the sum: z C = 3; 4000 draws estimate it within a few percent
+    assert abs(float(total.std()) / 3.0 - 1) < 0.05
+    # each row is clipped to C before its share is added
+    quiet = DPFedAvg(clip=2.0, noise_multiplier=0.0)
+    clipped = quiet.noise_share(torch.full((2, 3), 10.0), m, [torch.Generator()] * 2)
+    torch.testing.assert_close(clipped.norm(dim=1), torch.tensor([2.0, 2.0]))
