@@ -149,6 +149,7 @@ def main() -> None:
         except (TypeError, ValueError, registry.BadPlugin) as e:
             skipped.append(f"{label}: {type(e).__name__}: {e}")
 
+    print(f"(load average at the start: {os.getloadavg()[0]:.1f})\n")
     print(f"n = {n} clients, d = {d:,} (layers {', '.join('x'.join(map(str, s)) for s in shapes)}), "
           f"float32 normal entries (seed 0); best of {args.repeats}; torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs\n")
@@ -168,6 +169,7 @@ def main() -> None:
             print(f"\nFor scale: one steady round of `make bench-flower`'s heavy workload "
                   f"(20 clients of 300 samples, MLP [1024], d = 73,754; Ray, 2 workers; "
                   f"median of {k} rounds): {sec:.3f} s")
+    print(f"\n(load average at the end: {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":
