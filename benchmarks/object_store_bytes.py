@@ -87,7 +87,7 @@ def measure(ray, scenario_path: Path, rounds: int) -> dict:
 
         def call(self, handle, method, *args):
             ref = super().call(handle, method, *args)
-            if method is ClientWorker.train or method.__name__ == "train":
+            if method is ClientWorker.train:
                 self.train[self.round].append(ref)
             return ref
 
