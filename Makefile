@@ -116,3 +116,4 @@ docs-tables: $(STAMP)
 	$(PY) benchmarks/docs_tables.py docs/models.md models_zoo
 	$(PY) benchmarks/docs_tables.py docs/performance.md kernels
 	$(PY) benchmarks/docs_tables.py docs/performance.md session sweep_cost
+	$(PY) benchmarks/docs_tables.py docs/performance.md object_store_bytes codec_cost
