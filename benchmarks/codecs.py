@@ -65,8 +65,9 @@ def best(fn, repeats: int) -> tuple[float, object]:
     return min(times), out
 
 
-def measure(codec, rows, shape, repeats: int) -> tuple[float, float, int, int]:
-    """(encode s, decode s, declared bytes a client, the payload's bytes a client)."""
+def measure(codec, rows, shape, repeats: int) -> tuple[float, float, float, int, int]:
+    """(encode s, decode s, the server's combine s (secure aggregation: masking, summing
+    and unmasking the groups), declared bytes a client, the payload's bytes a client)."""
     import torch
 
     from strategies.codecs import chain_bytes, decode_chain, encode_chain
@@ -91,8 +92,11 @@ def measure(codec, rows, shape, repeats: int) -> tuple[float, float, int, int]:
     enc, parts = best(encode, repeats)
     dec, dense = best(lambda: decode_chain(chain, parts, shape), repeats)
     assert dense.shape == rows.shape, (dense.shape, rows.shape)
+    comb = best(lambda: codec.combine(dense, 1, 0), repeats)[0] \
+        if codec is not None and codec.hides_rows() else 0.0
     actual = sum(int(v.numel() * v.element_size()) for v in parts.values()) // n
-    return enc, dec, chain_bytes(chain, shape), actual
+    extra = sum(c.extra_bytes(shape, n) for c in chain)
+    return enc, dec, comb, chain_bytes(chain, shape, n), actual + extra
 
 
 def heavy_round() -> tuple[float, int] | None:
@@ -154,13 +158,14 @@ def main() -> None:
     print(f"n = {n} clients, d = {d:,} (layers {', '.join('x'.join(map(str, s)) for s in shapes)}), "
           f"float32 normal entries (seed 0); best of {args.repeats}; torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs\n")
-    print("| codec | encode s | decode s | total s | payload bytes per client | ratio to identity |")
-    print("|---|---:|---:|---:|---:|---:|")
-    ident = results[0][3]
-    for label, enc, dec, declared, actual in results:
+    print("| codec | encode s | decode s | server combine s | total s | bytes per client | "
+          "ratio to identity |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    ident = results[0][4]
+    for label, enc, dec, comb, declared, actual in results:
         mark = "" if declared == actual else f" (arrays: {actual:,})"
-        print(f"| {label} | {enc:.4f} | {dec:.4f} | {enc + dec:.4f} | {declared:,}{mark} | "
-              f"{declared / ident:.4f} |")
+        print(f"| {label} | {enc:.4f} | {dec:.4f} | {comb:.4f} | {enc + dec + comb:.4f} | "
+              f"{declared:,}{mark} | {declared / ident:.4f} |")
     for s in skipped:
         print(f"\nnot measured: {s}")
     if not args.no_round:

@@ -268,7 +268,7 @@ class SecureAggregation(Codec):
         """Each client's protocol bytes beside its masked words: two public keys, then an
         encrypted share pair for each group mate (SecAgg's AdvertiseKeys and ShareKeys),
         and in the unmasking round a share for each mate."""
-        mates = self.size(n) - 1
+        mates = max(0, self.size(n) - 1)
         return 2 * KEY_BYTES + mates * SHARE_BYTES + mates * SHARE_BYTES // 2
 
     def threshold_of(self, g: int) -> int:
