@@ -143,6 +143,7 @@ class ServerCheckpoint(TypedDict):
     version: NotRequired[int]
     versions: NotRequired[dict[int, list[Any]]]
     latest: NotRequired[dict[int, Any]]  # server.mode latest: each client's latest row
+    replica: NotRequired[Any]  # downlink compression: the clients' replica of the model
 
 
 Group = tuple[int, tuple[int, ...], int]  # (start version, clients, number of results)

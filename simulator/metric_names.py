@@ -34,7 +34,9 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "comm": ("bytes_up", "bytes_down", "bytes_up_total", "bytes_down_total",
              # secure aggregation: the step's groups, the clients that dropped after masking,
              # the groups too few survivors could unmask
-             "secagg_groups", "secagg_dropped", "secagg_groups_lost"),
+             "secagg_groups", "secagg_dropped", "secagg_groups_lost",
+             # downlink compression: how far the clients' replica is from the model
+             "replica_distance"),
 }
 MLFLOW = {name: f"{section}/{name}" for section, names in SECTIONS.items() for name in names}
 PLAIN = {v: k for k, v in MLFLOW.items()}

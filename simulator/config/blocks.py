@@ -23,8 +23,9 @@ PLUGIN_FIELDS: list[tuple[Loc, str]] = [
     (("topology",), "topologies"),
     (("privacy",), "privacy"),
 ]
-# the scenario's lists of plugin blocks: the key is the kind
-PLUGIN_LISTS: tuple[str, ...] = ("preaggregators", "codecs")
+# the scenario's lists of plugin blocks: (key, kind)
+PLUGIN_LISTS: tuple[tuple[str, str], ...] = (
+    ("preaggregators", "preaggregators"), ("codecs", "codecs"), ("downlink", "codecs"))
 
 
 def get_path(d: Any, loc: Loc) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 from simulator import registry
 from simulator.config.data_load import LoadChoice, available_memory, choose_load, describe_dataset
 from simulator.config.errors import Problem, problem
-from simulator.config.plan import Plan, build_codecs, resolve
+from simulator.config.plan import Plan, build_codecs, build_downlink, resolve
 from simulator.config.schema import MODES, Runtime, Scenario, Stragglers, default_at
 from simulator.errors import DataError, brief_text
 from simulator.registry import instantiate
@@ -149,14 +149,43 @@ def _check_message(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
     hiding = [i for i, c in enumerate(ours) if c.hides_rows()]
     if hiding:
         _check_hidden_rows(sc, plan, hiding[0], problems)
-        return
-    for i, codec in enumerate(ours):
-        sparse = [sc.codecs[j]["name"] for j, c in enumerate(ours[:i]) if not c.dense()]
+    else:
+        _check_composes("codecs", sc.codecs, ours, problems)
+    if sc.downlink:
+        _check_downlink(sc, plan, problems)
+
+
+def _check_composes(key: str, specs: list, chain: Any, problems: list[Problem]) -> None:
+    """A compressor takes the dense rows: one a chain, before any codec of another payload."""
+    for i, codec in enumerate(chain):
+        sparse = [specs[j]["name"] for j, c in enumerate(chain[:i]) if not c.dense()]
         if codec.needs_rows() and sparse:
-            problems.append(Problem(("codecs", i), f"{sc.codecs[i]['name']} compresses the "
-                                    f"dense rows, which {sparse[-1]} before it no longer "
-                                    "sends: one compressor a chain, first (a precision codec "
-                                    "such as float16 may follow it)"))
+            problems.append(Problem((key, i), f"{specs[i]['name']} compresses the dense rows, "
+                                    f"which {sparse[-1]} before it no longer sends: one "
+                                    "compressor a chain, first (a precision codec such as "
+                                    "float16 may follow it)"))
+
+
+def _check_downlink(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
+    """The broadcast's codecs: a round's model change from one server to every client."""
+    chain = build_downlink(plan)
+    mode = sc.server.resolved_mode
+    if sc.topology is not None:
+        problems.append(Problem(("downlink",), "D-SGD has no server broadcast; remove "
+                                "downlink or the topology"))
+    elif mode.clock or mode.steps_on != "round":
+        problems.append(Problem(("server", "mode"), f"downlink compresses the round's "
+                                f"broadcast; {mode.name} serves each client the version it "
+                                "starts from: use sync or deadline, or remove downlink"))
+    for i, (spec, codec) in enumerate(zip(sc.downlink, chain, strict=True)):
+        if codec.hides_rows():
+            problems.append(Problem(("downlink", i), f"{spec['name']} aggregates clients' "
+                                    "messages; the broadcast is one model"))
+        elif spec.get("error_feedback"):
+            problems.append(Problem(("downlink", i, "error_feedback"), "the server's replica of "
+                                    "the clients' model already feeds back what compression "
+                                    "drops; remove it"))
+    _check_composes("downlink", sc.downlink, chain, problems)
 
 
 def _check_hidden_rows(sc: Scenario, plan: Plan, at: int, problems: list[Problem]) -> None:
@@ -193,18 +222,21 @@ def _check_hidden_rows(sc: Scenario, plan: Plan, at: int, problems: list[Problem
 
 def _check_codec_layout(sc: Scenario, plan: Plan, net: Any, d: int,
                         problems: list[Problem]) -> None:
-    """Each codec's payload for the model's messages (a ``k`` beyond a message's entries,
-    a rank beyond a layer's): its ValueError at its key."""
+    """Each codec's payload for the model's messages and for the broadcast (a ``k`` beyond
+    a message's entries, a rank beyond a layer's): its ValueError at its key."""
     shape = message_shape(net, plan.message.width(d))
     chain = build_codecs(plan)
     scenario_at = len(chain) - len(sc.codecs)
-    layout = chain_layout(chain[:scenario_at], shape)
-    for i, codec in enumerate(chain[scenario_at:]):
-        try:
-            layout = codec.layout(layout, shape)
-        except ValueError as e:
-            problems.append(problem(("codecs", i), e))
-            return
+    for key, codecs, at, message in (
+            ("codecs", chain[scenario_at:], chain_layout(chain[:scenario_at], shape), shape),
+            ("downlink", build_downlink(plan), None, message_shape(net, d))):
+        layout = at if at is not None else chain_layout((), message)
+        for i, codec in enumerate(codecs):
+            try:
+                layout = codec.layout(layout, message)
+            except ValueError as e:
+                problems.append(problem((key, i), e))
+                break
 
 
 def _check_reference(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
@@ -516,7 +548,7 @@ def _check_model(sc: Scenario, plan: Plan, info: Any, problems: list[Problem]) -
                                 f"{name} has none: use a model with norm: batch, or another "
                                 "value (auto | mean | median | local)"))
     _check_work(sc, plan, info, d, problems)
-    if sc.codecs:
+    if sc.codecs or sc.downlink:
         _check_codec_layout(sc, plan, _forward_once(json.dumps(sc.model, sort_keys=True),
                                                     info)[0], d, problems)
     workers = sc.runtime.workers or os.cpu_count() or 1

@@ -95,6 +95,7 @@ class Plan:
     # them on the server: ``build_codecs``)
     codecs: tuple[PluginSpec, ...] = ()
     codec_state: bool = False  # a codec keeps per-client state (error feedback)
+    downlink: tuple[PluginSpec, ...] = ()  # the broadcast's codecs
     # the asynchronous modes' settings (the scenario's, or the defaults); None when sync
     asynchrony: Asynchrony | None = None
 
@@ -159,6 +160,11 @@ def build_codecs(plan: Plan) -> tuple[Any, ...]:
                               any(codec.hides_rows() for codec in chain),
                               min(c.sampled, c.total)), *chain)
     return chain
+
+
+def build_downlink(plan: Plan) -> tuple[Any, ...]:
+    """The broadcast's codecs (``downlink``), in order."""
+    return tuple(registry.instantiate("codecs", spec) for spec in plan.downlink)
 
 
 def build_privacy(plan: Plan) -> Any:
@@ -242,5 +248,6 @@ def resolve(sc: Scenario) -> Plan:
         pipeline=PipelinePlan(tuple(sc.preaggregators), sc.aggregator, sc.meta),
         attack=_attack(sc), b_hat=b_hat(sc), mode=mode, codecs=tuple(sc.codecs),
         codec_state=any(registry.instantiate("codecs", c).keeps_state() for c in sc.codecs),
+        downlink=tuple(sc.downlink),
         asynchrony=(sc.asynchrony or Asynchrony()) if mode.clock else None,
     )

@@ -567,6 +567,9 @@ class Scenario(Strict):
     # the message path: plugins of fedray.codecs applied to every client's message in order
     # (float16 transport, ...); client-level privacy is one more, after them on the server
     codecs: list[PluginSpec] = []
+    # the broadcast's compression: plugins of fedray.codecs applied to the change of the model
+    # the server sends each round (its replica of the clients' model is its error feedback)
+    downlink: list[PluginSpec] = []
     evaluation: Evaluation = Evaluation()
     runtime: Runtime = Runtime()
     tracking: Tracking = Tracking()

@@ -145,10 +145,10 @@ def _plugin_pass(raw: dict, problems: list[Problem]) -> dict:
             for part in loc[:-1]:
                 parent = parent.setdefault(part, {})
             parent[loc[-1]] = out
-    for key in PLUGIN_LISTS:  # the lists of plugin blocks (their key is their kind)
+    for key, kind in PLUGIN_LISTS:  # the lists of plugin blocks
         blocks = raw.get(key)
         for i, spec in enumerate(blocks if isinstance(blocks, list) else []):
-            out = _check_plugin(key, spec, (key, i), problems)
+            out = _check_plugin(kind, spec, (key, i), problems)
             if out is not None:
                 resolved[key][i] = out
     return resolved

@@ -78,6 +78,8 @@ def scenario_tags(sc: Any) -> dict[str, str]:
         "meta": sc.meta["name"] if sc.meta else "none",
         "attack": sc.attack["name"] if sc.attack else "none",
         "topology": sc.topology["name"] if sc.topology else "none",
+        "codecs": ",".join(c["name"] for c in sc.codecs) or "none",
+        "downlink": ",".join(c["name"] for c in sc.downlink) or "none",
         "n": str(sc.clients.total),
         "f": str(sc.clients.byzantine),
         "dataset": sc.data.dataset["name"],

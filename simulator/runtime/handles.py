@@ -92,6 +92,9 @@ class ServerHandle(_Handle):
     def params(self) -> Ref[np.ndarray]:
         return self.backend.call(self.actor, Server.params)
 
+    def broadcast(self) -> Ref[np.ndarray]:
+        return self.backend.call(self.actor, Server.broadcast)
+
     def message_shape(self) -> Ref[MessageShape]:
         return self.backend.call(self.actor, Server.message_shape)
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from simulator.config.plan import Plan, build_codecs, build_server_optimizer
+from simulator.config.plan import Plan, build_codecs, build_downlink, build_server_optimizer
 from simulator.errors import TooFewRows, guarded
 from simulator.messages import (
     ByzantineRows,
@@ -45,7 +45,7 @@ from simulator.runtime.pipeline import Pipeline
 from simulator.runtime.pool import Reusable
 from simulator.runtime.rows import ModeRows, with_means
 from simulator.seeding import torch_generator
-from strategies.codecs import finish, message_shape, screen
+from strategies.codecs import decode_chain, encode_chain, finish, message_shape, screen
 from strategies.protocols import MessageShape
 from strategies.trainers import local_sgd, minibatches
 
@@ -95,6 +95,11 @@ class Server(Reusable):
         self.codecs = build_codecs(plan)
         # secure aggregation: its server aggregates group sums, never a client's row
         self.hiding = next((c for c in self.codecs if c.hides_rows()), None)
+        # downlink compression: the clients' replica of the model, which the server moves
+        # each round by the compressed change it broadcasts (its error feedback: what a
+        # round's compression dropped stays in x - replica and goes out later)
+        self.downlink = build_downlink(plan)
+        self.replica = self.x.clone() if self.downlink else None
         self.shape = message_shape(self.model, plan.message.width(int(self.x.numel())))
         self.seed = seed
         self.skips = 0  # rounds whose aggregation was skipped (the first SKIPS_NAMED named)
@@ -129,6 +134,11 @@ class Server(Reusable):
 
     def params(self) -> np.ndarray:
         return self.x.numpy().copy()
+
+    def broadcast(self) -> np.ndarray:
+        """The parameters the clients train from: the global model, or under downlink
+        compression their replica of it."""
+        return (self.x if self.replica is None else self.replica).numpy().copy()
 
     def message_shape(self) -> MessageShape:
         """A client message's shape (its width; the model's parameter shapes)."""
@@ -194,6 +204,8 @@ class Server(Reusable):
         server keeps the versions ``layout.keep`` names."""
         x_before, b_before = self.x, self.b
         metrics = self._step(round_, layout, byzantine, results)
+        if self.replica is not None:
+            metrics["replica_distance"] = self._advance_replica(round_)
         if self.mode.clock:
             kept = {**self.versions, self.version: [x_before, b_before]}
             self.version += 1
@@ -254,6 +266,19 @@ class Server(Reusable):
             **_timings(t0, results),
         }
 
+    def _advance_replica(self, round_: int) -> float:
+        """The clients' replica after the round: moved by the decoded downlink payload of
+        ``x - replica`` (drawn from ``(seed, "downlink", codec, round)``); the distance left
+        between the model and the replica."""
+        assert self.replica is not None
+        shape = MessageShape(int(self.x.numel()), self.shape.shapes)
+        change = (self.x - self.replica).unsqueeze(0)
+        gens = [[torch_generator(self.seed, "downlink", i, round_)]
+                for i in range(len(self.downlink))]
+        parts = encode_chain(self.downlink, change, round_, shape, gens, None)
+        self.replica = self.replica + decode_chain(self.downlink, parts, shape)[0]
+        return float(torch.linalg.vector_norm(self.x - self.replica))
+
     def _aggregate(self, round_: int, robust: torch.Tensor, honest: int,
                    weights: torch.Tensor | None
                    ) -> tuple[torch.Tensor | None, dict[str, float]]:
@@ -308,6 +333,8 @@ class Server(Reusable):
         state: ServerCheckpoint = {
             "x": self.x.clone(), "buffers": self.b.clone(),
             "optimizer": self.optimizer.state_dict(), "pipeline": self.pipeline.state_dict()}
+        if self.replica is not None:
+            state["replica"] = self.replica.clone()
         if self.mode.clock:
             state["version"] = self.version
             state["versions"] = {v: [x.clone(), b.clone()] for v, (x, b) in self.versions.items()}
@@ -317,6 +344,8 @@ class Server(Reusable):
     def restore(self, state: ServerCheckpoint) -> None:
         self.x = state["x"].clone()
         self.b = state.get("buffers", self.b).clone()
+        if self.replica is not None:
+            self.replica = state["replica"].clone()
         self.version = int(state.get("version", 0))
         self.versions = {int(v): [x.clone(), b.clone()]
                          for v, (x, b) in state.get("versions", {}).items()}

@@ -49,7 +49,11 @@ CASES: dict[str, list[str]] = {
     # compressed payloads with error feedback (per-client residuals in the workers), an
     # omniscient attack that reads them back and sends its own through the codec
     "top-k-ef": ["codecs=[{name: top_k, fraction: 0.1, error_feedback: true}]",
+                 "downlink=[{name: top_k, fraction: 0.2}]",
                  "clients.byzantine=2", "attack={name: alie}", "aggregator={name: cwtm, f: 2}"],
+    # secure aggregation over groups with client-level DP's noise shares
+    "secagg-dp": ["codecs=[{name: secagg, group_size: 3, range: 10.0, dropout: 0.2}]",
+                  "privacy={name: dp_fedavg, clip: 1.0, noise_multiplier: 0.5}"],
 }
 
 

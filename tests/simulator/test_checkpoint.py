@@ -63,8 +63,10 @@ def _roundtrip(state):
      "data.dataset={name: synthetic, alpha: 1.0, beta: 1.0}", "data.partitioner={name: natural}"],
     # error-feedback residuals, each client's in the worker that trains it
     ["local.optimizer={name: sgd}", "codecs=[{name: top_k, fraction: 0.05, error_feedback: true}]"],
+    # the clients' replica of the model under downlink compression
+    ["downlink=[{name: top_k, fraction: 0.05}]"],
 ], ids=["momentum-cc-server-momentum", "mu2sgd", "fedadam", "batchnorm", "batchnorm-local",
-        "scaffold", "feddyn", "fedbn", "ditto", "top-k-error-feedback"])
+        "scaffold", "feddyn", "fedbn", "ditto", "top-k-error-feedback", "downlink"])
 def test_resume_from_a_checkpoint_gives_the_uninterrupted_numbers(tmp_path, over):
     sc = _point(tmp_path, FL, *over)
     saved: dict[int, dict] = {}

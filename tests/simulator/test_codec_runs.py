@@ -8,9 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch.nn.utils import parameters_to_vector
 
 from simulator.config import ScenarioError
 from simulator.messages import ClientRows, Encoded
+from simulator.models import build_model
 from simulator.runtime.backend import InlineBackend
 from simulator.sim.engine import Engine
 from strategies.codecs import TopK
@@ -148,3 +150,54 @@ def test_float16_may_follow_top_k_and_halves_its_values(tmp_path):
     res = run(tmp_path, "codecs: [{name: top_k, k: 65}, {name: float16}]\n")
     assert [m["bytes_up"] for m in res.metrics] == [6.0 * 6 * 65] * 3
     assert np.isfinite(res.final_params).all()
+
+
+DOWN = "downlink: [{name: top_k, k: 65}]\n"
+
+
+def test_downlink_compression_moves_the_clients_replica_and_costs_its_bytes(tmp_path):
+    """Each round the server sends top-k of (model - replica): 65 indices and values, 520
+    bytes to each of the 6 clients instead of the model's 2,600; the replica moves by it, so
+    what compression dropped is sent later (the server's error feedback); a full k equals
+    no downlink compression to the bit."""
+    res = run(tmp_path, DOWN)
+    assert [m["bytes_down"] for m in res.metrics] == [6.0 * 8 * 65] * 3
+    assert all(m["replica_distance"] > 0 for m in res.metrics)
+    plain = run(tmp_path)
+    assert [m["bytes_down"] for m in plain.metrics] == [6.0 * 4 * D] * 3
+    assert not np.array_equal(res.final_params, plain.final_params)
+    full = run(tmp_path, f"downlink: [{{name: top_k, k: {D}}}]\n")
+    np.testing.assert_array_equal(full.final_params, plain.final_params)
+    assert [m["replica_distance"] for m in full.metrics] == [0.0] * 3
+    assert [m["test_accuracy"] for m in full.metrics] == [m["test_accuracy"] for m in plain.metrics]
+
+
+def test_the_replica_by_hand_after_one_round(tmp_path):
+    """Round 1 (FedAvg, server lr 1): x1 = x0 + mean update; the clients' replica is x0 plus
+    top-k of (x1 - x0), so x1 - replica is what top-k dropped."""
+    sc = engine_point(tmp_path, BASE + DOWN, ["rounds=1"])
+    res = Engine(sc, InlineBackend()).run()
+    plain = Engine(engine_point(tmp_path, BASE, ["rounds=1"]), InlineBackend()).run()
+    info = res.model_info
+    x0 = parameters_to_vector(build_model(sc.model, info["input_shape"], info["num_classes"],
+                                          sc.seeds[0]).parameters()).detach()
+    x1 = torch.from_numpy(res.final_params)
+    np.testing.assert_array_equal(res.final_params, plain.final_params)  # round 1 trains from x0
+    change = (x1 - x0).unsqueeze(0)
+    c, shape = TopK(k=65), MessageShape(D)
+    kept = c.decode(c.encode({ROWS: change}, CodecBatch(0, [], shape)), shape)[ROWS][0]
+    assert res.metrics[0]["replica_distance"] == pytest.approx(
+        float(torch.linalg.vector_norm(change[0] - kept)), rel=1e-5)
+
+
+@pytest.mark.parametrize("extra, where", [
+    ("downlink: [{name: top_k, k: 651}]\n", "downlink[0].k: must be <= a message's 650"),
+    ("downlink: [{name: top_k, error_feedback: true}]\n", "downlink[0].error_feedback"),
+    ("downlink: [{name: secagg}]\n", "downlink[0]: secagg aggregates"),
+    ("downlink: [{name: top_k}]\nserver: {mode: fedbuff}\n", "server.mode: downlink compresses"),
+    ("downlink: [{name: top_k}]\ntopology: {name: ring}\n", "downlink: D-SGD has no server"),
+])
+def test_downlink_keys_are_checked_before_anything_runs(tmp_path, extra, where):
+    with pytest.raises(ScenarioError) as e:
+        engine_point(tmp_path, BASE + extra)
+    assert any(where in line for line in e.value.lines), e.value.lines

@@ -33,7 +33,8 @@ def test_the_registry_and_the_scenario_use_the_table_of_kinds():
 
     assert tuple(registry.KINDS) == tuple(KINDS)
     # a plugin block per kind, but the lists (pre-aggregators, codecs) and dsgd.defense's name
-    placed = {kind for _, kind in PLUGIN_FIELDS} | set(PLUGIN_LISTS) | {"gossip_defenses"}
+    placed = {kind for _, kind in PLUGIN_FIELDS} | {kind for _, kind in PLUGIN_LISTS} | \
+        {"gossip_defenses"}
     assert placed == set(KINDS)
 
 

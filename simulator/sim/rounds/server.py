@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from simulator.config.plan import build_codecs
+from simulator.config.plan import build_codecs, build_downlink
 from simulator.config.schema import Speeds
 from simulator.errors import WorkerLost
 from simulator.messages import (
@@ -136,7 +136,8 @@ class ServerRounds(RoundProtocol):
         # what one client receives (the model, its buffers, the server optimizer's broadcast
         # state: SCAFFOLD's control variate, of the model's size) and sends (its message's
         # payload after the codecs, and its buffers), in bytes
-        self.bytes_down = 4 * (d + self.d_buffers + (d if plan.shared_state else 0))
+        model = chain_bytes(build_downlink(plan), MessageShape(d, self.shape.shapes))
+        self.bytes_down = model + 4 * (self.d_buffers + (d if plan.shared_state else 0))
         c = plan.scenario.clients
         self.bytes_up = chain_bytes(build_codecs(plan), self.shape, min(c.sampled, c.total)) \
             + 4 * self.d_buffers
@@ -196,7 +197,7 @@ class ServerRounds(RoundProtocol):
         byz = [i for i in sampled if i in byzantine]
         who = self.participants(round_, [i for i in sampled if i not in byzantine])
         honest = who.honest
-        params_ref = self.server.params()  # stored once, read by every worker
+        params_ref = self.server.broadcast()  # stored once, read by every worker
         buffers_ref = self.server.buffers() if self.d_buffers else None
         shared_ref = self.server.shared() if ctx.plan.shared_state else None
         honest_refs = pool.train(round_, honest, params_ref, buffers_ref, None, shared_ref,
