@@ -435,9 +435,8 @@ def round_float(rows: torch.Tensor, dtype: torch.dtype, u: torch.Tensor | None
     bfloat16: ``2^16 - 1 - floor(u * 2^16)`` is added to the float32 bit pattern and the 16
     low bits are dropped (the carry is the round up); float16: the neighbours are the
     nearest value and the next one toward the entry (``torch.nextafter``), the upper taken
-    with probability ``(x - low) / (high - low)``. Stochastic float16 saturates at
-    ``+-65504`` (a step toward infinity has probability 0); nearest rounding gives ``inf``
-    beyond 65519.
+    with probability ``(x - low) / (high - low)``. Stochastic float16 saturates: an entry
+    beyond ``+-65504`` is clamped to it first (nearest rounding gives ``inf`` beyond 65519).
 
     Example: a quarter of the way from ``1`` to the next value up (``1 + 2^-7`` in
     bfloat16, ``1 + 2^-10`` in float16), rounded up when ``u < 1/4``:
@@ -454,14 +453,14 @@ def round_float(rows: torch.Tensor, dtype: torch.dtype, u: torch.Tensor | None
         carry = 65535 - torch.floor(u * 65536).to(torch.int32)
         bits = torch.bitwise_and(rows.contiguous().view(torch.int32) + carry, -65536)
         return bits.view(torch.float32).to(torch.bfloat16)
-    near = rows.to(torch.float16)
-    toward = torch.where(near.to(torch.float32) < rows, math.inf, -math.inf).to(torch.float16)
-    other = torch.nextafter(near, toward)
-    a, b = near.to(torch.float32), other.to(torch.float32)
+    top = float(torch.finfo(torch.float16).max)
+    x = torch.clamp(rows, -top, top)  # saturate: both neighbours finite
+    near = x.to(torch.float16)
+    toward = torch.where(near.to(torch.float32) < x, math.inf, -math.inf).to(torch.float16)
+    a, b = near.to(torch.float32), torch.nextafter(near, toward).to(torch.float32)
     low, high = torch.minimum(a, b), torch.maximum(a, b)
-    up = (rows - low) / (high - low)  # 0 where the gap is infinite: no step to inf
-    out = torch.where(u < up, high, low)
-    return torch.where(near.to(torch.float32) == rows, a, out).to(torch.float16)
+    out = torch.where(u < (x - low) / (high - low), high, low)
+    return torch.where(a == x, a, out).to(torch.float16)
 
 
 class Quantize(Compressor):
