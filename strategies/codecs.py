@@ -14,6 +14,34 @@
   indices and float32 values: ``8 k`` bytes a message (Stich, Cordonnier, Jaggi, "Sparsified
   SGD with memory", NeurIPS 2018; Aji and Heafield, EMNLP 2017), optionally with error
   feedback (:class:`Compressor`).
+* ``rand_k`` (:class:`RandK`, functional twin :func:`rand_k`): ``k`` entries a message
+  (the keys of ``top_k``) chosen uniformly without replacement from the client's generator,
+  scaled by ``w / k`` so the decoded row is unbiased; ``8 k`` bytes a message (Stich et al.,
+  NeurIPS 2018; Wangni, Wang, Liu, Zhang, NeurIPS 2018).
+* ``qsgd`` (:class:`QSGD`, functional twins :func:`qsgd` and :func:`qsgd_decode`): the
+  message's L2 norm and one signed level in ``{-s, ..., s}`` an entry, stochastically
+  rounded (unbiased, variance at most ``min(w / s^2, sqrt(w) / s) ||x||^2``); ``w + 4`` bytes
+  (int8 levels, ``s <= 127``) or ``2 w + 4`` (int16) (Alistarh, Grubic, Li, Tomioka,
+  Vojnovic, NeurIPS 2017).
+* ``sign`` (:class:`SignCompressor`, functional twins :func:`pack_signs` and
+  :func:`unpack_signs`): one bit an entry, its sign (0 counts as +1), packed 8 to a byte,
+  and with ``scale`` the mean magnitude ``||x||_1 / w``: ``ceil(w / 8)`` bytes, ``+ 4``
+  with the scale (signSGD, Bernstein et al., ICML 2018; scaled as EF-SignSGD, Karimireddy
+  et al., ICML 2019). Unscaled signs pair with the ``majority_vote`` aggregator.
+* ``quantize`` (:class:`Quantize`, functional twins :func:`quantize_int8`,
+  :func:`round_float` and :func:`stochastic_round`): int8 on a per-message scale
+  (``w + 4`` bytes) or float16 / bfloat16 (``2 w``), stochastically rounded (unbiased,
+  Gupta et al., ICML 2015) or to the nearest value; FedPAQ's quantised updates (Reisizadeh
+  et al., AISTATS 2020).
+* ``powersgd`` (:class:`PowerSGD`, functional twins :func:`power_step` and
+  :func:`low_rank`): each parameter matrix as rank-``r`` factors from one warm-started power
+  iteration, the rest dense: ``4 (sum_j (a_j + b_j) r + dense)`` bytes (Vogels, Karimireddy,
+  Jaggi, NeurIPS 2019); it always keeps per-client state (its warm start).
+
+Every compressor (:class:`Compressor`: ``top_k`` and the five above) takes
+``error_feedback: true`` (EF-SGD), draws only from its clients' generators and works on the
+whole ``(k, w)`` batch at once (a loop over rows only for the draws).
+
 * :class:`ClientLevelDP`: client-level differential privacy (DP-FedAvg, McMahan, Ramage,
   Talwar, Zhang, ICLR 2018) as a codec: its server half clips every row before the pipeline
   and adds the Gaussian noise to the aggregate. Built from the scenario's ``privacy`` block
