@@ -322,3 +322,13 @@ def test_majority_vote_by_hand_with_a_tie():
     assert majority_vote(torch.cat([x, nan])).tolist() == [1, -1, 1, 0]
     assert majority_vote(torch.cat([x, -torch.full((1, 4), math.inf)])).tolist() == \
         [0, -1, 0, -1]
+
+
+def test_huge_rows_buy_no_more_than_their_votes():
+    """12 honest rows agree on the signs (+, -, +, -); 3 rows of 1e6 against them move the
+    mean but not the vote; 7 of them against 6 honest rows (a majority) do."""
+    honest = t([1, -1, 2, -0.5]).expand(12, -1) * torch.linspace(0.5, 1.5, 12)[:, None]
+    bad = torch.full((3, 4), 1e6) * t([-1, 1, -1, 1])
+    assert MajorityVote()(torch.cat([honest, bad])).tolist() == [1, -1, 1, -1]
+    assert MajorityVote()(torch.cat([honest[:6], bad.repeat(3, 1)[:7]])).tolist() == \
+        [-1, 1, -1, 1]
