@@ -545,7 +545,9 @@ def _codec_checks(make: Callable[[], Any]) -> list[Check]:
     from strategies.codecs import chain_layout
     from strategies.protocols import ROWS, CodecBatch, MessageShape, PartSpec
 
-    shape = MessageShape(D)
+    # a model of a (3, 4) weight and a bias of 4 (D entries): a codec that compresses layers
+    # as matrices (PowerSGD) is checked on one
+    shape = MessageShape(D, ((3, 4), (4,)))
 
     def batch(codec: Any) -> CodecBatch:
         gens = [torch.Generator().manual_seed(100 + i) for i in range(N)]

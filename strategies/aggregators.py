@@ -574,6 +574,53 @@ class DivideAndConquer(Aggregator):
                  f"got {self.filter_frac:g} * {self.f}")
 
 
+# ---------------------------------------------------------------------------- voting
+
+
+def majority_vote(x: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Per coordinate, the sign the rows vote for: ``sign(sum_i w_i sign(x_i))`` (``w_i = 1``
+    without ``weights``), 0 on a tie; a NaN entry abstains (votes 0), ``+-inf`` votes
+    ``+-1``. On rows of signs (``+-1``) this is ``sign(sum_i w_i x_i)``.
+
+    >>> majority_vote(torch.tensor([[1.0, -1.0, 1.0, -1.0],
+    ...                             [1.0, -1.0, -1.0, 1.0],
+    ...                             [-1.0, -1.0, 1.0, 0.0]]))
+    tensor([ 1., -1.,  1.,  0.])
+    """
+    votes = torch.nan_to_num(torch.sign(x), nan=0.0)
+    if weights is None:
+        total = votes.sum(dim=0)
+    else:
+        total = weight_vector(weights, x.shape[0], x.device) @ votes.to(torch.float64)
+    return torch.sign(total).to(x.dtype)
+
+
+class MajorityVote(Aggregator):
+    """signSGD with majority vote (Bernstein, Zhao, Azizzadenesheli, Anandkumar, "signSGD
+    with majority vote is communication efficient and fault tolerant", ICLR 2019): each row
+    votes the sign of each of its coordinates, the aggregate is the sign of the vote
+    (:func:`majority_vote`; a tie gives 0). Paired with the ``sign`` codec with
+    ``scale: false`` the rows are the clients' signs, as in the paper; on other rows it
+    votes their signs (one client, one vote: a Byzantine row's magnitude buys it nothing,
+    which is where the paper's fault tolerance comes from). The aggregate is a sign vector,
+    not an estimate of the rows' mean: the server's learning rate sets the step.
+
+    Weighted: ``sign(sum_i w_i sign(x_i))``, each client's vote counted ``w_i`` times.
+
+    Not translation equivariant and not near the rows' mean (it returns signs), so the
+    conformance checks that assume an estimate of the mean do not apply.
+    """
+
+    traits = Traits(weighted=True)
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None,
+                 weights: torch.Tensor | None = None) -> torch.Tensor:
+        return majority_vote(x, weights)
+
+    def check(self, n: int) -> None:
+        return None
+
+
 # ---------------------------------------------------------------------------- stateful
 
 

@@ -14,7 +14,7 @@ import torch
 from simulator.messages import ClientRows, Encoded
 from simulator.runtime.state import ClientStateStore
 from simulator.seeding import torch_generator
-from strategies.codecs import decode_chain, encode_chain
+from strategies.codecs import chain_layout, decode_chain, encode_chain
 from strategies.protocols import Codec, MessageShape
 
 Chain = tuple[Codec, ...]
@@ -82,7 +82,15 @@ def encode_payload(chain: Chain, rows: np.ndarray, round_: int, shape: MessageSh
     parts = encode_chain(chain, torch.from_numpy(rows), round_, shape, generators, held)
     if states is not None and held is not None:
         states.keep(clients, held)
-    return Encoded({k: v.contiguous().numpy() for k, v in parts.items()})
+    return Encoded({k: _array(v) for k, v in parts.items()})
+
+
+def _array(part: torch.Tensor) -> np.ndarray:
+    """A payload's part as it crosses the object store: NumPy has no bfloat16, so a
+    bfloat16 part travels as its bit pattern in int16 (the same 2 bytes an entry), read
+    back by :func:`decode_payload` from the chain's layout."""
+    part = part.contiguous()
+    return (part.view(torch.int16) if part.dtype == torch.bfloat16 else part).numpy()
 
 
 def decode_payload(chain: Chain, updates: np.ndarray | Encoded, shape: MessageShape
@@ -94,6 +102,9 @@ def decode_payload(chain: Chain, updates: np.ndarray | Encoded, shape: MessageSh
     if not len(updates):
         width = shape.width
         return np.empty((0, width), dtype=np.float32)
+    for k, spec in chain_layout(chain, shape).items():
+        if spec.dtype == "bfloat16" and parts[k].dtype == torch.int16:
+            parts[k] = parts[k].view(torch.bfloat16)
     return decode_chain(chain, parts, shape).numpy()
 
 

@@ -60,7 +60,9 @@ def test_list_kinds(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert ("aggregators: bulyan, caf, cc, cwtm, dnc, flame, fltrust, foolsgold, geomed, krum, "
-            "mda, meamed, mean, median, monna, multikrum, norm_bound, smea") in out
+            "majority_vote, mda, meamed, mean, median, monna, multikrum, norm_bound, "
+            "smea") in out
+    assert "codecs: float16, powersgd, qsgd, quantize, rand_k, sign, top_k" in out
     assert ("topologies: complete, edge_list, erdos_renyi, exponential, hypercube, "
             "one_peer_exponential, random_regular, ring, small_world, star, torus") in out
     assert "client_optimizers: ditto, fednova, fedprox, momentum, sgd" in out

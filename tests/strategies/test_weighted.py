@@ -51,13 +51,15 @@ WEIGHTED = {
     "multikrum": lambda x, **kw: A.MultiKrum(1)(x, **kw),
     "krum": lambda x, **kw: A.Krum(1)(x, **kw),
     "ctma": lambda x, **kw: CTMA(1)(x, A.CoordinateWiseMedian(), **kw),
+    "majority_vote": lambda x, **kw: A.MajorityVote()(x, **kw),
 }
 
 
 def test_the_weighted_rules_are_exactly_the_ones_with_a_definition():
     weighted = {n for n in registry.available("aggregators")
                 if registry.get("aggregators", n).traits.weighted}
-    assert weighted == {"mean", "median", "cwtm", "geomed", "krum", "multikrum"}
+    assert weighted == {"mean", "median", "cwtm", "geomed", "krum", "multikrum",
+                        "majority_vote"}
     assert {n for n in registry.available("meta") if registry.get("meta", n).traits.weighted} \
         == {"ctma"}
     assert not registry.get("preaggregators", "nnm").traits.weighted
