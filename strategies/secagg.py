@@ -40,6 +40,7 @@ import math
 from dataclasses import dataclass
 from typing import Annotated
 
+import numpy as np
 import torch
 from annotated_types import Ge, Gt, Le
 
@@ -57,8 +58,6 @@ SHARE_BYTES = 60  # an encrypted share pair (two 16-byte shares, AES-GCM's nonce
 
 def _seed(*parts: int) -> int:
     """A 63-bit seed from integers (SeedSequence, as every fedray draw)."""
-    import numpy as np
-
     ss = np.random.SeedSequence([p & 0xFFFFFFFFFFFFFFFF for p in parts])
     return int(ss.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
@@ -105,10 +104,22 @@ def reconstruct(points: list[tuple[int, int]]) -> int:
     return total
 
 
-def _prg(key: int, width: int, bits: int) -> torch.Tensor:
-    """``width`` words in ``[0, 2^bits)`` expanded from ``key`` (int64)."""
-    g = torch.Generator().manual_seed(key & 0x7FFFFFFFFFFFFFFF)
-    return torch.randint(0, 2**bits, (width,), generator=g, dtype=torch.int64)
+def _prg(key: int, width: int) -> torch.Tensor:
+    """``width`` 32-bit words expanded from ``key``, as int32 (arithmetic on them wraps
+    modulo 2^32, which ``2^bits`` divides): the halves of SFC64's raw output (a fast PRG
+    standing in for SecAgg's AES-CTR; two words a draw)."""
+    raw = np.random.SFC64(key & 0x7FFFFFFFFFFFFFFF).random_raw((width + 1) // 2)
+    return torch.from_numpy(raw.view(np.int32)[:width].copy())
+
+
+def _wrap(words: torch.Tensor) -> torch.Tensor:
+    """Non-negative int64 words below 2^32 as the int32 of the same bits."""
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def _unwrap(words: torch.Tensor, bits: int) -> torch.Tensor:
+    """int32 words modulo 2^32 as non-negative int64 words modulo ``2^bits``."""
+    return words.to(torch.int64) & (2**bits - 1)
 
 
 def scale_of(bits: int, group: int, bound: float) -> float:
@@ -167,14 +178,14 @@ def masked_group(words: torch.Tensor, keys: Keys, bits: int) -> torch.Tensor:
     each earlier one, modulo ``2^bits``. Each pair's mask is expanded once and given to both
     (the numbers each client computes alone)."""
     g, width = words.shape
-    out = words.clone()
+    out = _wrap(words)
     for i in range(g):
-        out[i] += _prg(keys.self_seed[i], width, bits)
+        out[i].add_(_prg(keys.self_seed[i], width))
         for j in range(i + 1, g):
-            m = _prg(agreed_key(keys.secret[i], keys.public[j]), width, bits)
-            out[i] += m
-            out[j] -= m
-    return out & (2**bits - 1)
+            m = _prg(agreed_key(keys.secret[i], keys.public[j]), width)
+            out[i].add_(m)
+            out[j].sub_(m)
+    return _unwrap(out, bits)
 
 
 @dataclass(frozen=True)
@@ -199,19 +210,22 @@ def group_sum(masked_rows: torch.Tensor, survivors: list[int], keys: Keys, thres
     xs = list(range(1, g + 1))
     holders = survivors[:threshold]
     width = masked_rows.shape[1]
-    total = masked_rows.sum(dim=0)
+    total = _wrap(masked_rows).sum(dim=0, dtype=torch.int32)  # wraps modulo 2^32
     for i in survivors:
         shares = share(keys.self_seed[i], xs, threshold, _seed(seed, 3, i))
         b = reconstruct([(xs[h], shares[h]) for h in holders])
-        total = total - _prg(b, width, bits)
+        total.sub_(_prg(b, width))
     for j in (p for p in range(g) if p not in survivors):
         shares = share(keys.secret[j], xs, threshold, _seed(seed, 4, j))
         sk = reconstruct([(xs[h], shares[h]) for h in holders])
         for i in survivors:
-            m = _prg(agreed_key(sk, keys.public[i]), width, bits)
+            m = _prg(agreed_key(sk, keys.public[i]), width)
             # survivor i added +m for a later mate j, -m for an earlier one: take it away
-            total = total - m if i < j else total + m
-    return GroupSum(total & (2**bits - 1), survivors)
+            if i < j:
+                total.sub_(m)
+            else:
+                total.add_(m)
+    return GroupSum(_unwrap(total, bits), survivors)
 
 
 class SecureAggregation(Codec):
