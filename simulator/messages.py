@@ -144,6 +144,7 @@ class ServerCheckpoint(TypedDict):
     versions: NotRequired[dict[int, list[Any]]]
     latest: NotRequired[dict[int, Any]]  # server.mode latest: each client's latest row
     replica: NotRequired[Any]  # downlink compression: the clients' replica of the model
+    codecs: NotRequired[dict[int, dict[str, Any]]]  # EF21: the server's estimate a client
 
 
 Group = tuple[int, tuple[int, ...], int]  # (start version, clients, number of results)

@@ -76,6 +76,7 @@ __all__ = ["QSGD", "ClientLevelDP", "Compressor", "Float16", "PowerSGD", "Quanti
            "scatter_rows", "screen", "stochastic_round", "to_float16", "top_k", "unpack_signs"]
 
 RESIDUAL = "residual"  # an error-feedback codec's per-client state
+ESTIMATE = "estimate"  # EF21's per-client estimate (on the client and on the server)
 
 
 def to_float16(rows: torch.Tensor) -> torch.Tensor:
@@ -121,10 +122,28 @@ class Compressor(Codec):
     (in checkpoints, moved with a lost worker) and changes only when it takes part.
     Departure: fedray applies it to the client's whole message (its model delta after local
     training, as FL's compressed-update papers do), not to each minibatch gradient; a
-    Byzantine client's crafted row is compressed without a residual (``states`` None)."""
+    Byzantine client's crafted row is compressed without a residual (``states`` None).
 
-    def __init__(self, error_feedback: bool = False) -> None:
+    Or **EF21** (``ef21: true``; Richtárik, Sokolov, Fatkhullin, "EF21: A new, simpler,
+    theoretically better, and practically faster error feedback", NeurIPS 2021): client
+    and server keep the same estimate ``g`` of the client's message (zero at the start);
+    the client sends ``c = C(u - g)``, both set ``g += D(c)``, and the server's row for
+    the client is ``g``: its robust rule runs over the estimates, as Byz-EF21 does
+    (Rammal, Gorbunov, Richtárik et al., "Communication compression for Byzantine robust
+    learning", AISTATS 2024). The server's estimates are kept per client in the server
+    (in checkpoints). A Byzantine client's row is its decoded crafted payload, not an
+    estimate: it may move its row anywhere ``C`` reaches in one round (the worst case);
+    an omniscient attack sees the honest clients' decoded payloads (under EF21 their
+    compressed changes, not the server's estimates)."""
+
+    def __init__(self, error_feedback: bool = False, ef21: bool = False) -> None:
         self.error_feedback = error_feedback
+        self.ef21 = ef21
+
+    def check(self, n: int) -> None:
+        if self.error_feedback and self.ef21:
+            raise ValueError("ef21: is an error feedback of its own; give error_feedback or "
+                             "ef21, not both")
 
     def compress(self, rows: torch.Tensor, batch: CodecBatch) -> Parts:
         """The payload of float32 ``rows`` ``(k, w)`` (the batch's generators: one a row)."""
@@ -136,10 +155,16 @@ class Compressor(Codec):
 
     def encode(self, parts: Parts, batch: CodecBatch) -> Parts:
         rows = parts[ROWS].to(torch.float32)
+        if self.ef21 and batch.states is not None:
+            estimate = _stacked(batch.states, ESTIMATE, rows)
+            out = self.compress(rows - estimate, batch)
+            moved = estimate + self.decompress(out, batch.shape)
+            for st, g in zip(batch.states, moved, strict=True):
+                st[ESTIMATE] = g.clone()
+            return out
         if not (self.error_feedback and batch.states is not None):
             return self.compress(rows, batch)
-        residual = torch.stack([st.get(RESIDUAL, torch.zeros(rows.shape[1]))
-                                for st in batch.states]) if len(rows) else rows
+        residual = _stacked(batch.states, RESIDUAL, rows)
         p = rows + residual
         out = self.compress(p, batch)
         left = p - self.decompress(out, batch.shape)
@@ -150,6 +175,16 @@ class Compressor(Codec):
     def decode(self, parts: Parts, shape: MessageShape) -> Parts:
         return {ROWS: self.decompress(parts, shape)}
 
+    def decode_kept(self, parts: Parts, shape: MessageShape,
+                    states: list[dict[str, torch.Tensor]]) -> Parts:
+        """EF21's server half: each row's estimate moved by its decoded payload, and the
+        estimates as the rows."""
+        change = self.decompress(parts, shape)
+        moved = _stacked(states, ESTIMATE, change) + change
+        for st, g in zip(states, moved, strict=True):
+            st[ESTIMATE] = g.clone()
+        return {ROWS: moved}
+
     def needs_rows(self) -> bool:
         return True
 
@@ -157,7 +192,18 @@ class Compressor(Codec):
         return False
 
     def keeps_state(self) -> bool:
-        return self.error_feedback
+        return self.error_feedback or self.ef21
+
+    def server_keeps_state(self) -> bool:
+        return self.ef21
+
+
+def _stacked(states: list[dict[str, torch.Tensor]], key: str, like: torch.Tensor
+             ) -> torch.Tensor:
+    """The rows' state ``key`` stacked (zeros where a row has none yet)."""
+    if not len(like):
+        return torch.zeros_like(like)
+    return torch.stack([st.get(key, torch.zeros(like.shape[1])) for st in states])
 
 
 def top_k(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,12 +252,13 @@ class Sparsifier(Compressor):
 
     def __init__(self, k: Annotated[int, Ge(1)] | None = None,
                  fraction: Annotated[float, Gt(0), Le(1)] | None = None,
-                 error_feedback: bool = False) -> None:
-        super().__init__(error_feedback)
+                 error_feedback: bool = False, ef21: bool = False) -> None:
+        super().__init__(error_feedback, ef21)
         self.k = k
         self.fraction = 0.01 if k is None and fraction is None else fraction
 
     def check(self, n: int) -> None:
+        super().check(n)
         if self.k is not None and self.fraction is not None:
             raise ValueError(f"fraction: give k or fraction, not both (k is {self.k})")
 
@@ -366,8 +413,8 @@ class QSGD(Compressor):
     """
 
     def __init__(self, levels: Annotated[int, Ge(1), Le(32767)] = 1,
-                 error_feedback: bool = False) -> None:
-        super().__init__(error_feedback)
+                 error_feedback: bool = False, ef21: bool = False) -> None:
+        super().__init__(error_feedback, ef21)
         self.levels = levels
 
     @property
@@ -437,8 +484,9 @@ class SignCompressor(Compressor):
     {'rows': tensor([[ 1.5000, -1.5000,  1.5000,  1.5000]])}
     """
 
-    def __init__(self, scale: bool = True, error_feedback: bool = False) -> None:
-        super().__init__(error_feedback)
+    def __init__(self, scale: bool = True, error_feedback: bool = False,
+                 ef21: bool = False) -> None:
+        super().__init__(error_feedback, ef21)
         self.scale = scale
 
     def compress(self, rows: torch.Tensor, batch: CodecBatch) -> Parts:
@@ -533,8 +581,9 @@ class Quantize(Compressor):
     """
 
     def __init__(self, dtype: Literal["int8", "float16", "bfloat16"] = "int8",
-                 stochastic: bool = True, error_feedback: bool = False) -> None:
-        super().__init__(error_feedback)
+                 stochastic: bool = True, error_feedback: bool = False,
+                 ef21: bool = False) -> None:
+        super().__init__(error_feedback, ef21)
         self.dtype = dtype
         self.stochastic = stochastic
 
@@ -613,8 +662,9 @@ class PowerSGD(Compressor):
     True
     """
 
-    def __init__(self, rank: Annotated[int, Ge(1)] = 1, error_feedback: bool = False) -> None:
-        super().__init__(error_feedback)
+    def __init__(self, rank: Annotated[int, Ge(1)] = 1, error_feedback: bool = False,
+                 ef21: bool = False) -> None:
+        super().__init__(error_feedback, ef21)
         self.rank = rank
 
     def matrices(self, shape: MessageShape) -> tuple[list[tuple[int, int, int]], torch.Tensor]:
@@ -754,10 +804,15 @@ def encode_chain(chain: Chain, rows: torch.Tensor, round_: int, shape: MessageSh
     return parts
 
 
-def decode_chain(chain: Chain, parts: Parts, shape: MessageShape) -> torch.Tensor:
-    """A stacked payload through the chain's server halves, in reverse: float32 rows."""
-    for codec in reversed(chain):
-        parts = codec.decode(parts, shape)
+def decode_chain(chain: Chain, parts: Parts, shape: MessageShape,
+                 states: list[list[dict[str, torch.Tensor]]] | None = None) -> torch.Tensor:
+    """A stacked payload through the chain's server halves, in reverse: float32 rows;
+    ``states[i]``: codec ``i``'s server state a row, for a codec that keeps one (EF21's
+    estimates; None: none kept, as for Byzantine rows)."""
+    for i in reversed(range(len(chain))):
+        codec = chain[i]
+        parts = codec.decode_kept(parts, shape, states[i]) \
+            if states is not None and codec.server_keeps_state() else codec.decode(parts, shape)
     return parts[ROWS].to(torch.float32)
 
 

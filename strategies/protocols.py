@@ -707,6 +707,8 @@ class Codec(Plugin):
       payload is still the dense rows;
     * :meth:`keeps_state`: whether it keeps per-client state (error feedback): the clients
       then train where their state is, and a lost worker or a resumed run restores it;
+      :meth:`server_keeps_state`: whether the server keeps some too (EF21), which
+      :meth:`decode_kept` reads and checkpoints carry;
     * :meth:`hides_rows`: whether its server sees sums, not rows (secure aggregation): then
       :meth:`combine` gives the rows the robust pipeline aggregates (``output_rows(n)`` of
       them, the group means), and :meth:`extra_bytes` what its protocol costs a client
@@ -748,6 +750,17 @@ class Codec(Plugin):
     def keeps_state(self) -> bool:
         """Whether it keeps per-client state between rounds (``CodecBatch.states``)."""
         return False
+
+    def server_keeps_state(self) -> bool:
+        """Whether its server half keeps per-client state (EF21's estimates): then
+        :meth:`decode_kept` decodes a client's payload with it."""
+        return False
+
+    def decode_kept(self, parts: Parts, shape: MessageShape,
+                    states: list[dict[str, torch.Tensor]]) -> Parts:
+        """:meth:`decode` with the server's state of each row's client (replaced in place);
+        only called where :meth:`server_keeps_state`."""
+        return self.decode(parts, shape)
 
     def hides_rows(self) -> bool:
         """Whether its server sees only sums of rows (secure aggregation)."""

@@ -21,15 +21,17 @@ Chain = tuple[Codec, ...]
 
 
 class CodecStates:
-    """The chain's per-client state in a worker (error-feedback residuals): codec ``i``'s
-    entry ``name`` of a client is kept as ``codec.{i}.{name}`` in float32 (whatever
-    ``runtime.state_dtype`` says: a residual rounded each round would be another method)."""
+    """The chain's per-client state in a worker (error-feedback residuals), or with
+    ``server`` in the server (EF21's estimates): codec ``i``'s entry ``name`` of a client
+    is kept as ``codec.{i}.{name}`` in float32 (whatever ``runtime.state_dtype`` says: a
+    residual rounded each round would be another method)."""
 
     PREFIX = "codec."
 
-    def __init__(self, chain: Chain) -> None:
+    def __init__(self, chain: Chain, server: bool = False) -> None:
         self.chain = chain
-        self.keeping = any(c.keeps_state() for c in chain)
+        self.kept = [c.server_keeps_state() if server else c.keeps_state() for c in chain]
+        self.keeping = any(self.kept)
         self.store = ClientStateStore(torch.float32)
 
     def __contains__(self, client: int) -> bool:
@@ -42,10 +44,10 @@ class CodecStates:
             return None
         held = [self.store.get(int(c)) for c in clients]
         out: list[list[dict[str, torch.Tensor]]] = []
-        for i, codec in enumerate(self.chain):
+        for i, kept in enumerate(self.kept):
             head = f"{self.PREFIX}{i}."
             out.append([{k[len(head):]: v for k, v in h.items() if k.startswith(head)}
-                        if codec.keeps_state() else {} for h in held])
+                        if kept else {} for h in held])
         return out
 
     def keep(self, clients: Sequence[int], states: list[list[dict[str, torch.Tensor]]]
@@ -93,9 +95,12 @@ def _array(part: torch.Tensor) -> np.ndarray:
     return (part.view(torch.int16) if part.dtype == torch.bfloat16 else part).numpy()
 
 
-def decode_payload(chain: Chain, updates: np.ndarray | Encoded, shape: MessageShape
+def decode_payload(chain: Chain, updates: np.ndarray | Encoded, shape: MessageShape,
+                   clients: Sequence[int] = (), states: CodecStates | None = None
                    ) -> np.ndarray:
-    """The float32 rows a payload stands for (the rows themselves without a chain)."""
+    """The float32 rows a payload of ``clients`` stands for (the rows themselves without a
+    chain); ``states``: the server's codec state of the clients (EF21), None for rows that
+    keep none (Byzantine rows)."""
     if not isinstance(updates, Encoded):
         return updates
     parts = {k: torch.from_numpy(np.array(v)) for k, v in updates.parts.items()}
@@ -105,14 +110,21 @@ def decode_payload(chain: Chain, updates: np.ndarray | Encoded, shape: MessageSh
     for k, spec in chain_layout(chain, shape).items():
         if spec.dtype == "bfloat16" and parts[k].dtype == torch.int16:
             parts[k] = parts[k].view(torch.bfloat16)
-    return decode_chain(chain, parts, shape).numpy()
+    held = states.batch(clients) if states is not None else None
+    rows = decode_chain(chain, parts, shape, held).numpy()
+    if states is not None and held is not None:
+        states.keep(clients, held)
+    return rows
 
 
-def decoded(chain: Chain, result: ClientRows, shape: MessageShape) -> ClientRows:
-    """``result`` with its payload read back into float32 rows."""
+def decoded(chain: Chain, result: ClientRows, shape: MessageShape,
+            states: CodecStates | None = None) -> ClientRows:
+    """``result`` with its payload read back into float32 rows (``states``: the server's
+    codec state of its clients, moved by it)."""
     if not isinstance(result.updates, Encoded):
         return result
-    return dataclasses.replace(result, updates=decode_payload(chain, result.updates, shape))
+    return dataclasses.replace(result, updates=decode_payload(
+        chain, result.updates, shape, result.clients.tolist(), states))
 
 
 __all__ = ["CodecStates", "decode_payload", "decoded", "encode_payload"]

@@ -40,7 +40,7 @@ from simulator.runtime.common import (
     vector_to_buffers,
 )
 from simulator.runtime.evaluation import ServerEvaluation
-from simulator.runtime.payloads import decode_payload, decoded
+from simulator.runtime.payloads import CodecStates, decode_payload, decoded
 from simulator.runtime.pipeline import Pipeline
 from simulator.runtime.pool import Reusable
 from simulator.runtime.rows import ModeRows, with_means
@@ -95,6 +95,8 @@ class Server(Reusable):
         self.codecs = build_codecs(plan)
         # secure aggregation: its server aggregates group sums, never a client's row
         self.hiding = next((c for c in self.codecs if c.hides_rows()), None)
+        # EF21: the server's estimate of each client's message
+        self.codec_states = CodecStates(self.codecs, server=True)
         # downlink compression: the clients' replica of the model, which the server moves
         # each round by the compressed change it broadcasts (its error feedback: what a
         # round's compression dropped stays in x - replica and goes out later)
@@ -216,7 +218,8 @@ class Server(Reusable):
               results: tuple[ClientRows, ...]) -> dict[str, float]:
         t0 = time.perf_counter()
         if self.codecs:  # the payloads read back into rows, each worker's at once
-            results = tuple(decoded(self.codecs, r, self.shape) for r in results)
+            results = tuple(decoded(self.codecs, r, self.shape, self.codec_states)
+                            for r in results)
         groups = [(clients, n) for _, clients, n in layout.groups]
         honest = torch.from_numpy(stack_groups(groups, results, self.dim, into=self.row_buffer))
         byz = decode_payload(self.codecs, byzantine.rows, self.shape) \
@@ -335,6 +338,8 @@ class Server(Reusable):
             "optimizer": self.optimizer.state_dict(), "pipeline": self.pipeline.state_dict()}
         if self.replica is not None:
             state["replica"] = self.replica.clone()
+        if self.codec_states.keeping:
+            state["codecs"] = dict(self.codec_states.items())
         if self.mode.clock:
             state["version"] = self.version
             state["versions"] = {v: [x.clone(), b.clone()] for v, (x, b) in self.versions.items()}
@@ -346,6 +351,8 @@ class Server(Reusable):
         self.b = state.get("buffers", self.b).clone()
         if self.replica is not None:
             self.replica = state["replica"].clone()
+        if self.codec_states.keeping:
+            self.codec_states.load({int(c): st for c, st in state.get("codecs", {}).items()})
         self.version = int(state.get("version", 0))
         self.versions = {int(v): [x.clone(), b.clone()]
                          for v, (x, b) in state.get("versions", {}).items()}

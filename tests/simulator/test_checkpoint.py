@@ -65,8 +65,10 @@ def _roundtrip(state):
     ["local.optimizer={name: sgd}", "codecs=[{name: top_k, fraction: 0.05, error_feedback: true}]"],
     # the clients' replica of the model under downlink compression
     ["downlink=[{name: top_k, fraction: 0.05}]"],
+    # EF21's estimates, each client's in its worker and in the server
+    ["local.optimizer={name: sgd}", "codecs=[{name: qsgd, levels: 2, ef21: true}]"],
 ], ids=["momentum-cc-server-momentum", "mu2sgd", "fedadam", "batchnorm", "batchnorm-local",
-        "scaffold", "feddyn", "fedbn", "ditto", "top-k-error-feedback", "downlink"])
+        "scaffold", "feddyn", "fedbn", "ditto", "top-k-error-feedback", "downlink", "qsgd-ef21"])
 def test_resume_from_a_checkpoint_gives_the_uninterrupted_numbers(tmp_path, over):
     sc = _point(tmp_path, FL, *over)
     saved: dict[int, dict] = {}

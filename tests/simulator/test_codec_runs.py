@@ -201,3 +201,32 @@ def test_downlink_keys_are_checked_before_anything_runs(tmp_path, extra, where):
     with pytest.raises(ScenarioError) as e:
         engine_point(tmp_path, BASE + extra)
     assert any(where in line for line in e.value.lines), e.value.lines
+
+
+def test_ef21_by_hand_over_two_rounds():
+    """k = 1. Round 1: u1 = [3, -1, 0.5, 2], g0 = 0: c1 = top1(u1) = [3, 0, 0, 0], and client
+    and server both hold g1 = [3, 0, 0, 0], the server's row. Round 2: u2 = [1, 1, 1, -4]:
+    c2 = top1(u2 - g1) = top1([-2, 1, 1, -4]) = [0, 0, 0, -4]; g2 = [3, 0, 0, -4]."""
+    from strategies.codecs import decode_chain
+
+    c, shape = TopK(k=1, ef21=True), MessageShape(4)
+    client: dict[str, torch.Tensor] = {}
+    server: dict[str, torch.Tensor] = {}
+    rows = []
+    for u in ([3.0, -1.0, 0.5, 2.0], [1.0, 1.0, 1.0, -4.0]):
+        payload = c.encode({ROWS: torch.tensor([u])}, CodecBatch(0, [], shape, [client]))
+        rows.append(decode_chain([c], payload, shape, [[server]])[0].tolist())
+        assert torch.equal(client["estimate"], server["estimate"])
+    assert rows == [[3.0, 0.0, 0.0, 0.0], [3.0, 0.0, 0.0, -4.0]]
+
+
+def test_ef21_runs_the_same_on_any_worker_count_and_resumes(tmp_path):
+    ef21 = "codecs: [{name: top_k, k: 65, ef21: true}]\n"
+    one = run(tmp_path, ef21, workers=1)
+    three = run(tmp_path, ef21, workers=3)
+    assert one.metrics == three.metrics
+    np.testing.assert_array_equal(one.final_params, three.final_params)
+    plain_ef = run(tmp_path, TOP_K, workers=1)
+    assert not np.array_equal(one.final_params, plain_ef.final_params)
+    with pytest.raises(ScenarioError, match="codecs.0..ef21: is an error feedback of its own"):
+        engine_point(tmp_path, BASE + "codecs: [{name: top_k, error_feedback: true, ef21: true}]\n")
