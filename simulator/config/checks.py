@@ -18,7 +18,6 @@ from simulator.config.schema import MODES, Runtime, Scenario, Stragglers, defaul
 from simulator.errors import DataError, brief_text
 from simulator.registry import instantiate
 from simulator.sim.sampling import byzantine_clients
-from strategies.codecs import chain_layout, message_shape
 
 
 def cross_field(sc: Scenario, problems: list[Problem]) -> LoadChoice | None:
@@ -224,6 +223,8 @@ def _check_codec_layout(sc: Scenario, plan: Plan, net: Any, d: int,
                         problems: list[Problem]) -> None:
     """Each codec's payload for the model's messages and for the broadcast (a ``k`` beyond
     a message's entries, a rank beyond a layer's): its ValueError at its key."""
+    from strategies.codecs import chain_layout, message_shape  # torch: only with a model
+
     shape = message_shape(net, plan.message.width(d))
     chain = build_codecs(plan)
     scenario_at = len(chain) - len(sc.codecs)

@@ -62,7 +62,7 @@ def test_list_kinds(capsys):
     assert ("aggregators: bulyan, caf, cc, cwtm, dnc, flame, fltrust, foolsgold, geomed, krum, "
             "majority_vote, mda, meamed, mean, median, monna, multikrum, norm_bound, "
             "smea") in out
-    assert "codecs: float16, powersgd, qsgd, quantize, rand_k, sign, top_k" in out
+    assert "codecs: float16, powersgd, qsgd, quantize, rand_k, secagg, sign, top_k" in out
     assert ("topologies: complete, edge_list, erdos_renyi, exponential, hypercube, "
             "one_peer_exponential, random_regular, ring, small_world, star, torus") in out
     assert "client_optimizers: ditto, fednova, fedprox, momentum, sgd" in out
