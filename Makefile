@@ -117,3 +117,9 @@ docs-tables: $(STAMP)
 	$(PY) benchmarks/docs_tables.py docs/performance.md kernels
 	$(PY) benchmarks/docs_tables.py docs/performance.md session sweep_cost
 	$(PY) benchmarks/docs_tables.py docs/performance.md object_store_bytes codec_cost
+	$(PY) benchmarks/docs_tables.py docs/communication.md comm_error_feedback
+	$(PY) benchmarks/docs_tables.py docs/communication.md comm_majority_vote
+	$(PY) benchmarks/docs_tables.py docs/communication.md comm_robust_codecs
+	$(PY) benchmarks/docs_tables.py docs/communication.md comm_secagg
+	$(PY) benchmarks/docs_tables.py docs/communication.md comm_secagg_bytes
+	$(PY) benchmarks/docs_tables.py docs/communication.md comm_bandwidth

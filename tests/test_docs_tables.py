@@ -194,6 +194,38 @@ CELLS = [
      {"server.optimizer.name": "scaffold", "local.steps": "20"},
      ["seeds", "test_accuracy (simulated s to ≥ 0.85)", "test_accuracy (simulated s to ≥ 0.9)",
       "test_accuracy (final)"]),
+    ("docs/communication.md", "comm_error_feedback",
+     "sweep={codecs: [[{name: top_k, fraction: 0.01, error_feedback: true}]]}",
+     {"codecs": "top_k(fraction=0.01, error_feedback=true)"},
+     ["seeds", "test_accuracy (final)", "bytes_up_total (final)"]),
+    ("docs/communication.md", "comm_majority_vote",
+     ("sweep={'clients.byzantine, clients.b_hat.value': [[8, 8]], "
+      "'aggregator, codecs, server.optimizer': [[{name: majority_vote}, "
+      "[{name: sign, scale: false}], {name: sgd, lr: 0.03}]]}"),
+     {"aggregator": "majority_vote"}, ["clients.byzantine=8"]),
+    # NNM + trimmed mean under ALIE on QSGD's rows (one seed, one run)
+    ("docs/communication.md", "comm_robust_codecs",
+     ("sweep={'attack, clients.byzantine': [[{name: alie}, 4]], 'aggregator, preaggregators': "
+      "[[{name: cwtm}, [{name: nnm}]]], codecs: [[{name: qsgd, levels: 4}]]}"),
+     {"attack": "alie", "aggregator": "cwtm", "preaggregators": "nnm"},
+     ["codecs=qsgd(levels=4)"]),
+    # groups of 5 against IPM with 2 Byzantine clients: the spoiled groups' row
+    ("docs/communication.md", "comm_secagg",
+     ("sweep={attack: [{name: ipm, epsilon: 10.0}], clients.byzantine: [2], "
+      "codecs: [[{name: secagg, group_size: 5}]]}"),
+     {"attack": "ipm", "codecs": "secagg(group_size=5)"}, ["clients.byzantine=2"]),
+    ("docs/communication.md", "comm_secagg_bytes",
+     "sweep={codecs: [[{name: secagg, group_size: 10}]]}",
+     {"codecs": "secagg(group_size=10)"},
+     ["seeds", "test_accuracy (final)", "bytes_up (final)", "bytes_up_total (final)",
+      "secagg_groups (final)"]),
+    ("docs/communication.md", "comm_bandwidth",
+     ("sweep={speeds.bandwidth: [1.0e+5], 'server.mode, rounds, asynchrony': [[fedbuff, 40, "
+      "{concurrency: 10, buffer_size: 5, staleness: {function: polynomial, a: 0.5}}]], "
+      "codecs: [[{name: qsgd, levels: 4}]]}"),
+     {"speeds.bandwidth": "100000.0", "server.mode": "fedbuff", "codecs": "qsgd(levels=4)"},
+     ["seeds", "test_accuracy (final)", "sim_time (final)",
+      "test_accuracy (simulated s to ≥ 0.7)", "test_accuracy (simulated s to ≥ 0.8)"]),
 ]
 
 

@@ -6,6 +6,7 @@ background thread while the engine starts. ``simulator.run.experiment`` owns the
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -15,6 +16,7 @@ import yaml
 
 import simulator
 from simulator.config import RunPoint
+from simulator.config.blocks import plugin_class
 from simulator.config.load import LoadedScenario
 from simulator.config.schema import Tracking
 from simulator.run.removed import working_directory
@@ -70,6 +72,20 @@ def run_params(backend: Any) -> dict[str, str]:
     return {"backend.reason": backend.reason} if backend.reason else {}
 
 
+def codec_label(spec: dict[str, Any]) -> str:
+    """A codec block as a tag: its name, and in parentheses the arguments that differ from
+    its constructor's defaults (``top_k(fraction=0.01, error_feedback=true)``), so that
+    ``fedray table --by codecs`` tells two chains of the same codecs apart."""
+    cls = plugin_class("codecs", spec)
+    defaults: dict[str, Any] = {}
+    if cls is not None:
+        defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
+                    if p.default is not inspect.Parameter.empty}
+    args = [f"{k}={json.dumps(v)}" for k, v in spec.items()
+            if k != "name" and (k not in defaults or defaults[k] != v)]
+    return f"{spec['name']}({', '.join(args)})" if args else str(spec["name"])
+
+
 def scenario_tags(sc: Any) -> dict[str, str]:
     """The tags a scenario point decides (aggregator, attack, n, f, data set, model, ...)."""
     return {
@@ -78,8 +94,8 @@ def scenario_tags(sc: Any) -> dict[str, str]:
         "meta": sc.meta["name"] if sc.meta else "none",
         "attack": sc.attack["name"] if sc.attack else "none",
         "topology": sc.topology["name"] if sc.topology else "none",
-        "codecs": ",".join(c["name"] for c in sc.codecs) or "none",
-        "downlink": ",".join(c["name"] for c in sc.downlink) or "none",
+        "codecs": ",".join(codec_label(c) for c in sc.codecs) or "none",
+        "downlink": ",".join(codec_label(c) for c in sc.downlink) or "none",
         "n": str(sc.clients.total),
         "f": str(sc.clients.byzantine),
         "dataset": sc.data.dataset["name"],
