@@ -728,6 +728,15 @@ class PowerSGD(Compressor):
 
     def layout(self, inner: dict[str, PartSpec], shape: MessageShape) -> dict[str, PartSpec]:
         mats, dense = self.matrices(shape)
+        matrices = [s for s in shape.shapes if len(s) >= 2 and math.prod(s)]
+        if shape.shapes and not matrices:
+            raise ValueError("rank: powersgd compresses parameter matrices; the model has "
+                             "none (only vectors), so nothing would be compressed")
+        if matrices and not mats:  # a rank no matrix is above: nothing would be compressed
+            widest = max(min(s[0], math.prod(s) // s[0]) for s in matrices)
+            raise ValueError(f"rank: must be < the smaller dimension of at least one "
+                             f"parameter matrix (at most {widest - 1} here), got {self.rank}:"
+                             " every matrix would travel dense")
         out = {"dense": PartSpec(int(dense.sum()), "float32")}
         if mats:
             out["p"] = PartSpec(sum(a for _, a, _ in mats) * self.rank, "float32")

@@ -265,6 +265,9 @@ class SecureAggregation(Codec):
         return max(1, math.ceil(n / self.size(n))) if n else 0
 
     def check(self, n: int) -> None:
+        if self.group_size is not None and n and self.group_size > n:
+            raise ValueError(f"group_size: must be <= the {n} rows of a step, got "
+                             f"{self.group_size} (leave it out for one group of all)")
         g = self.size(n)
         steps = (2 ** (self.bits - 1) - 1) // g
         if steps < 2**7:

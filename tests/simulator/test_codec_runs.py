@@ -230,3 +230,17 @@ def test_ef21_runs_the_same_on_any_worker_count_and_resumes(tmp_path):
     assert not np.array_equal(one.final_params, plain_ef.final_params)
     with pytest.raises(ScenarioError, match="codecs.0..ef21: is an error feedback of its own"):
         engine_point(tmp_path, BASE + "codecs: [{name: top_k, error_feedback: true, ef21: true}]\n")
+
+
+@pytest.mark.parametrize("codecs, where", [
+    # logreg's one matrix is 10 x 64: rank 10 compresses nothing
+    ("[{name: powersgd, rank: 10}]", "codecs[0].rank: must be < the smaller dimension of at "
+                                     "least one parameter matrix (at most 9 here), got 10"),
+    ("[{name: secagg, group_size: 7}]", "codecs[0].group_size: must be <= the 6 rows of a step"),
+    ("[{name: qsgd, levels: 0}]", "codecs[0].levels"),
+    ("[{name: quantize, dtype: float8}]", "codecs[0].dtype"),
+])
+def test_more_codec_keys_are_checked_before_anything_runs(tmp_path, codecs, where):
+    with pytest.raises(ScenarioError) as e:
+        engine_point(tmp_path, BASE + f"codecs: {codecs}\n")
+    assert any(where in line for line in e.value.lines), e.value.lines

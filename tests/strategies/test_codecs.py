@@ -260,8 +260,12 @@ def test_powersgd_state_with_error_feedback_and_without_state():
 
 
 def test_powersgd_sends_dense_where_the_rank_saves_nothing():
+    """A matrix whose smaller dimension is <= rank travels dense (its payload, decoded, is
+    the row); a layout where no matrix is compressed is refused before anything runs."""
     c, shape = PowerSGD(rank=2), MessageShape(7, ((2, 3), (1,)))
-    assert c.layout({}, shape).keys() == {"dense"}
+    with pytest.raises(ValueError, match="rank: must be < the smaller dimension"):
+        c.layout({}, shape)
+    assert PowerSGD(rank=1).layout({}, shape).keys() == {"dense", "p", "q"}
     x = torch.arange(14.0).reshape(2, 7)
     out = c.encode({ROWS: x}, CodecBatch(0, gens(1, 2), shape, [{}, {}]))
     assert torch.equal(c.decode(out, shape)[ROWS], x)
@@ -288,7 +292,7 @@ W, SHAPES = 650, ((10, 64), (10,))  # logreg on 8x8 digits
     (Quantize("bfloat16"), 2 * W),
     (PowerSGD(rank=1), 4 * (10 * 1 + 64 * 1 + 10)),
     (PowerSGD(rank=3), 4 * (10 * 3 + 64 * 3 + 10)),
-    (PowerSGD(rank=10), 4 * W),
+    (PowerSGD(rank=9), 4 * (10 * 9 + 64 * 9 + 10)),  # rank 10 is refused: no saving
 ])
 def test_bytes_a_message_follow_the_formula_and_what_is_sent(codec, formula):
     shape = MessageShape(W, SHAPES)
