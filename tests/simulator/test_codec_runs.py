@@ -234,8 +234,8 @@ def test_ef21_runs_the_same_on_any_worker_count_and_resumes(tmp_path):
 
 @pytest.mark.parametrize("codecs, where", [
     # logreg's one matrix is 10 x 64: rank 10 compresses nothing
-    ("[{name: powersgd, rank: 10}]", "codecs[0].rank: must be < the smaller dimension of at "
-                                     "least one parameter matrix (at most 9 here), got 10"),
+    ("[{name: powersgd, rank: 10}]", ("codecs[0].rank: must be < the smaller dimension of at "
+                                     "least one parameter matrix (at most 9 here), got 10")),
     ("[{name: secagg, group_size: 7}]", "codecs[0].group_size: must be <= the 6 rows of a step"),
     ("[{name: qsgd, levels: 0}]", "codecs[0].levels"),
     ("[{name: quantize, dtype: float8}]", "codecs[0].dtype"),
