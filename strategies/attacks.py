@@ -70,6 +70,17 @@ class InnerProductManipulation(Attack):
         return _repeat(-self.epsilon * honest.mean(dim=0), f)
 
 
+class CraftedIPM(InnerProductManipulation):
+    """IPM whose Byzantine clients build their payloads themselves
+    (``traits.crafts_payload``) rather than pass their rows through the codecs' client
+    halves: the server decodes the worst case within each codec's range
+    (``strategies.protocols.Codec.reach``): top-k's or rand-k's ``k`` largest entries
+    unscaled, QSGD's row on any grid, and under secure aggregation words beyond the
+    clients' clip, which wrap the group sum modulo ``2^bits``. Without a codec it is IPM."""
+
+    traits = Traits(omniscient=True, crafts_payload=True)
+
+
 class FallOfEmpires(InnerProductManipulation):
     """Fall of empires, FOE (Xie, Koyejo, Gupta, UAI 2019): the same ``-epsilon`` times the
     honest mean as IPM, in the paper's large-epsilon regime (default 10) aimed at median and

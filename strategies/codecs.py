@@ -72,7 +72,7 @@ from strategies.protocols import (
 __all__ = ["QSGD", "ClientLevelDP", "Compressor", "Float16", "PowerSGD", "Quantize", "RandK",
            "SignCompressor", "Sparsifier", "TopK", "chain_bytes", "chain_layout",
            "decode_chain", "encode_chain", "finish", "low_rank", "message_shape", "pack_signs",
-           "power_step", "qsgd", "qsgd_decode", "quantize_int8", "rand_k", "round_float",
+           "power_step", "qsgd", "qsgd_decode", "quantize_int8", "rand_k", "reach_chain", "round_float",
            "scatter_rows", "screen", "stochastic_round", "to_float16", "top_k", "unpack_signs"]
 
 RESIDUAL = "residual"  # an error-feedback codec's per-client state
@@ -274,6 +274,12 @@ class Sparsifier(Compressor):
     def decompress(self, parts: Parts, shape: MessageShape) -> torch.Tensor:
         return scatter_rows(parts["indices"], parts["values"], shape.width)
 
+    def reach(self, rows: torch.Tensor, shape: MessageShape) -> torch.Tensor:
+        """A crafted payload picks its ``k`` indices and their values: the row's ``k``
+        entries of largest magnitude, as they are (no ``w / k`` scaling for rand-k)."""
+        idx, vals = top_k(rows.to(torch.float32), self.entries(shape.width))
+        return scatter_rows(idx, vals, shape.width)
+
     def layout(self, inner: dict[str, PartSpec], shape: MessageShape) -> dict[str, PartSpec]:
         k = self.entries(shape.width)
         return {"indices": PartSpec(k, "int32"), "values": PartSpec(k, "float32")}
@@ -428,6 +434,15 @@ class QSGD(Compressor):
 
     def decompress(self, parts: Parts, shape: MessageShape) -> torch.Tensor:
         return qsgd_decode(parts["norm"], parts["levels"], self.levels)
+
+    def reach(self, rows: torch.Tensor, shape: MessageShape) -> torch.Tensor:
+        """A crafted payload picks any norm and any levels in ``[-s, s]``: the row on the
+        grid of its largest magnitude over ``s``, nearest levels (its magnitude is not
+        bounded by the honest rows': QSGD's norm is the sender's word)."""
+        x = rows.to(torch.float32)
+        step = x.abs().amax(dim=1, keepdim=True) / self.levels
+        safe = torch.where(step > 0, step, torch.ones_like(step))
+        return torch.round(x / safe).clamp(-self.levels, self.levels) * step
 
     def layout(self, inner: dict[str, PartSpec], shape: MessageShape) -> dict[str, PartSpec]:
         return {"norm": PartSpec(1, "float32"),
@@ -599,6 +614,14 @@ class Quantize(Compressor):
             return parts["levels"].to(torch.float32) * parts["scale"].to(torch.float32)
         return parts["values"].to(torch.float32)
 
+    def reach(self, rows: torch.Tensor, shape: MessageShape) -> torch.Tensor:
+        """A crafted payload rounds to the nearest representable value (no draws)."""
+        x = rows.to(torch.float32)
+        if self.dtype == "int8":
+            scale, levels = quantize_int8(x, None)
+            return levels.to(torch.float32) * scale
+        return round_float(x, getattr(torch, self.dtype), None).to(torch.float32)
+
     def layout(self, inner: dict[str, PartSpec], shape: MessageShape) -> dict[str, PartSpec]:
         if self.dtype == "int8":
             return {"scale": PartSpec(1, "float32"), "levels": PartSpec(shape.width, "int8")}
@@ -728,12 +751,12 @@ class PowerSGD(Compressor):
 
     def layout(self, inner: dict[str, PartSpec], shape: MessageShape) -> dict[str, PartSpec]:
         mats, dense = self.matrices(shape)
-        matrices = [s for s in shape.shapes if len(s) >= 2 and math.prod(s)]
+        matrices = [s for s in shape.shapes if len(s) >= 2 and min(s) > 0]
         if shape.shapes and not matrices:
             raise ValueError("rank: powersgd compresses parameter matrices; the model has "
                              "none (only vectors), so nothing would be compressed")
         if matrices and not mats:  # a rank no matrix is above: nothing would be compressed
-            widest = max(min(s[0], math.prod(s) // s[0]) for s in matrices)
+            widest = max(min(s[0], _numel(s) // s[0]) for s in matrices)
             raise ValueError(f"rank: must be < the smaller dimension of at least one "
                              f"parameter matrix (at most {widest - 1} here), got {self.rank}:"
                              " every matrix would travel dense")
@@ -769,6 +792,11 @@ class ClientLevelDP(Codec):
 
     def screen(self, rows: torch.Tensor) -> torch.Tensor:
         return rows if self.distributed else self.privacy.privatize(rows)
+
+    def reach(self, rows: torch.Tensor, shape: MessageShape) -> torch.Tensor:
+        """A crafted payload skips the client's half (distributed DP's clip and noise share;
+        central DP-FedAvg clips it on the server all the same)."""
+        return rows
 
     def finish(self, aggregate: torch.Tensor, m: int, generator: torch.Generator
                ) -> torch.Tensor:
@@ -823,6 +851,18 @@ def decode_chain(chain: Chain, parts: Parts, shape: MessageShape,
         parts = codec.decode_kept(parts, shape, states[i]) \
             if states is not None and codec.server_keeps_state() else codec.decode(parts, shape)
     return parts[ROWS].to(torch.float32)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def reach_chain(chain: Chain, rows: torch.Tensor, shape: MessageShape) -> torch.Tensor:
+    """What the server decodes from Byzantine clients that build their payloads to send
+    ``rows`` (``traits.crafts_payload``): each codec's ``reach``, in order."""
+    for codec in chain:
+        rows = codec.reach(rows, shape)
+    return rows
 
 
 def screen(chain: Chain, rows: torch.Tensor) -> torch.Tensor:

@@ -233,6 +233,10 @@ class Traits:
     its clean root set (FLTrust): called ``rule(x, generator=None, reference=...)``.
     ``targeted``: an attack with a goal of its own, a backdoor: it builds the test set of
     its success (``Attack.triggered``), measured at every evaluation.
+    ``crafts_payload``: an attack whose Byzantine clients build their payloads themselves
+    instead of passing their rows through the codecs' client halves: the server decodes
+    the worst case within each codec's range (:meth:`Codec.reach`; secure aggregation:
+    words beyond the clients' clip).
     ``personal``: a client rule that keeps a personal model per client (Ditto): a flat
     parameter vector in its state under :data:`PERSONAL`, trained beside the global model's
     local steps (:meth:`DriftRule.personal_correction`) and measured on each client's own
@@ -274,6 +278,7 @@ class Traits:
     shared_state: bool = False
     personal: bool = False
     targeted: bool = False
+    crafts_payload: bool = False
     reference: bool = False
 
     def path_kind(self, key: str) -> PathKind:
@@ -292,7 +297,7 @@ KIND_TRAITS: dict[str, frozenset[str]] = {kind: frozenset(names) for kind, names
     "aggregators": ("random", "averaging", "reference", "weighted"),
     "preaggregators": ("random", "weighted"),
     "meta": ("random", "weighted"),
-    "attacks": ("omniscient", "data_poisoning", "gossip", "targeted"),
+    "attacks": ("omniscient", "data_poisoning", "gossip", "targeted", "crafts_payload"),
     "topologies": ("time_varying",),
     "gossip_defenses": (),
     "datasets": (),
@@ -770,12 +775,22 @@ class Codec(Plugin):
         """The rows the robust pipeline receives from a step of ``n`` rows."""
         return n
 
-    def combine(self, rows: torch.Tensor, round_: int, seed: int
+    def combine(self, rows: torch.Tensor, round_: int, seed: int, crafted: int = 0
                 ) -> tuple[torch.Tensor, dict[str, float]]:
         """A codec that hides rows: the rows the pipeline aggregates, from the step's dense
-        ``rows`` (the clients' messages, which its server never sees), and the step's
-        protocol metrics; the default hides nothing."""
+        ``rows`` (the clients' messages, which its server never sees; the last ``crafted``
+        of them Byzantine rows sent as payloads their clients built, see :meth:`reach`),
+        and the step's protocol metrics; the default hides nothing."""
         return rows, {}
+
+    def reach(self, rows: torch.Tensor, shape: MessageShape) -> torch.Tensor:
+        """The rows the server decodes when Byzantine clients build their payloads
+        themselves to send ``rows`` (``traits.crafts_payload``): the nearest the payload can
+        carry, the worst case within the codec's range. The default: what the client half
+        makes of them (its encode with fixed draws, then its decode)."""
+        gens = [torch.Generator().manual_seed(0) for _ in range(len(rows))]
+        parts = self.encode({ROWS: rows}, CodecBatch(0, gens, shape))
+        return self.decode(parts, shape)[ROWS].to(torch.float32)
 
     def extra_bytes(self, shape: MessageShape, n: int) -> int:
         """Bytes a client sends beside its payload in a step of ``n`` rows (keys, shares)."""

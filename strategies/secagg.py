@@ -128,10 +128,17 @@ def scale_of(bits: int, group: int, bound: float) -> float:
     return math.floor((2 ** (bits - 1) - 1) / group) / bound
 
 
-def to_fixed(rows: torch.Tensor, scale: float, bound: float, bits: int) -> torch.Tensor:
-    """``rows`` clipped to ``[-bound, bound]``, times ``scale``, rounded to the nearest
-    integer (ties to even), modulo ``2^bits`` (int64)."""
-    q = torch.round(rows.to(torch.float64).clamp(-bound, bound) * scale).to(torch.int64)
+def to_fixed(rows: torch.Tensor, scale: float, bound: float, bits: int,
+             clipped: torch.Tensor | None = None) -> torch.Tensor:
+    """``rows`` clipped to ``[-bound, bound]`` (only the rows ``clipped`` marks, when given:
+    a crafted payload's words need not come from a clipped row), times ``scale``, rounded
+    to the nearest integer (ties to even), modulo ``2^bits`` (int64). A non-finite entry
+    is no fixed-point number: NaN becomes 0, an infinity the largest value it may take."""
+    x = torch.nan_to_num(rows.to(torch.float64), nan=0.0)
+    bounded = x.clamp(-bound, bound)
+    if clipped is not None:
+        bounded = torch.where(clipped.unsqueeze(1), bounded, x)
+    q = torch.round((bounded * scale).clamp(-(2.0**62), 2.0**62)).to(torch.int64)
     return q & (2**bits - 1)
 
 
@@ -281,6 +288,10 @@ class SecureAggregation(Codec):
     def hides_rows(self) -> bool:
         return True
 
+    def reach(self, rows: torch.Tensor, shape: MessageShape) -> torch.Tensor:
+        """The rows as they are: the clip a crafted payload skips is in :meth:`combine`."""
+        return rows
+
     def extra_bytes(self, shape: MessageShape, n: int) -> int:
         """Each client's protocol bytes beside its masked words: two public keys, then an
         encrypted share pair for each group mate (SecAgg's AdvertiseKeys and ShareKeys),
@@ -291,17 +302,20 @@ class SecureAggregation(Codec):
     def threshold_of(self, g: int) -> int:
         return max(1, min(g, math.floor(self.threshold * g) + 1))
 
-    def combine(self, rows: torch.Tensor, round_: int, seed: int
+    def combine(self, rows: torch.Tensor, round_: int, seed: int, crafted: int = 0
                 ) -> tuple[torch.Tensor, dict[str, float]]:
         """The group means ``(G', w)`` float32 of the step's dense ``rows`` (G' the groups
-        recovered) and the round's protocol metrics."""
+        recovered) and the round's protocol metrics. The last ``crafted`` rows are Byzantine
+        payloads built by their clients: their words skip the clip, so a large row wraps
+        modulo ``2^bits`` (the modulus, not the clip, bounds what one client adds)."""
         n, width = rows.shape
         g = self.size(n)
         scale = scale_of(self.bits, g, self.bound)
         groups = groups_of(n, g, _seed(seed, 5, round_))
         gen = torch.Generator().manual_seed(_seed(seed, 6, round_))
         gone = (torch.rand(n, generator=gen, dtype=torch.float64) < self.dropout).tolist()
-        words = to_fixed(rows, scale, self.bound, self.bits)
+        clipped = torch.arange(n) < n - crafted if crafted else None
+        words = to_fixed(rows, scale, self.bound, self.bits, clipped)
         means, lost, dropped = [], 0, 0
         for k, members in enumerate(groups):
             keys = keys_of(members, _seed(seed, 7, round_, k))

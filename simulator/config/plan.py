@@ -45,6 +45,7 @@ class AttackPlan:
     data_poisoning: bool  # the Byzantine clients train on labels it rewrites
     gossip: bool  # it attacks D-SGD's gossip (messages, not rows)
     targeted: bool  # it builds a test set of its success (a backdoor): the server measures it
+    crafts_payload: bool = False  # its clients build their payloads (Codec.reach)
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,8 @@ def _attack(sc: Scenario) -> AttackPlan | None:
     if sc.attack is None:
         return None
     t = registry.get("attacks", sc.attack["name"]).traits
-    return AttackPlan(sc.attack, t.omniscient, t.data_poisoning, t.gossip, t.targeted)
+    return AttackPlan(sc.attack, t.omniscient, t.data_poisoning, t.gossip, t.targeted,
+                      t.crafts_payload)
 
 
 def resolve(sc: Scenario) -> Plan:

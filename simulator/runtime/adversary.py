@@ -19,6 +19,7 @@ from simulator.runtime.payloads import decoded, encode_payload
 from simulator.runtime.pipeline import Pipeline
 from simulator.runtime.pool import Reusable
 from simulator.seeding import torch_generator
+from strategies.codecs import reach_chain
 from strategies.protocols import MessageShape
 
 
@@ -44,6 +45,7 @@ class Adversary(Reusable):
                                          aggregate=lambda x: combine_buffers(x, rule))
         self.name = spec["name"]
         self.codecs = build_codecs(plan)  # Byzantine clients send payloads as honest ones do
+        self.crafts = plan.attack.crafts_payload  # ... or build them (Codec.reach)
 
     def _rows(self, attack: Any, seen: torch.Tensor, f: int, round_: int, purpose: str
               ) -> np.ndarray:
@@ -65,14 +67,18 @@ class Adversary(Reusable):
         reads them. The crafted rows go through the chain's client halves (Byzantine
         clients speak the protocol: a sign attacker sends signs), without per-client state
         (error feedback corrects nothing a client crafts afresh each round) and drawing
-        from ``(seed, "codec-byzantine", codec, round, j)`` for the ``j``-th row."""
+        from ``(seed, "codec-byzantine", codec, round, j)`` for the ``j``-th row; an attack
+        that ``crafts_payload`` sends what the server would decode from payloads it built
+        (``reach_chain``: the worst case within each codec's range)."""
         self._round = round_
         if self.codecs:
             results = tuple(decoded(self.codecs, r, shape) for r in results)
         seen = torch.from_numpy(stack_groups(groups, results, shape.width))
         crafted = self._rows(self.attack, seen, f, round_, "attack")
         rows: np.ndarray | Encoded = encode_payload(
-            self.codecs, crafted, round_, shape, self.seed, range(f), None, "codec-byzantine")
+            self.codecs, crafted, round_, shape, self.seed, range(f), None, "codec-byzantine") \
+            if not self.crafts else \
+            reach_chain(self.codecs, torch.from_numpy(crafted), shape).numpy()
         buffers = None
         if d_buffers:
             seen = torch.from_numpy(stack_groups(groups, results, d_buffers, "buffers"))

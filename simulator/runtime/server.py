@@ -95,6 +95,8 @@ class Server(Reusable):
         self.codecs = build_codecs(plan)
         # secure aggregation: its server aggregates group sums, never a client's row
         self.hiding = next((c for c in self.codecs if c.hides_rows()), None)
+        # Byzantine rows sent as payloads their clients built (the last rows of a step)
+        self.crafts = plan.attack is not None and plan.attack.crafts_payload
         # EF21: the server's estimate of each client's message
         self.codec_states = CodecStates(self.codecs, server=True)
         # downlink compression: the clients' replica of the model, which the server moves
@@ -230,7 +232,8 @@ class Server(Reusable):
         d = int(self.x.numel())
         width = self.message.row_width(d)  # the robust pipeline's columns
         robust = rows if width == rows.shape[1] else rows[:, :width]
-        agg, hidden = self._aggregate(round_, robust, len(honest_rows), weights)
+        crafted = len(byz) if self.crafts and byz is not None else 0
+        agg, hidden = self._aggregate(round_, robust, len(honest_rows), weights, crafted)
         if agg is None:  # nothing to aggregate: the model stays, the round is counted
             return {"aggregation_skipped": 1.0,
                     "client_loss": float(losses.mean()) if len(losses) else float("nan"),
@@ -283,14 +286,14 @@ class Server(Reusable):
         return float(torch.linalg.vector_norm(self.x - self.replica))
 
     def _aggregate(self, round_: int, robust: torch.Tensor, honest: int,
-                   weights: torch.Tensor | None
+                   weights: torch.Tensor | None, crafted: int = 0
                    ) -> tuple[torch.Tensor | None, dict[str, float]]:
         """The robust pipeline's aggregate of the step's ``robust`` rows (under secure
         aggregation, of the group means its server sees) and the protocol's metrics; None
         when the round has nothing to aggregate (it is then counted as skipped)."""
         hidden: dict[str, float] = {}
         if self.hiding is not None and honest:  # the server sees group sums only
-            robust, hidden = self.hiding.combine(robust, round_, self.seed)
+            robust, hidden = self.hiding.combine(robust, round_, self.seed, crafted)
         if not honest:
             self._skipped(round_, "no sampled honest client sent an update (dropout, "
                                   "stragglers)")

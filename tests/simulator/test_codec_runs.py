@@ -244,3 +244,17 @@ def test_more_codec_keys_are_checked_before_anything_runs(tmp_path, codecs, wher
     with pytest.raises(ScenarioError) as e:
         engine_point(tmp_path, BASE + f"codecs: {codecs}\n")
     assert any(where in line for line in e.value.lines), e.value.lines
+
+
+def test_an_attack_that_crafts_its_payloads_sends_the_worst_case(tmp_path):
+    """crafted_ipm (IPM whose clients build their payloads) under rand_k sends its k
+    largest entries unscaled, not k random ones scaled by w / k: another run than ipm's;
+    without a codec it is IPM to the bit."""
+    extra = "attack: {name: %s, epsilon: 2.0}\naggregator: {name: median}\n"
+    over = ["clients.byzantine=2"]
+    plain = [run(tmp_path, extra % name, over) for name in ("ipm", "crafted_ipm")]
+    np.testing.assert_array_equal(plain[0].final_params, plain[1].final_params)
+    sparse = [run(tmp_path, extra % name + "codecs: [{name: rand_k, k: 65}]\n", over)
+              for name in ("ipm", "crafted_ipm")]
+    assert not np.array_equal(sparse[0].final_params, sparse[1].final_params)
+    assert all(np.isfinite(r.final_params).all() for r in sparse)

@@ -336,3 +336,18 @@ def test_huge_rows_buy_no_more_than_their_votes():
     assert MajorityVote()(torch.cat([honest, bad])).tolist() == [1, -1, 1, -1]
     assert MajorityVote()(torch.cat([honest[:6], bad.repeat(3, 1)[:7]])).tolist() == \
         [-1, 1, -1, 1]
+
+
+def test_a_crafted_payload_reaches_the_worst_case_within_each_codec():
+    """reach: what the server decodes from a payload the sender built itself. rand_k: its
+    k largest entries, unscaled (not k random ones times w / k); top_k the same; QSGD
+    (s = 2): [3, -4] on the grid of 4 / 2 = 2: levels [2, -2] (1.5 rounds to 2), so
+    [4, -4]; int8: the nearest levels of max / 127."""
+    shape = MessageShape(4)
+    x = torch.tensor([[1.0, -5.0, 2.0, 0.0]])
+    for c in (RandK(k=2), TopK(k=2)):
+        assert c.reach(x, shape).tolist() == [[0.0, -5.0, 2.0, 0.0]]
+    assert QSGD(levels=2).reach(torch.tensor([[3.0, -4.0]]), MessageShape(2)).tolist() == \
+        [[4.0, -4.0]]
+    q = Quantize("int8").reach(torch.tensor([[127.0, 0.6, -1.4]]), MessageShape(3))
+    assert q.tolist() == [[127.0, 1.0, -1.0]]

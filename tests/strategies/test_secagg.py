@@ -214,3 +214,17 @@ def test_noise_shares_of_m_clients_sum_to_the_central_noise():
     quiet = DPFedAvg(clip=2.0, noise_multiplier=0.0)
     clipped = quiet.noise_share(torch.full((2, 3), 10.0), m, [torch.Generator()] * 2)
     torch.testing.assert_close(clipped.norm(dim=1), torch.tensor([2.0, 2.0]))
+
+
+def test_a_crafted_payload_skips_the_clip_and_wraps_the_group_sum():
+    """One group of two, bits 16, range 1: scale = floor(32767 / 2) = 16383. The honest row
+    0.5 is the word 8192 (8191.5, ties to even). A protocol-following Byzantine row 3.0 is
+    clipped to 1.0 (16383): the mean is (8192 + 16383) / 2 / 16383 = 0.7500. Crafted, its
+    word is 3.0 x 16383 = 49149: the sum 57341 modulo 2^16 reads as -8195, a mean of
+    -0.2501: the modulus, not the clip, bounds what the crafted payload adds."""
+    c = SecureAggregation(group_size=2, bits=16, range=1.0)
+    rows = torch.tensor([[0.5], [3.0]])
+    clipped, _ = c.combine(rows, 0, 0)
+    wrapped, _ = c.combine(rows, 0, 0, crafted=1)
+    assert float(clipped[0, 0]) == pytest.approx((8192 + 16383) / 2 / 16383, abs=1e-7)
+    assert float(wrapped[0, 0]) == pytest.approx(-8195 / 2 / 16383, abs=1e-7)
