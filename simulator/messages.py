@@ -145,6 +145,7 @@ class ServerCheckpoint(TypedDict):
     latest: NotRequired[dict[int, Any]]  # server.mode latest: each client's latest row
     replica: NotRequired[Any]  # downlink compression: the clients' replica of the model
     codecs: NotRequired[dict[int, dict[str, Any]]]  # EF21: the server's estimate a client
+    audit_x0: NotRequired[Any]  # an audit: the model its canaries' cosines measure from
 
 
 Group = tuple[int, tuple[int, ...], int]  # (start version, clients, number of results)

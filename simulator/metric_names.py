@@ -29,7 +29,11 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     # the simulated clock (speeds; the asynchronous modes)
     "time": ("sim_time", "staleness_mean", "staleness_max", "dropped_stale", "started",
              "clients_applied"),
-    "privacy": ("epsilon",),
+    # the accountant's epsilon; an audit's estimate and lower bound, and its canaries'
+    # cosines with the model's change (inserted, and never inserted)
+    "privacy": ("epsilon", "audit_epsilon", "audit_epsilon_lower", "audit_canaries_inserted",
+                "audit_cosine_in_mean", "audit_cosine_in_std", "audit_cosine_out_mean",
+                "audit_cosine_out_std"),
     # the message path: bytes each round (or step) sent up and down, and their totals
     "comm": ("bytes_up", "bytes_down", "bytes_up_total", "bytes_down_total",
              # secure aggregation: the step's groups, the clients that dropped after masking,

@@ -128,6 +128,8 @@ def _check_clients_rule(sc: Scenario, plan: Plan, problems: list[Problem]) -> No
     _check_trainer(sc, plan, problems)
     _check_reference(sc, plan, problems)
     _check_message(sc, plan, problems)
+    if sc.audit is not None:
+        _check_audit(sc, plan, problems)
 
 
 def _check_message(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
@@ -152,6 +154,41 @@ def _check_message(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
         _check_composes("codecs", sc.codecs, ours, problems)
     if sc.downlink:
         _check_downlink(sc, plan, problems)
+
+
+def _check_audit(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
+    """An audit's canaries are clients of a synchronous server that send one model delta,
+    fewer than the population; what they cannot be yet is refused in one line."""
+    audit = sc.audit
+    assert audit is not None
+    mode = sc.server.resolved_mode
+    if sc.topology is not None:
+        problems.append(Problem(("audit",), "canaries are clients of a server; D-SGD has "
+                                "none: remove audit or the topology"))
+    elif mode.clock or mode.steps_on != "round":
+        problems.append(Problem(("server", "mode"), f"an audit's canaries join a round's "
+                                f"cohort; {mode.name} steps on arrivals: use sync or "
+                                "deadline, or remove audit"))
+    if plan.privacy_level == "sample":
+        problems.append(Problem(("audit",), f"canary clients audit client-level DP; "
+                                f"{sc.privacy and sc.privacy['name']!r} is sample-level "
+                                "(canary examples are not built yet): use dp_fedavg or no "
+                                "privacy"))
+    if sc.codecs:
+        problems.append(Problem(("audit",), f"canaries send their rows as they are; the "
+                                f"codecs {[c['name'] for c in sc.codecs]} would change "
+                                "them (not built yet): remove codecs or audit"))
+    if plan.message.multipart:
+        problems.append(Problem(("audit",), f"canaries send a model delta only; "
+                                f"{plan.client_rule['name']!r} sends parts beside it: use "
+                                "another client rule"))
+    if audit.canaries > sc.clients.total:
+        problems.append(Problem(("audit", "canaries"), f"at most clients.total "
+                                f"({sc.clients.total}): canaries beyond the population would "
+                                f"outweigh its clients (got {audit.canaries})"))
+    if audit.every is not None and audit.every > sc.rounds:
+        problems.append(Problem(("audit", "every"), f"at most rounds ({sc.rounds}), or null "
+                                f"for the end only (got {audit.every})"))
 
 
 def _check_composes(key: str, specs: list, chain: Any, problems: list[Problem]) -> None:

@@ -397,6 +397,29 @@ class Evaluation(Strict):
     every: Annotated[int, Ge(1), Le(MAX_ROUNDS)] = 1
 
 
+MAX_CANARIES = 100_000  # canary clients of one audit (each a direction of the model's size)
+
+
+class Audit(Strict):
+    """An empirical privacy audit (docs/privacy.md): ``canaries`` canary clients, each
+    inserted into the population with probability ``inserted`` (seeded) and then sampled
+    each round as a client is, whose update is a fixed random direction of norm ``norm``
+    (client-level DP's clip by default; without it the median norm of the round's honest
+    rows). Every ``every`` rounds (and at the end) the cosine of the model's change since
+    the start with each canary gives Andrew et al.'s epsilon estimate (ICLR 2024) and, at
+    ``inserted: 0.5``, Steinke et al.'s lower bound (NeurIPS 2023) from ``guesses`` of the
+    canaries guessed, at ``confidence``; both at ``delta`` (the privacy plugin's by
+    default, else 1e-5)."""
+
+    canaries: Annotated[int, Ge(2), Le(MAX_CANARIES)]
+    inserted: Annotated[float, Ge(0), Lt(1)] = 0.5
+    every: Annotated[int, Ge(1), Le(MAX_ROUNDS)] | None = None
+    norm: Annotated[float, Gt(0)] | None = None
+    delta: Annotated[float, Gt(0), Lt(1)] | None = None
+    guesses: Annotated[float, Gt(0), Le(1)] = 0.2
+    confidence: Annotated[float, Ge(0.5), Lt(1)] = 0.95
+
+
 class Runtime(Strict):
     """Where a run executes. ``backend``: ``ray`` (actors on a local Ray instance or a
     cluster), ``inline`` (one process) or ``auto`` (the default: inline where the run's
@@ -570,6 +593,8 @@ class Scenario(Strict):
     # the broadcast's compression: plugins of fedray.codecs applied to the change of the model
     # the server sends each round (its replica of the clients' model is its error feedback)
     downlink: list[PluginSpec] = []
+    # an empirical privacy audit with canary clients (docs/privacy.md); none by default
+    audit: Audit | None = None
     evaluation: Evaluation = Evaluation()
     runtime: Runtime = Runtime()
     tracking: Tracking = Tracking()

@@ -120,6 +120,12 @@ class ServerHandle(_Handle):
     def evaluate(self, scores: Sequence[EvalScores] = ()) -> Ref[dict[str, float]]:
         return self.backend.call(self.actor, Server.evaluate, tuple(scores))
 
+    def audit(self) -> Ref[dict[str, float]]:
+        return self.backend.call(self.actor, Server.audit)
+
+    def audit_table(self) -> Ref[dict[str, list]]:
+        return self.backend.call(self.actor, Server.audit_table)
+
     def checkpoint(self) -> Ref[ServerCheckpoint]:
         return self.backend.call(self.actor, Server.checkpoint)
 

@@ -27,6 +27,7 @@ from simulator.messages import (
 )
 from simulator.models import build_model
 from simulator.registry import instantiate
+from simulator.runtime.audit import CanaryAudit
 from simulator.runtime.common import (
     buffers_to_vector,
     combine_buffers,
@@ -124,6 +125,9 @@ class Server(Reusable):
         self.version = 0
         self.versions: dict[int, list[torch.Tensor]] = {}
         self.row_buffer = RowBuffer()  # the round's update matrix, its pages kept mapped
+        # an empirical privacy audit: canary clients' rows beside the honest ones
+        self.canaries = CanaryAudit(plan, self.x) if scenario.audit is not None else None
+        self.canary_cosines: np.ndarray | None = None  # at the last audit
 
     @property
     def dim(self) -> int:
@@ -227,6 +231,8 @@ class Server(Reusable):
         byz = decode_payload(self.codecs, byzantine.rows, self.shape) \
             if byzantine is not None and len(byzantine.rows) else None
         rows, honest_rows, weights = self.rows.build(layout, honest, byz, self._gaps)
+        if self.canaries is not None:  # the round's sampled canaries, after the honest rows
+            rows, weights = self._with_canaries(round_, rows, honest_rows, weights)
         losses = stack_groups(groups, results, 0, "losses")
         rows = screen(self.codecs, rows)  # DP-FedAvg: every row clipped
         d = int(self.x.numel())
@@ -271,6 +277,37 @@ class Server(Reusable):
             **buffer_metrics,
             **_timings(t0, results),
         }
+
+    def _with_canaries(self, round_: int, rows: torch.Tensor, honest_rows: torch.Tensor,
+                       weights: torch.Tensor | None
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``rows`` with round ``round_``'s canary rows after the honest ones (the
+        Byzantine rows stay last); a canary weighs as the honest rows' mean weight."""
+        assert self.canaries is not None
+        extra = self.canaries.rows(round_, honest_rows)
+        if not len(extra):
+            return rows, weights
+        h = len(honest_rows)
+        rows = torch.cat([rows[:h], extra.to(rows.dtype), rows[h:]])
+        if weights is not None:
+            fill = weights[:h].mean() if h else weights.new_ones(())
+            weights = torch.cat([weights[:h], fill.expand(len(extra)), weights[h:]])
+        return rows, weights
+
+    def audit(self) -> dict[str, float]:
+        """The audit's statistics for the current model (``CanaryAudit.statistics``); the
+        canaries' cosines kept for :meth:`audit_table`."""
+        assert self.canaries is not None
+        metrics, self.canary_cosines = self.canaries.statistics(self.x)
+        return metrics
+
+    def audit_table(self) -> dict[str, list]:
+        """Every canary's cosine at the last audit (an artifact of the run)."""
+        assert self.canaries is not None
+        if self.canary_cosines is None:
+            self.audit()
+        assert self.canary_cosines is not None
+        return self.canaries.table(self.canary_cosines)
 
     def _advance_replica(self, round_: int) -> float:
         """The clients' replica after the round: moved by the decoded downlink payload of
@@ -343,6 +380,8 @@ class Server(Reusable):
             state["replica"] = self.replica.clone()
         if self.codec_states.keeping:
             state["codecs"] = dict(self.codec_states.items())
+        if self.canaries is not None:  # the model the audit measures the change from
+            state["audit_x0"] = self.canaries.x0.clone()
         if self.mode.clock:
             state["version"] = self.version
             state["versions"] = {v: [x.clone(), b.clone()] for v, (x, b) in self.versions.items()}
@@ -354,6 +393,8 @@ class Server(Reusable):
         self.b = state.get("buffers", self.b).clone()
         if self.replica is not None:
             self.replica = state["replica"].clone()
+        if self.canaries is not None:
+            self.canaries.x0 = state["audit_x0"].clone()
         if self.codec_states.keeping:
             self.codec_states.load({int(c): st for c, st in state.get("codecs", {}).items()})
         self.version = int(state.get("version", 0))

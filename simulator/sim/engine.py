@@ -272,6 +272,7 @@ class Engine:
     def _result(self, p: _Progress) -> RunResult:
         final, state, params = self.protocol.final()
         privacy_params, tables = self.accountant.outputs()
+        tables = {**tables, **self.protocol.tables()}
         d = self.data
         info = {"input_shape": tuple(d.input_shape), "num_classes": d.num_classes,
                 "vocabulary": d.vocabulary, "tokens": d.vocabulary is not None}

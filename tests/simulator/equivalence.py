@@ -54,6 +54,9 @@ CASES: dict[str, list[str]] = {
     # secure aggregation over groups with client-level DP's noise shares
     "secagg-dp": ["codecs=[{name: secagg, group_size: 3, range: 10.0, dropout: 0.2}]",
                   "privacy={name: dp_fedavg, clip: 1.0, noise_multiplier: 0.5}"],
+    # an audit of DP-FedAvg: canary rows appended on the server, their statistics
+    "audit-dp": ["privacy={name: dp_fedavg, clip: 0.5, noise_multiplier: 0.5}",
+                 "audit={canaries: 12, every: 2}"],
     # Byzantine payloads built by their clients: words beyond the clip wrap a group's sum
     "secagg-crafted": ["codecs=[{name: secagg, group_size: 2, bits: 16, range: 1.0}]",
                        "clients.byzantine=2", "attack={name: crafted_ipm, epsilon: 20.0}",

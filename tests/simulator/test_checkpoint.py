@@ -67,8 +67,11 @@ def _roundtrip(state):
     ["downlink=[{name: top_k, fraction: 0.05}]"],
     # EF21's estimates, each client's in its worker and in the server
     ["local.optimizer={name: sgd}", "codecs=[{name: qsgd, levels: 2, ef21: true}]"],
+    # an audit: its canaries' rows each round, its statistics from the run's first model
+    ["audit={canaries: 9, every: 2}"],
 ], ids=["momentum-cc-server-momentum", "mu2sgd", "fedadam", "batchnorm", "batchnorm-local",
-        "scaffold", "feddyn", "fedbn", "ditto", "top-k-error-feedback", "downlink", "qsgd-ef21"])
+        "scaffold", "feddyn", "fedbn", "ditto", "top-k-error-feedback", "downlink", "qsgd-ef21",
+        "audit"])
 def test_resume_from_a_checkpoint_gives_the_uninterrupted_numbers(tmp_path, over):
     sc = _point(tmp_path, FL, *over)
     saved: dict[int, dict] = {}

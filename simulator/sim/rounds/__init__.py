@@ -134,6 +134,10 @@ class RoundProtocol(ABC):
         again)."""
         return
 
+    def tables(self) -> dict[str, dict[str, list]]:
+        """The protocol's tables logged as artifacts at the end (an audit's canaries)."""
+        return {}
+
     @abstractmethod
     def final(self) -> tuple[np.ndarray, dict[str, Any], dict[str, str]]:
         """(final flat parameters, model state_dict, run params derived at the end)."""

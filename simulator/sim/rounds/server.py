@@ -277,6 +277,8 @@ class ServerRounds(RoundProtocol):
             metrics.update(b.get(eval_ref))
             metrics.update(personal_accuracy(b.get(personal)) if personal else {})
             metrics.update(ctx.accountant.spent(round_ + 1))
+        if self.audit_now(round_):
+            metrics.update(b.get(self.server.audit()))
         timings = {k: metrics.pop(k) for k in list(metrics) if k.endswith("_seconds")}
         end = time.perf_counter()
         # from the later of its submission and the previous round's end
@@ -296,6 +298,21 @@ class ServerRounds(RoundProtocol):
                    "b_hat": float(b_hat),
                    "byzantine_exceeded": float(len(tr.byz) > b_hat), **metrics}
         return RoundReport(metrics, timings)
+
+    def audit_now(self, round_: int) -> bool:
+        """Whether round ``round_`` ends with the audit's statistics: every
+        ``audit.every`` rounds, and the last (never without ``audit:``)."""
+        sc = self.ctx.plan.scenario
+        if sc.audit is None:
+            return False
+        return round_ + 1 == sc.rounds or (
+            sc.audit.every is not None and (round_ + 1) % sc.audit.every == 0)
+
+    def tables(self) -> dict[str, dict[str, list]]:
+        """The audit's canary cosines at the end (``audit_canaries``), with ``audit:``."""
+        if self.ctx.plan.scenario.audit is None:
+            return {}
+        return {"audit_canaries": self.ctx.backend.get(self.server.audit_table())}
 
     def _traffic(self, senders: int, receivers: int) -> dict[str, float]:
         """The step's bytes: ``senders`` messages up, the model to ``receivers`` clients down
