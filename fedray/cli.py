@@ -258,9 +258,32 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_privacy(args: argparse.Namespace) -> int:
+    if not args.scenarios and not args.runs:
+        args.usage_error("give scenario files, or finished runs with --runs")
+    if not args.scenarios and (args.delta is not None or args.set):
+        args.usage_error(f"{'--delta' if args.delta is not None else '--set'} applies to "
+                         "scenario files; a run's epsilons are those it logged, at its deltas")
     if args.delta is not None and not 0 < args.delta < 1:
         print(f"--delta: must be in (0, 1), got {args.delta:g}", file=sys.stderr)
         return EXIT_INVALID
+    if args.scenarios:
+        code = _privacy_scenarios(args)
+        if code:
+            return code
+    if args.runs:
+        from simulator.run.privacy_compare import audit_line, audited_runs
+        from simulator.run.tracking import default_uri, require_store
+
+        require_store(args.tracking_uri or default_uri(),
+                      f"--runs: no run {', '.join(map(repr, args.runs))}")
+        for name, run_id, facts in audited_runs(args.runs, args.tracking_uri):
+            print(printable(audit_line(name, run_id, facts)))
+    return 0
+
+
+def _privacy_scenarios(args: argparse.Namespace) -> int:
+    """``fedray privacy compare SCENARIO ...``: each mechanism's epsilon and advantage, and
+    the Delta-divergence between every ordered pair."""
     from simulator.run.privacy_compare import privacy_compare
 
     try:
@@ -626,15 +649,24 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--tracking-uri", default=None)
     rp.set_defaults(func=cmd_report)
 
-    pv = sub.add_parser("privacy", help="compare the DP mechanisms of scenario files")
+    pv = sub.add_parser("privacy", help="compare the DP mechanisms of scenario files, and "
+                        "finished runs' accountant epsilon with their audit's")
     pv_sub = pv.add_subparsers(dest="privacy_command", required=True)
     pc = pv_sub.add_parser("compare", help="epsilon at each delta and the Delta-divergence "
-                           "between the trade-off curves, both ways")
-    pc.add_argument("scenarios", nargs="+")
+                           "between the trade-off curves, both ways; with --runs, each run's "
+                           "accountant epsilon beside its audit's estimate and lower bound")
+    pc.add_argument("scenarios", nargs="*")
     pc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     pc.add_argument("--delta", type=float, default=None,
                     help="report every epsilon at this delta (default: each scenario's own)")
-    pc.set_defaults(func=cmd_privacy)
+    pc.add_argument("--runs", nargs="+", default=[], metavar="RUN",
+                    help="finished runs: run ids, scenario run ids (their point runs) or "
+                    "experiment names (their latest scenario run's); the final values each "
+                    "logged")
+    pc.add_argument("--tracking-uri", default=None,
+                    help="where the --runs are (default: $MLFLOW_TRACKING_URI or "
+                    "sqlite:///./mlflow.db)")
+    pc.set_defaults(func=cmd_privacy, usage_error=pc.error)
 
     tb = sub.add_parser("table", help="a sweep's table from MLflow: metrics over seeds (final, "
                         "mean of the last K evaluations, simulated time to a threshold, ...), "
@@ -789,6 +821,8 @@ def _check_tracking_uri(args: argparse.Namespace) -> None:
 
         if args.command == "sync" and args.tracking_uri is None:
             return  # each journal names its own store; nothing else is opened
+        if args.command == "privacy" and not args.runs:
+            return  # scenario files only: no store is opened
         check_command_uri(args.tracking_uri)
 
 
