@@ -25,7 +25,7 @@ from simulator.seeding import numpy_rng, torch_generator
 from strategies.audit import one_run_epsilon, one_shot_epsilon, unit_directions
 
 DEFAULT_DELTA = 1e-5
-CHUNK = 256  # canary directions drawn at once when scoring (their memory: CHUNK x d floats)
+CHUNK = 1 << 24  # floats of canary directions drawn at once when scoring (64 MB)
 KEEP = 1 << 26  # inserted canaries' directions kept between rounds up to this many floats
 
 
@@ -85,15 +85,16 @@ class CanaryAudit:
 
     def cosines(self, x: torch.Tensor) -> np.ndarray:
         """The cosine of the model's change ``x - x0`` with every canary's direction (0 for
-        no change), drawn CHUNK canaries at a time."""
+        no change), drawn CHUNK floats' worth of canaries at a time."""
         change = (x - self.x0).to(torch.float64)
         size = float(torch.linalg.vector_norm(change))
         m, d = len(self.inserted), int(change.numel())
         out = np.zeros(m)
         if size == 0.0:
             return out
-        for start in range(0, m, CHUNK):
-            ids = np.arange(start, min(start + CHUNK, m))
+        step = max(1, CHUNK // d)
+        for start in range(0, m, step):
+            ids = np.arange(start, min(start + step, m))
             out[ids] = (self.directions(ids, d).to(torch.float64) @ change).numpy() / size
         return out
 
