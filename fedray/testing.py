@@ -611,6 +611,39 @@ def _privacy_checks(make: Callable[[], Any]) -> list[Check]:
     return [("accounting", accounting)]
 
 
+def _privacy_attack_checks(make: Callable[[], Any]) -> list[Check]:
+    """A reconstruction returns one input a sample in the data's range and a label each,
+    the same from the same generator seed; a membership attack one finite score a query."""
+    from torch import nn
+
+    from strategies.protocols import AttackView
+
+    def shapes() -> None:
+        attack = make()
+        model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3)).eval()
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.rand(2, 3, 4, generator=g), torch.tensor([0, 2])
+        if attack.traits.reconstructs:
+            update = torch.randn(sum(p.numel() for p in model.parameters()), generator=g)
+            view = AttackView(model, update, 2, 0.1, 1, (3, 4), 3, (0.0, 1.0))
+            out = attack.attack(view, torch.Generator().manual_seed(1))
+            assert out.inputs is not None and tuple(out.inputs.shape) == (2, 3, 4), \
+                "a reconstruction: inputs of shape (samples, *input_shape)"
+            assert out.labels is not None and tuple(out.labels.shape) == (2,)
+            assert bool(((out.inputs >= -1e-6) & (out.inputs <= 1 + 1e-6)).all()), \
+                "inputs outside the data's range (view.input_range)"
+            again = attack.attack(view, torch.Generator().manual_seed(1))
+            assert torch.equal(again.inputs, out.inputs), "not a function of its generator"
+        else:
+            view = AttackView(model, None, 2, 0.0, 0, (3, 4), 3, (0.0, 1.0), (x, y))
+            out = attack.attack(view, torch.Generator().manual_seed(1))
+            assert out.scores is not None and tuple(out.scores.shape) == (2,), \
+                "a membership attack: one score a query"
+            assert bool(torch.isfinite(out.scores).all())
+
+    return [("attack_contract", shapes)]
+
+
 def _dataset_checks(make: Callable[[], Any]) -> list[Check]:
     def load_contract() -> None:
         split = make().load(4, 0, 0.2)
@@ -746,6 +779,9 @@ def plugin_checks(kind: str, cls: Any, params: dict[str, Any] | None = None,
         "trainers": lambda: _trainer_checks(*_trainer(make, cls)),
         "codecs": lambda: _codec_checks(plain),
         "privacy": lambda: _privacy_checks(plain),
+        # a reconstruction's iteration budget (a key every one has) kept short
+        "privacy_attacks": lambda: _privacy_attack_checks(
+            lambda: make(iterations=5) if cls.traits.reconstructs else make()),
         "datasets": lambda: _dataset_checks(plain),
         "partitioners": lambda: _partitioner_checks(plain),
         "models": lambda: _model_checks(make, cls),

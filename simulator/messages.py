@@ -146,6 +146,8 @@ class ServerCheckpoint(TypedDict):
     replica: NotRequired[Any]  # downlink compression: the clients' replica of the model
     codecs: NotRequired[dict[int, dict[str, Any]]]  # EF21: the server's estimate a client
     audit_x0: NotRequired[Any]  # an audit: the model its canaries' cosines measure from
+    # privacy attacks: each reconstruction's target ({attack: {client, x, update}})
+    attacks: NotRequired[dict[int, dict[str, Any]]]
 
 
 Group = tuple[int, tuple[int, ...], int]  # (start version, clients, number of results)

@@ -26,6 +26,7 @@ KINDS: dict[str, str] = {  # kind -> the name of its base class in strategies.pr
     "trainers": "Trainer",
     "partitioners": "Partitioner",
     "privacy": "Privacy",
+    "privacy_attacks": "PrivacyAttack",
     "codecs": "Codec",
     "tasks": "Task",
 }

@@ -74,6 +74,8 @@ __all__ = [
     "ROWS",
     "Aggregator",
     "Attack",
+    "AttackResult",
+    "AttackView",
     "BaseAttack",
     "ClientData",
     "ClientRule",
@@ -102,6 +104,7 @@ __all__ = [
     "PopulationDataset",
     "PreAggregator",
     "Privacy",
+    "PrivacyAttack",
     "ServerOptimizer",
     "Stateful",
     "Task",
@@ -245,6 +248,9 @@ class Traits:
     round (``ServerOptimizer.shared``, in ``ClientData.shared``; SCAFFOLD's server control
     variate): it needs a server that steps once per round of all its clients (synchronous
     server rounds).
+    ``reconstructs``: a privacy attack that reconstructs a client's training samples from
+    the message the server receives from it in one round (:class:`PrivacyAttack`); without
+    it, a membership attack that scores examples against the run's final model.
     ``weighted``: an aggregation rule (aggregator or meta-aggregator) that takes ``weights``,
     one positive weight per row (an asynchronous server weighs its updates); it is called
     ``rule(x, generator=None, weights=None)`` (see :class:`Aggregator`). A rule without it
@@ -280,6 +286,7 @@ class Traits:
     targeted: bool = False
     crafts_payload: bool = False
     reference: bool = False
+    reconstructs: bool = False
 
     def path_kind(self, key: str) -> PathKind:
         """What the path key ``key`` (one of ``path_params``) names: ``file``, ``folder``
@@ -308,6 +315,7 @@ KIND_TRAITS: dict[str, frozenset[str]] = {kind: frozenset(names) for kind, names
     "trainers": ("batched", "buffers", "loop"),
     "partitioners": ("by_label", "natural"),
     "privacy": ("privacy_level", "trainer"),
+    "privacy_attacks": ("reconstructs",),
     "tasks": ("targets",),
     "codecs": (),
 }.items()}
@@ -894,6 +902,63 @@ class Privacy(Plugin, ABC):
         std = self.noise_multiplier * self.clip / math.sqrt(m)
         draws = torch.stack([torch.randn(rows.shape[1], generator=g) for g in generators])
         return out + std * draws.to(out.dtype)
+
+
+@dataclass(frozen=True)
+class AttackView:
+    """What a privacy attack sees (the server's view; never the target's data).
+
+    ``model``: the model, on the CPU, with the attacked parameters loaded (a reconstruction:
+    the global model the target client started the round from; a membership attack: the
+    run's final model), in eval mode. ``update``: the ``(d,)`` model delta the attack
+    targets (the client's row as the server received it, or the round's released
+    aggregate), None for a membership attack. ``samples``, ``lr``, ``steps``: the local
+    training behind the update as the server knows it from the scenario (the client's
+    sample count, the local learning rate, its local steps). ``input_shape``,
+    ``num_classes``, ``input_range`` (the data's smallest and largest value: the box a
+    reconstruction lives in). ``queries``: a membership attack's examples to score
+    (inputs, labels)."""
+
+    model: nn.Module
+    update: torch.Tensor | None
+    samples: int
+    lr: float
+    steps: int
+    input_shape: tuple[int, ...]
+    num_classes: int
+    input_range: tuple[float, float]
+    queries: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+@dataclass(frozen=True)
+class AttackResult:
+    """A reconstruction (``inputs`` of shape ``(samples, *input_shape)`` and ``labels``) or
+    a membership attack's ``scores`` (one per query, higher: more likely a member)."""
+
+    inputs: torch.Tensor | None = None
+    labels: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+
+
+class PrivacyAttack(Plugin, ABC):
+    """An attack on the privacy of the clients' data, run against what the server receives
+    (``privacy_attacks:``). A reconstruction attack (``traits.reconstructs``) targets one
+    client's message in round ``round`` (1-based): ``client`` (None: the round's first
+    sampled honest client), ``target`` ``update`` (the client's row as received: an
+    honest-but-curious server) or ``release`` (the round's aggregate after the server's
+    noise: what client-level DP protects), with an iteration budget ``iterations``; the
+    engine scores what it returns against the client's samples. A membership attack scores
+    queries against the final model. Neither sees the data it attacks."""
+
+    round: int = 1
+    client: int | None = None
+    target: str = "update"
+    iterations: int = 0
+
+    @abstractmethod
+    def attack(self, view: AttackView, generator: torch.Generator) -> AttackResult:
+        """The attack's output from what the server sees (:class:`AttackView`); random
+        draws (a reconstruction's starting point) from ``generator``."""
 
 
 # ---------------------------------------------------------------------------- data, models

@@ -25,7 +25,8 @@ PLUGIN_FIELDS: list[tuple[Loc, str]] = [
 ]
 # the scenario's lists of plugin blocks: (key, kind)
 PLUGIN_LISTS: tuple[tuple[str, str], ...] = (
-    ("preaggregators", "preaggregators"), ("codecs", "codecs"), ("downlink", "codecs"))
+    ("preaggregators", "preaggregators"), ("codecs", "codecs"), ("downlink", "codecs"),
+    ("privacy_attacks", "privacy_attacks"))
 
 
 def get_path(d: Any, loc: Loc) -> Any:

@@ -17,7 +17,7 @@ from simulator.config.plan import Plan, build_codecs, build_downlink, resolve
 from simulator.config.schema import MODES, Runtime, Scenario, Stragglers, default_at
 from simulator.errors import DataError, brief_text
 from simulator.registry import instantiate
-from simulator.sim.sampling import byzantine_clients
+from simulator.sim.sampling import byzantine_clients, sample_clients
 
 
 def cross_field(sc: Scenario, problems: list[Problem]) -> LoadChoice | None:
@@ -130,6 +130,8 @@ def _check_clients_rule(sc: Scenario, plan: Plan, problems: list[Problem]) -> No
     _check_message(sc, plan, problems)
     if sc.audit is not None:
         _check_audit(sc, plan, problems)
+    if sc.privacy_attacks:
+        _check_privacy_attacks(sc, plan, problems)
 
 
 def _check_message(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
@@ -189,6 +191,61 @@ def _check_audit(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
     if audit.every is not None and audit.every > sc.rounds:
         problems.append(Problem(("audit", "every"), f"at most rounds ({sc.rounds}), or null "
                                 f"for the end only (got {audit.every})"))
+
+
+def _check_privacy_attacks(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
+    """Privacy attacks: each name once (its metrics are named after it); a
+    reconstruction inverts a classifier's cross-entropy on value inputs, in a round of a
+    synchronous server that trains its client."""
+    names = [a["name"] for a in sc.privacy_attacks]
+    mode = sc.server.resolved_mode
+    for i, spec in enumerate(sc.privacy_attacks):
+        loc: tuple = ("privacy_attacks", i)
+        if names.index(spec["name"]) != i:
+            problems.append(Problem(loc, f"{spec['name']} is listed twice; its metrics are "
+                                    "named after it: one of each"))
+            continue
+        attack = registry.instantiate("privacy_attacks", spec)
+        if not attack.traits.reconstructs:
+            continue
+        if sc.topology is not None or mode.clock or mode.steps_on != "round":
+            problems.append(Problem(loc, f"{spec['name']} inverts a client's message to a "
+                                    "server in a round: use server.mode sync or deadline"))
+            return
+        if sc.task["name"] != "classification" or \
+                registry.get("models", sc.model["name"]).traits.tokens:
+            problems.append(Problem(loc, f"{spec['name']} inverts a classifier's "
+                                    f"cross-entropy on value inputs; task {sc.task['name']} "
+                                    f"with model {sc.model['name']} has none to invert"))
+        if attack.round > sc.rounds:
+            problems.append(Problem((*loc, "round"), f"at most rounds ({sc.rounds}): the "
+                                    f"attacked round must be trained (got {attack.round})"))
+        elif attack.client is not None:
+            _check_attacked_client(sc, plan, attack, loc, problems)
+        if attack.target == "update" and any(x.hides_rows() for x in build_codecs(plan)):
+            problems.append(Problem((*loc, "target"), "secure aggregation hides a client's "
+                                    "row from the server: target release (the round's "
+                                    "aggregate)"))
+
+
+def _check_attacked_client(sc: Scenario, plan: Plan, attack: Any, loc: tuple,
+                           problems: list[Problem]) -> None:
+    """The attacked client exists, is honest and is sampled in the attacked round."""
+    c = sc.clients
+    if attack.client >= c.total:
+        problems.append(Problem((*loc, "client"), f"at most clients.total - 1 "
+                                f"({c.total - 1}), got {attack.client}"))
+        return
+    if attack.client in set(byzantine_clients(plan.seed, c.total, c.byzantine).tolist()):
+        problems.append(Problem((*loc, "client"), f"client {attack.client} is Byzantine "
+                                f"with seed {plan.seed}: attack an honest client"))
+        return
+    sampled = sample_clients(plan.seed, attack.round - 1, c.total, c.sampled).tolist()
+    if attack.client not in sampled:
+        problems.append(Problem((*loc, "client"), f"client {attack.client} is not sampled in "
+                                f"round {attack.round} with seed {plan.seed} (sampled: "
+                                f"{brief_text(str(sorted(sampled)), 80)}): pick one of them, "
+                                "or null for the round's first"))
 
 
 def _check_composes(key: str, specs: list, chain: Any, problems: list[Problem]) -> None:
@@ -579,6 +636,11 @@ def _check_model(sc: Scenario, plan: Plan, info: Any, problems: list[Problem]) -
                                 + ("" if len(want) == 2 else
                                    " (a score per position: char_lstm's positions: all)")))
         return
+    if buffered and any(registry.get("privacy_attacks", a["name"]).traits.reconstructs
+                        for a in sc.privacy_attacks):
+        problems.append(Problem(("privacy_attacks",), f"{name} has buffers (BatchNorm), "
+                                "whose training-mode statistics a reconstruction does not "
+                                "simulate: use a model without norm: batch"))
     if buffered:
         _check_buffers(sc, plan, problems)
     elif plan.local_norm:

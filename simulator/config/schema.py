@@ -595,6 +595,9 @@ class Scenario(Strict):
     downlink: list[PluginSpec] = []
     # an empirical privacy audit with canary clients (docs/privacy.md); none by default
     audit: Audit | None = None
+    # attacks on the clients' privacy run against what the server receives: plugins of
+    # fedray.privacy_attacks (dlg | inverting_gradients | loss_threshold; docs/privacy.md)
+    privacy_attacks: list[PluginSpec] = []
     evaluation: Evaluation = Evaluation()
     runtime: Runtime = Runtime()
     tracking: Tracking = Tracking()

@@ -120,6 +120,16 @@ class ServerHandle(_Handle):
     def evaluate(self, scores: Sequence[EvalScores] = ()) -> Ref[dict[str, float]]:
         return self.backend.call(self.actor, Server.evaluate, tuple(scores))
 
+    def aim_attack(self, attack: int, client: int) -> Ref[None]:
+        return self.backend.call(self.actor, Server.aim_attack, attack, client)
+
+    def run_privacy_attacks(self, truths: dict[int, tuple[np.ndarray, np.ndarray, int]],
+                            lr: float) -> Ref[dict[str, float]]:
+        return self.backend.call(self.actor, Server.run_privacy_attacks, truths, lr)
+
+    def privacy_attack_tables(self) -> Ref[dict[str, dict[str, list]]]:
+        return self.backend.call(self.actor, Server.privacy_attack_tables)
+
     def audit(self) -> Ref[dict[str, float]]:
         return self.backend.call(self.actor, Server.audit)
 

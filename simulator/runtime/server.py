@@ -44,6 +44,7 @@ from simulator.runtime.evaluation import ServerEvaluation
 from simulator.runtime.payloads import CodecStates, decode_payload, decoded
 from simulator.runtime.pipeline import Pipeline
 from simulator.runtime.pool import Reusable
+from simulator.runtime.privacy_attacks import AttackTargets
 from simulator.runtime.rows import ModeRows, with_means
 from simulator.seeding import torch_generator
 from strategies.codecs import decode_chain, encode_chain, finish, message_shape, screen
@@ -128,6 +129,10 @@ class Server(Reusable):
         # an empirical privacy audit: canary clients' rows beside the honest ones
         self.canaries = CanaryAudit(plan, self.x) if scenario.audit is not None else None
         self.canary_cosines: np.ndarray | None = None  # at the last audit
+        # privacy attacks: what a reconstruction targets, kept when its round's step runs
+        self.attacks = AttackTargets(plan, eval_data, num_classes) \
+            if scenario.privacy_attacks else None
+        self.attack_tables: dict[str, dict[str, list]] = {}
 
     @property
     def dim(self) -> int:
@@ -212,6 +217,8 @@ class Server(Reusable):
         server keeps the versions ``layout.keep`` names."""
         x_before, b_before = self.x, self.b
         metrics = self._step(round_, layout, byzantine, results)
+        if self.attacks is not None:
+            self.attacks.step_done()
         if self.replica is not None:
             metrics["replica_distance"] = self._advance_replica(round_)
         if self.mode.clock:
@@ -231,6 +238,9 @@ class Server(Reusable):
         byz = decode_payload(self.codecs, byzantine.rows, self.shape) \
             if byzantine is not None and len(byzantine.rows) else None
         rows, honest_rows, weights = self.rows.build(layout, honest, byz, self._gaps)
+        if self.attacks is not None:  # a reconstruction's target row, as received
+            self.attacks.keep_rows(self.x, [c for _, cl, _ in layout.groups for c in cl],
+                                   honest_rows)
         if self.canaries is not None:  # the round's sampled canaries, after the honest rows
             rows, weights = self._with_canaries(round_, rows, honest_rows, weights)
         losses = stack_groups(groups, results, 0, "losses")
@@ -247,6 +257,8 @@ class Server(Reusable):
         if self.codecs:  # DP-FedAvg: the noise on the mean
             agg = finish(self.codecs, agg, rows.shape[0],
                          torch_generator(self.seed, "dp-noise", round_))
+        if self.attacks is not None:  # what the round releases
+            self.attacks.keep_release(self.x, agg)
         if self.norm_mask is not None:  # fedbn: BatchNorm weights stay with the clients,
             agg[: self.norm_mask.numel()][self.norm_mask] = 0.0  # whatever Byzantine rows say
         honest_mean = honest_rows[:, :width].mean(dim=0)
@@ -293,6 +305,22 @@ class Server(Reusable):
             fill = weights[:h].mean() if h else weights.new_ones(())
             weights = torch.cat([weights[:h], fill.expand(len(extra)), weights[h:]])
         return rows, weights
+
+    def aim_attack(self, attack: int, client: int) -> None:
+        """Privacy attack ``attack`` targets ``client`` in the next step."""
+        assert self.attacks is not None
+        self.attacks.aim(attack, client)
+
+    def run_privacy_attacks(self, truths: dict[int, tuple[np.ndarray, np.ndarray, int]],
+                            lr: float) -> dict[str, float]:
+        """The privacy attacks' metrics (``AttackTargets.run``); their tables kept for
+        :meth:`privacy_attack_tables`."""
+        assert self.attacks is not None
+        metrics, self.attack_tables = self.attacks.run(self.model, self.x, lr, truths)
+        return metrics
+
+    def privacy_attack_tables(self) -> dict[str, dict[str, list]]:
+        return self.attack_tables
 
     def audit(self) -> dict[str, float]:
         """The audit's statistics for the current model (``CanaryAudit.statistics``); the
@@ -382,6 +410,8 @@ class Server(Reusable):
             state["codecs"] = dict(self.codec_states.items())
         if self.canaries is not None:  # the model the audit measures the change from
             state["audit_x0"] = self.canaries.x0.clone()
+        if self.attacks is not None:  # what the privacy attacks target
+            state["attacks"] = self.attacks.checkpoint()
         if self.mode.clock:
             state["version"] = self.version
             state["versions"] = {v: [x.clone(), b.clone()] for v, (x, b) in self.versions.items()}
@@ -395,6 +425,8 @@ class Server(Reusable):
             self.replica = state["replica"].clone()
         if self.canaries is not None:
             self.canaries.x0 = state["audit_x0"].clone()
+        if self.attacks is not None:
+            self.attacks.restore(state.get("attacks", {}))
         if self.codec_states.keeping:
             self.codec_states.load({int(c): st for c, st in state.get("codecs", {}).items()})
         self.version = int(state.get("version", 0))

@@ -68,6 +68,35 @@ class PrivacyAccountant:
         return {"epsilon": self.mechanism(rounds).epsilon(self.privacy.delta,
                                                           self.privacy.accountant)}
 
+    def reconstruction_bound(self, target: str, kappa: float) -> float:
+        """Hayes, Mahloujifar, Balle (NeurIPS 2023): under f-DP a reconstruction succeeds
+        with probability at most 1 - f(kappa), kappa its success probability from the prior
+        alone; f here is one round's mechanism with the target known to take part (client
+        rate 1): sample-level DP's on a client's update, client-level DP's on the round's
+        release. 1 where DP does not cover what the attack sees (no privacy, or client-level
+        DP and the client's own row, which its server sees in the clear)."""
+        p = self.privacy
+        covered = p is not None and (self.plan.privacy_level == "sample" or target == "release")
+        if not covered:
+            return 1.0
+        sc = self.plan.scenario
+        sizes = np.maximum(self.client_sizes, 1)
+        mech = p.mechanism(1, 1.0, float(min(1.0, sc.local.batch_size / sizes.min())),
+                           int(self.local_steps.max()))
+        alpha = np.linspace(0.0, 1.0, 10001)
+        return float(1.0 - np.interp(kappa, alpha, mech.tradeoff(alpha)))
+
+    def advantage_bound(self) -> float:
+        """The largest membership advantage (TPR - FPR) the run's whole mechanism allows
+        (1 without privacy)."""
+        from strategies.privacy import advantage
+
+        mech = self.mechanism(self.plan.scenario.rounds)
+        if mech is None:
+            return 1.0
+        alpha = np.linspace(0.0, 1.0, 10001)
+        return advantage(alpha, mech.tradeoff(alpha))
+
     def outputs(self) -> tuple[dict[str, str], dict[str, dict[str, list[float]]]]:
         """Final epsilon as a param, the privacy profile and trade-off curve as tables."""
         mech = self.mechanism(self.plan.scenario.rounds)

@@ -57,6 +57,9 @@ CASES: dict[str, list[str]] = {
     # an audit of DP-FedAvg: canary rows appended on the server, their statistics
     "audit-dp": ["privacy={name: dp_fedavg, clip: 0.5, noise_multiplier: 0.5}",
                  "audit={canaries: 12, every: 2}"],
+    # privacy attacks: a reconstruction of round 2's first client, a membership attack
+    "privacy-attacks": [("privacy_attacks=[{name: inverting_gradients, round: 2, "
+                         "iterations: 30}, {name: loss_threshold}]")],
     # Byzantine payloads built by their clients: words beyond the clip wrap a group's sum
     "secagg-crafted": ["codecs=[{name: secagg, group_size: 2, bits: 16, range: 1.0}]",
                        "clients.byzantine=2", "attack={name: crafted_ipm, epsilon: 20.0}",

@@ -69,9 +69,12 @@ def _roundtrip(state):
     ["local.optimizer={name: sgd}", "codecs=[{name: qsgd, levels: 2, ef21: true}]"],
     # an audit: its canaries' rows each round, its statistics from the run's first model
     ["audit={canaries: 9, every: 2}"],
+    # a reconstruction's target kept from round 2 to the end, a membership attack
+    [("privacy_attacks=[{name: dlg, round: 2, iterations: 20, labels: infer}, "
+      "{name: loss_threshold}]")],
 ], ids=["momentum-cc-server-momentum", "mu2sgd", "fedadam", "batchnorm", "batchnorm-local",
         "scaffold", "feddyn", "fedbn", "ditto", "top-k-error-feedback", "downlink", "qsgd-ef21",
-        "audit"])
+        "audit", "privacy-attacks"])
 def test_resume_from_a_checkpoint_gives_the_uninterrupted_numbers(tmp_path, over):
     sc = _point(tmp_path, FL, *over)
     saved: dict[int, dict] = {}

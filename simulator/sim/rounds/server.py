@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from simulator import registry
 from simulator.config.plan import build_codecs, build_downlink
 from simulator.config.schema import Speeds
 from simulator.errors import WorkerLost
@@ -102,6 +103,11 @@ class ServerRounds(RoundProtocol):
         self.shape = MessageShape(0)  # a client message's (the server's model says)
         self.devices: Any = None  # the simulated devices (speeds), when the run has them
         self.task_seconds: Callable[[int, int], float] | None = None
+        # privacy attacks: the scenario's, and the client each reconstruction targeted
+        self.attacks = [registry.instantiate("privacy_attacks", s)
+                        for s in ctx.plan.scenario.privacy_attacks]
+        self.attack_clients: dict[int, int] = {}
+        self.attack_tables: dict[str, dict[str, list]] = {}
 
     def start(self) -> list[Any]:
         ctx = self.ctx
@@ -258,6 +264,7 @@ class ServerRounds(RoundProtocol):
                                                  [(tr.seen[0], len(tr.seen[1]))], self.shape,
                                                  self.d_buffers, tr.seen[1])
         groups, refs, scales = self.step_rows(round_, tr)
+        self._aim_attacks(round_, tr)
         step_ref = self.server.step(round_, StepLayout(groups, scales=scales), byz_ref, refs)
         self.after_step(round_, tr)
         # the personal models (Ditto) after this round's training, before a prefetched
@@ -279,6 +286,8 @@ class ServerRounds(RoundProtocol):
             metrics.update(ctx.accountant.spent(round_ + 1))
         if self.audit_now(round_):
             metrics.update(b.get(self.server.audit()))
+        if self.attacks and round_ + 1 == ctx.plan.scenario.rounds:
+            metrics.update(self._run_attacks())
         timings = {k: metrics.pop(k) for k in list(metrics) if k.endswith("_seconds")}
         end = time.perf_counter()
         # from the later of its submission and the previous round's end
@@ -309,10 +318,45 @@ class ServerRounds(RoundProtocol):
             sc.audit.every is not None and (round_ + 1) % sc.audit.every == 0)
 
     def tables(self) -> dict[str, dict[str, list]]:
-        """The audit's canary cosines at the end (``audit_canaries``), with ``audit:``."""
-        if self.ctx.plan.scenario.audit is None:
-            return {}
-        return {"audit_canaries": self.ctx.backend.get(self.server.audit_table())}
+        """The audit's canary cosines at the end (``audit_canaries``), with ``audit:``;
+        each reconstruction attack's samples (``attack_<name>``)."""
+        out = dict(self.attack_tables)
+        if self.ctx.plan.scenario.audit is not None:
+            out["audit_canaries"] = self.ctx.backend.get(self.server.audit_table())
+        return out
+
+    def _aim_attacks(self, round_: int, tr: Training) -> None:
+        """The reconstruction attacks on round ``round_``: each targets its ``client``
+        (the round's first honest client when None) if it sends an update this round."""
+        for i, attack in enumerate(self.attacks):
+            if not attack.traits.reconstructs or attack.round != round_ + 1:
+                continue
+            client = attack.client if attack.client is not None else \
+                (tr.honest[0] if tr.honest else None)
+            if client is not None and client in tr.honest:
+                self.server.aim_attack(i, client)
+                self.attack_clients[i] = client
+
+    def _run_attacks(self) -> dict[str, float]:
+        """The privacy attacks' metrics at the end of the run, each beside the bound the
+        run's DP implies (1 without DP, or where the server sees what DP does not cover):
+        Hayes et al.'s on a reconstruction's success with prior 1 / candidates, from one
+        round's mechanism; the best membership advantage of the run's mechanism."""
+        ctx = self.ctx
+        truths = {}
+        for i, client in self.attack_clients.items():
+            x, y = ctx.data.source.train([client])[0]
+            truths[i] = (np.asarray(x), np.asarray(y), int(ctx.pool.local_steps[client]))
+        metrics = dict(ctx.backend.get(self.server.run_privacy_attacks(
+            truths, ctx.plan.scenario.local.lr)))
+        self.attack_tables = ctx.backend.get(self.server.privacy_attack_tables())
+        for spec, attack in zip(ctx.plan.scenario.privacy_attacks, self.attacks, strict=True):
+            if attack.traits.reconstructs:
+                metrics[f"{spec['name']}_success_bound"] = ctx.accountant.reconstruction_bound(
+                    attack.target, 1.0 / attack.candidates)
+            else:
+                metrics[f"{spec['name']}_advantage_bound"] = ctx.accountant.advantage_bound()
+        return metrics
 
     def _traffic(self, senders: int, receivers: int) -> dict[str, float]:
         """The step's bytes: ``senders`` messages up, the model to ``receivers`` clients down
@@ -343,11 +387,13 @@ class ServerRounds(RoundProtocol):
         """The server's state (global model, optimizer, stateful aggregation rules) and the
         simulated time."""
         return {"server": self.ctx.backend.get(self.server.checkpoint()),
-                "sim_time": self._clock, "bytes": list(self._bytes)}
+                "sim_time": self._clock, "bytes": list(self._bytes),
+                "attack_clients": dict(self.attack_clients)}
 
     def restore(self, state: dict[str, Any]) -> list[Any]:
         self._clock = float(state.get("sim_time", 0.0))
         self._bytes = [int(v) for v in state.get("bytes", [0, 0])]
+        self.attack_clients = {int(i): int(c) for i, c in state.get("attack_clients", {}).items()}
         return [self.server.restore(state["server"])]
 
     def final(self) -> tuple[np.ndarray, dict[str, Any], dict[str, str]]:
