@@ -112,7 +112,7 @@ def _lines_figure(spec: dict[str, Any]) -> Any:
 
     panels = spec.get("panels") or [("", spec["series"])]
     every = [s for _, series in panels for s in series]
-    log = wants_log(every)
+    log = spec["log"] if spec.get("log") is not None else wants_log(every)
     n = len(panels)
     ncols = 1 if n == 1 else 2 if n <= 4 else 3
     nrows = math.ceil(n / ncols)

@@ -10,8 +10,12 @@ under the worst attack; see dashboards/robust.py: the Byzantine count and the at
 condition, "no attack" a column beside the attacks); heat maps of final accuracy,
 aggregator x attack and aggregator x f, every map on one colour range, titles naming only
 what varies, diverged cells marked; for D-SGD, a topology table (spectral gap, accuracy,
-generalization gap, consensus distance). For a search (``fedray tune``), the runs are the
-points of each search's best trial, and a section draws the search (dashboards/search.py):
+generalization gap, consensus distance). For DP runs, the f-DP trade-off curve of each
+mechanism and, for an audited run (``audit:``), the curves (epsilon, delta)-DP implies for its
+audit's estimate and lower bound beside it, with the accountant's epsilon, the audit's
+numbers and its canaries in a table (dashboards/audit.py). For a search (``fedray tune``), the
+runs are the points of each search's best trial, and a section draws the search
+(dashboards/search.py):
 each search at its best setting under each ``worst_over`` value, the score of every trial
 against each searched key, and the ASHA rungs. The report is logged as ``report/report.html`` on
 the scenario's parent run; its figures and tables go to ``figures/`` (PDF, SVG: see
@@ -29,12 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dashboards.audit import dp_curve
 from dashboards.robust import NO_ATTACK, Cell, Robust, robust
 from dashboards.rundata import RunData
 from dashboards.search import search_section
 from dashboards.stats import Summary, summarize
 from dashboards.svg import MAX_SERIES, heat_map, line_chart, pick_series
 from simulator.metric_names import SIM_TIME, mlflow_name
+from simulator.run.privacy_compare import AUDIT_METRICS, AuditFacts, audit_facts
 from simulator.run.reductions import from_mlflow
 
 if TYPE_CHECKING:
@@ -109,7 +115,8 @@ def _load(client: Any, run: Any) -> RunData:
     name = run.info.run_name
     data = RunData(run.info.run_id, name, _group(name), run.data.tags.get("seed", ""),
                    dict(run.data.tags), dict(run.data.params))
-    for key in [k for k, _ in CURVES] + ["nonfinite_aggregate", SIM_TIME]:  # plain names here,
+    for key in dict.fromkeys([k for k, _ in CURVES] + ["nonfinite_aggregate", SIM_TIME,
+                                                       *AUDIT_METRICS]):  # plain names here,
         # MLflow's (eval/test_accuracy) there
         if mlflow_name(key) in run.data.metrics:
             hist = sorted(client.get_metric_history(run.info.run_id, mlflow_name(key)),
@@ -355,15 +362,16 @@ class Page:
 
     def chart(self, title: str, series: list[dict], x_label: str, y_label: str,
               note: str = "", panels: list[tuple[str, list[dict]]] | None = None,
-              log_x: bool = False) -> str:
+              log_x: bool = False, log: bool | None = None) -> str:
         """A line chart; ``note`` (how to read the HTML chart) goes in the HTML title only,
         ``panels`` (title, series) split the exported figure into small multiples;
-        ``log_x``: a log x axis."""
+        ``log_x``: a log x axis; ``log``: a log y axis (default: ``svg.wants_log``)."""
         if self.exports is not None:
             self.exports.figures.append(("lines", {"title": title, "series": series,
                                                    "x_label": x_label, "y_label": y_label,
-                                                   "panels": panels, "log_x": log_x}))
-        return line_chart(title + note, series, x_label, y_label, log_x=log_x)
+                                                   "panels": panels, "log_x": log_x,
+                                                   "log": log}))
+        return line_chart(title + note, series, x_label, y_label, log=log, log_x=log_x)
 
     def heat(self, title: str, rows: list[str], cols: list[str], values: dict, row_label: str,
              col_label: str, lo: float | None = None, hi: float | None = None,
@@ -421,24 +429,119 @@ document.querySelectorAll('svg.chart').forEach(function (svg) {
 """
 
 
-def _mechanisms(runs: list[RunData]) -> dict[str, tuple[list[float], list[float]]]:
-    """The trade-off curve (alpha, beta) of each distinct privacy block among the runs (runs
-    that differ only in, say, the aggregator share one mechanism), named by the privacy params
-    that vary between mechanisms; at most MAX_SERIES."""
+def _mechanism_key(r: RunData) -> tuple:
+    """A run's privacy block: the privacy params it logged but the epsilon spent."""
+    return tuple(sorted((k, v) for k, v in r.params.items()
+                        if k.startswith("privacy.") and k != "privacy.epsilon"))
+
+
+def _mechanism_runs(runs: list[RunData]) -> dict[tuple, tuple[str, RunData]]:
+    """Each distinct privacy block among the runs with a trade-off curve (runs that differ
+    only in, say, the aggregator share one mechanism): its name (the privacy params that vary
+    between mechanisms) and a run of it; at most MAX_SERIES."""
     by_mech: dict[tuple, RunData] = {}
     for r in runs:
         if r.tradeoff is not None:
-            key = tuple(sorted((k, v) for k, v in r.params.items()
-                               if k.startswith("privacy.") and k != "privacy.epsilon"))
-            by_mech.setdefault(key, r)
+            by_mech.setdefault(_mechanism_key(r), r)
     varying = sorted({k for key in by_mech for k, _ in key
                       if len({dict(other).get(k) for other in by_mech}) > 1})
     out = {}
     for key, r in list(by_mech.items())[:MAX_SERIES]:
         name = ", ".join(f"{k.removeprefix('privacy.')}={dict(key).get(k)}" for k in varying)
-        assert r.tradeoff is not None  # kept above
-        out[name or r.group] = r.tradeoff
+        out[key] = (name or r.group, r)
     return out
+
+
+def _mechanisms(runs: list[RunData]) -> dict[str, tuple[list[float], list[float]]]:
+    """The trade-off curve (alpha, beta) of each mechanism of ``_mechanism_runs``, by name."""
+    out = {}
+    for name, r in _mechanism_runs(runs).values():
+        assert r.tradeoff is not None  # kept there
+        out[name] = r.tradeoff
+    return out
+
+
+def _audits(groups: dict[str, list[RunData]]) -> dict[str, list[AuditFacts]]:
+    """Per sweep point with an audit (``audit:``), the ``AuditFacts`` of its audited runs
+    (one per seed), from the final values they logged."""
+    out = {}
+    for label, members in groups.items():
+        facts = [audit_facts(r.params, {k: r.final(k) for k in AUDIT_METRICS})
+                 for r in members]
+        if any(f.audited for f in facts):
+            out[label] = [f for f in facts if f.audited]
+    return out
+
+
+def _audit_curves(groups: dict[str, list[RunData]], audits: dict[str, list[AuditFacts]],
+                  mechanisms: dict[tuple, tuple[str, RunData]]) -> list[dict]:
+    """Per audited sweep point, the trade-off curves of (epsilon, delta)-DP at its audit's
+    delta for the audit's estimate (dashed) and its lower bound (dotted), each the mean over
+    seeds of the final value, in the colour of the point's mechanism curve (its own colour
+    when several audited points share a mechanism), on that curve's alpha grid."""
+    from dashboards.svg import PALETTE
+
+    keys = list(mechanisms)
+    point_key = {label: _mechanism_key(groups[label][0]) for label in audits}
+    shared = {k for k in point_key.values() if list(point_key.values()).count(k) > 1}
+    out, extra = [], len(keys)
+    for label, facts in audits.items():
+        key = point_key[label]
+        if key in keys and key not in shared:
+            colour = PALETTE[keys.index(key) % len(PALETTE)]
+        else:
+            colour, extra = PALETTE[extra % len(PALETTE)], extra + 1
+        drawn = mechanisms[key][1].tradeoff if key in keys else None
+        grid = drawn[0] if drawn is not None else None
+        delta = facts[0].audit_delta
+        for what, dash, values in (("audit estimate", "7 4", [f.estimate for f in facts]),
+                                   ("audit lower bound", "2 3", [f.lower for f in facts])):
+            m = summarize(values)
+            if not m.n or not m.mean >= 0:  # not logged (the bound: inserted != 0.5)
+                continue
+            alpha, beta = dp_curve(m.mean, delta, grid)
+            seeds = f", mean of {m.n} seeds" if m.n > 1 else ""
+            out.append({"label": f"{label}: {what}, epsilon {m.mean:.3g} at delta "
+                                 f"{delta:g}{seeds}",
+                        "x": alpha, "mean": beta, "color": colour, "dash": dash})
+    return out
+
+
+def _audit_table(page: Page, audits: dict[str, list[AuditFacts]]) -> list[str]:
+    """Per audited sweep point: the accountant's final epsilon, the audit's estimate and
+    lower bound (mean ± std over seeds), the canaries inserted, and the deltas."""
+    if not audits:
+        return []
+    rows = []
+    for label, facts in audits.items():
+        measured = [f for f in facts if f.measured]
+        accountant = summarize([f.epsilon for f in facts])
+        lower = summarize([f.lower for f in facts])
+        lower_text = _cell(lower) if lower.n else "-"
+        above = sum(f.exceeded for f in facts)
+        if above:
+            lower_text += f" (above the accountant's in {above} of {len(facts)} runs)"
+        inserted = summarize([f.inserted for f in facts])
+        deltas = dict.fromkeys(f"{f.delta:g}" for f in facts if f.private)
+        audit_deltas = dict.fromkeys(f"{f.audit_delta:g}" for f in facts)
+        rows.append([label, f"{len(measured)} of {len(facts)}",
+                     _cell(accountant) if accountant.n else "- (no privacy block)",
+                     _cell(summarize([f.estimate for f in facts])), lower_text,
+                     f"{_cell(inserted)} of {facts[0].canaries}",
+                     ", ".join(deltas) or "-", ", ".join(audit_deltas)])
+    return [('<p class="note">The empirical privacy audit (<code>audit:</code>): canary clients '
+             "whose updates are random directions, the cosines of the model's change with "
+             "them giving Andrew et al.'s estimate of epsilon (ICLR 2024) and, at "
+             "<code>inserted: 0.5</code>, Steinke, Nasr and Jagielski's lower bound (NeurIPS "
+             "2023), final values, mean ± std over seeds, beside the accountant's final "
+             "epsilon. In the trade-off chart, dashed: the curve (epsilon, delta)-DP implies "
+             "for the estimate, dotted: for the lower bound, at the audit's delta (Kairouz et "
+             "al. 2015; Dong, Roth, Su 2022). No sound accountant's curve lies above the lower "
+             "bound's everywhere; an estimate's curve far above the accountant's says the "
+             "analysis is loose for this run (or its canaries weak).</p>"),
+            page.table(["sweep point", "seeds audited", "accountant epsilon",
+                        "audit estimate", "audit lower bound", "canaries inserted",
+                        "delta", "audit delta"], rows, "audit")]
 
 
 def _mechanism_table(page: Page, curves: dict[str, tuple[list[float], list[float]]]
@@ -462,6 +565,33 @@ def _mechanism_table(page: Page, curves: dict[str, tuple[list[float], list[float
             "choosing the column's mechanism over the row's (0: the column is at least as "
             "private everywhere); advantage: the best attacker's max TPR - FPR.</p>"),
             page.table(["mechanism", "advantage", *names], rows, "mechanisms")]
+
+
+def _privacy_section(page: Page, runs: list[RunData], groups: dict[str, list[RunData]]
+                     ) -> list[str]:
+    """The trade-off curve of each mechanism with, for an audited sweep point, the curves
+    (epsilon, delta)-DP implies for its audit's estimate and lower bound (the audit curves
+    past MAX_SERIES faded); the Delta table; the audit's numbers. None without a mechanism's
+    curve or an audit."""
+    mech_runs = _mechanism_runs(runs)
+    mechanisms = _mechanisms(runs)
+    audits = _audits(groups)
+    if not mechanisms and not audits:
+        return []
+    trade: list[dict[str, Any]] = [{"label": name, "x": ab[0], "mean": ab[1]}
+                                   for name, ab in mechanisms.items()]
+    audited = _audit_curves(groups, audits, mech_runs)
+    trade += [{**s, "hidden": len(trade) + i >= MAX_SERIES} for i, s in enumerate(audited)]
+    faded = sum(1 for s in trade if s.get("hidden"))
+    title = ("f-DP trade-off curve of each mechanism (an attacker's type II error beta "
+             "against type I error alpha; higher is more private)")
+    if audited:
+        title += ("; dashed and dotted: the (epsilon, delta)-DP curves of the audit's "
+                  "estimate and lower bound")
+    note = (f" ({faded} audit curves faded; click a faded legend entry to show its curve)"
+            if faded else "")
+    return ["<h2>Privacy</h2>", page.chart(title, trade, "alpha", "beta", note, log=False),
+            *_mechanism_table(page, mechanisms), *_audit_table(page, audits)]
 
 
 def _topology_section(page: Page, runs: list[RunData]) -> list[str]:
@@ -593,13 +723,7 @@ def render(title: str, runs: list[RunData], exports: Exports | None = None,
     if charts:
         parts += ["<h2>Curves</h2>", *charts]
     parts += _time_section(page, runs, groups, style)
-    mechanisms = _mechanisms(runs)
-    if mechanisms:
-        trade = [{"label": name, "x": ab[0], "mean": ab[1]} for name, ab in mechanisms.items()]
-        parts += ["<h2>Privacy</h2>", page.chart(
-            "f-DP trade-off curve of each mechanism (an attacker's type II error beta against "
-            "type I error alpha; higher is more private)", trade, "alpha", "beta"),
-            *_mechanism_table(page, mechanisms)]
+    parts += _privacy_section(page, runs, groups)
     parts += byzfl_views(runs, page)
     by_attack, by_f = _heat_maps(page, runs)
     if by_attack:

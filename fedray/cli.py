@@ -813,9 +813,9 @@ def entry() -> None:
 
 def _check_tracking_uri(args: argparse.Namespace) -> None:
     """The tracking URI of every command that takes --tracking-uri (run, sweep, tune, resume,
-    sync, report, ui; ``fedray table`` calls the same check), or the default one, checked by
-    class before anything else (``simulator.run.store_uri``); ``fedray sync`` checks only the one
-    it is given."""
+    sync, report, ui, privacy compare --runs; ``fedray table`` calls the same check), or the
+    default one, checked by class before anything else (``simulator.run.store_uri``); ``fedray
+    sync`` checks only the one it is given, ``fedray privacy compare`` only with --runs."""
     if "tracking_uri" in vars(args):
         from simulator.run.store_uri import check_command_uri
 

@@ -11,11 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from simulator.config.load import load
-from simulator.runtime.backend import InlineBackend
-from simulator.sim.engine import Engine
-from strategies.privacy import advantage, delta_divergence, excess_bayes_vulnerability
-
 
 def privacy_compare(paths: list[str], overrides: list[str] | None = None,
                     delta: float | None = None) -> list[dict[str, Any]]:
@@ -25,6 +20,12 @@ def privacy_compare(paths: list[str], overrides: list[str] | None = None,
     Delta-divergence between every ordered pair of their trade-off curves with the prior at
     which it binds. A mechanism is named by its file, plus the sweep values that set it when
     the file has more than one."""
+    # here, not above: the report reads runs' audits from this module without the engine
+    from simulator.config.load import load
+    from simulator.runtime.backend import InlineBackend
+    from simulator.sim.engine import Engine
+    from strategies.privacy import advantage, delta_divergence, excess_bayes_vulnerability
+
     alpha = np.linspace(0.0, 1.0, 2001)
     out = []
     for path in paths:
