@@ -13,7 +13,11 @@ what varies, diverged cells marked; for D-SGD, a topology table (spectral gap, a
 generalization gap, consensus distance). For DP runs, the f-DP trade-off curve of each
 mechanism and, for an audited run (``audit:``), the curves (epsilon, delta)-DP implies for its
 audit's estimate and lower bound beside it, with the accountant's epsilon, the audit's
-numbers and its canaries in a table (dashboards/audit.py). For a search (``fedray tune``), the
+numbers and its canaries in a table (dashboards/audit.py). For runs with privacy attacks
+(``privacy_attacks:``), a table per attack (its measured success or advantage beside the
+bound the run's DP implies, PSNR, SSIM, label accuracy or AUC; mean ± std over seeds per
+sweep point) and, for a reconstruction attack, the first seed's attacked client's samples
+beside their reconstructions (dashboards/attacks.py). For a search (``fedray tune``), the
 runs are the points of each search's best trial, and a section draws the search
 (dashboards/search.py):
 each search at its best setting under each ``worst_over`` value, the score of every trial
@@ -33,6 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dashboards.attacks import (
+    MAX_SAMPLES,
+    attack_kind,
+    attack_metrics,
+    attack_names,
+    read_reconstruction,
+    reconstruction_svg,
+)
 from dashboards.audit import dp_curve
 from dashboards.robust import NO_ATTACK, Cell, Robust, robust
 from dashboards.rundata import RunData
@@ -63,11 +75,19 @@ def collect(target: str, tracking_uri: str | None = None) -> tuple[str, str | No
     """(title, parent run id or None, runs) for an experiment name or a run id."""
     from mlflow.tracking import MlflowClient
 
-    from simulator.run.tracking import child_runs, default_uri, ensure_store, latest_scenario_run
+    from simulator.run.tracking import default_uri, ensure_store
 
     uri = tracking_uri or default_uri()
     ensure_store(uri)  # a store that cannot be used: one line
     client = MlflowClient(uri)
+    title, parent, runs = _collect(client, uri, target)
+    _load_reconstructions(client, runs)
+    return title, parent, runs
+
+
+def _collect(client: Any, uri: str, target: str) -> tuple[str, str | None, list[RunData]]:
+    from simulator.run.tracking import child_runs, latest_scenario_run
+
     exp = client.get_experiment_by_name(target)
     search = _search_runs(client, target, exp)
     if search is not None:
@@ -115,9 +135,10 @@ def _load(client: Any, run: Any) -> RunData:
     name = run.info.run_name
     data = RunData(run.info.run_id, name, _group(name), run.data.tags.get("seed", ""),
                    dict(run.data.tags), dict(run.data.params))
-    for key in dict.fromkeys([k for k, _ in CURVES] + ["nonfinite_aggregate", SIM_TIME,
-                                                       *AUDIT_METRICS]):  # plain names here,
-        # MLflow's (eval/test_accuracy) there
+    for key in dict.fromkeys([k for k, _ in CURVES] + [
+            "nonfinite_aggregate", SIM_TIME, *AUDIT_METRICS,
+            *attack_metrics(attack_names(data.params))]):  # plain names here, MLflow's
+        # (eval/test_accuracy) there
         if mlflow_name(key) in run.data.metrics:
             hist = sorted(client.get_metric_history(run.info.run_id, mlflow_name(key)),
                           key=lambda m: m.step)
@@ -135,6 +156,36 @@ def _load(client: Any, run: Any) -> RunData:
         except Exception:  # noqa: BLE001 - a run that logged no trade-off: no curve
             data.tradeoff = None
     return data
+
+
+def _seed_order(r: RunData) -> tuple[int, str]:
+    return (int(r.seed), "") if r.seed.isdigit() else (1 << 62, r.seed)
+
+
+def _load_reconstructions(client: Any, runs: list[RunData]) -> None:
+    """Each reconstruction attack's first ``MAX_SAMPLES`` samples
+    (``privacy/attack_<name>.parquet``) into ``RunData.reconstructions``, for the first seed
+    of each sweep point that ran the attack (to keep the report short). An attack without
+    its table (its client dropped out) has none."""
+    import tempfile
+
+    groups: dict[str, list[RunData]] = {}
+    for r in runs:
+        groups.setdefault(r.group, []).append(r)
+    for members in groups.values():
+        for name in dict.fromkeys(n for r in members for n in attack_names(r.params)):
+            ran = [r for r in members if attack_kind(r.history, name) == "reconstruction"]
+            if not ran:
+                continue
+            first = min(ran, key=_seed_order)
+            try:
+                with tempfile.TemporaryDirectory() as tmp:
+                    rec = read_reconstruction(client.download_artifacts(
+                        first.run_id, f"privacy/attack_{name}.parquet", tmp))
+            except Exception:  # noqa: BLE001 - no table (no reconstruction): no images
+                rec = None
+            if rec is not None:
+                first.reconstructions[name] = rec
 
 
 DASHES = ["", "7 4", "2 3", "10 3 2 3", "4 2 1 2", "1 5"]
@@ -411,7 +462,8 @@ svg{margin:6px 12px 6px 0;background:#fff}
 .frame{fill:none;stroke:#999}.grid{stroke:#eee}
 .curve{fill:none;stroke-width:2}.band{opacity:.15;stroke:none}
 .legend{cursor:pointer}.off{opacity:.15}.band.off{opacity:.02}.cellv{font-size:11px;pointer-events:none}
-.note{color:#666;font-size:13px}.context{font-size:14px}
+.note{color:#666;font-size:13px}.context{font-size:14px}h3{font-size:15px;margin-top:18px}
+.recon image{image-rendering:pixelated}
 """
 
 JS = """
@@ -594,6 +646,81 @@ def _privacy_section(page: Page, runs: list[RunData], groups: dict[str, list[Run
             *_mechanism_table(page, mechanisms), *_audit_table(page, audits)]
 
 
+ATTACK_COLUMNS = {
+    "reconstruction": [("success", "success"), ("success_bound", "success bound"),
+                       ("psnr", "PSNR (dB)"), ("ssim", "SSIM"),
+                       ("label_accuracy", "label accuracy")],
+    "membership": [("advantage", "advantage"), ("advantage_bound", "advantage bound"),
+                   ("auc", "AUC")],
+}
+
+
+def _attacks_section(page: Page, groups: dict[str, list[RunData]]) -> list[str]:
+    """Per privacy attack (``privacy_attacks:``), a row per sweep point that ran it: its
+    final metrics, mean ± std over the seeds, the measured success or advantage beside the
+    bound the run's DP implies; and for a reconstruction attack, the samples of each point's
+    first seed beside their reconstructions. None without an attack."""
+    ran: dict[str, tuple[str, dict[str, list[RunData]]]] = {}  # name -> (kind, points)
+    for label, members in groups.items():
+        for r in members:
+            for name in attack_names(r.params):
+                kind = attack_kind(r.history, name)
+                if kind is not None and ran.setdefault(name, (kind, {}))[0] == kind:
+                    ran[name][1].setdefault(label, []).append(r)
+    if not ran:
+        return []
+    out = ["<h2>Privacy attacks</h2>",
+           ('<p class="note">Each attack\'s final values, mean ± std over seeds. A '
+            "reconstruction attack (the server's view of one client's update in its round): "
+            "success is the fraction of the client's samples whose reconstruction's nearest "
+            "among the attack's candidates is the sample (Hayes, Mahloujifar, Balle, NeurIPS "
+            "2023), beside the bound one round's DP implies (1 - f(1 / candidates); 1 without "
+            "DP or where the server sees the row in the clear); PSNR, SSIM and label accuracy "
+            "of the reconstructions matched to the client's samples. A membership attack on "
+            "the final model: its AUC and its advantage (TPR - FPR at a threshold chosen on "
+            "half the queries, measured on the other half) beside the largest the run's "
+            "mechanism allows (1 without DP). A reconstruction attack's samples are drawn "
+            f"for the first seed of each sweep point, at most {MAX_SAMPLES}.</p>")]
+    for name, (kind, points) in ran.items():
+        cols = ATTACK_COLUMNS[kind]
+        rows = [[label, str(len(members)),
+                 *(_cell(summarize([r.final(f"{name}_{key}") for r in members]))
+                   for key, _ in cols)]
+                for label, members in points.items()]
+        out += [f"<h3>{html.escape(name)} ({kind})</h3>",
+                page.table(["sweep point", "seeds", *(head for _, head in cols)], rows,
+                           f"attack_{name}")]
+        if kind == "reconstruction":
+            out += _reconstruction_figures(name, points)
+    return out
+
+
+def _reconstruction_figures(name: str, points: dict[str, list[RunData]]) -> list[str]:
+    """Per sweep point, the samples of reconstruction attack ``name`` its first seed loaded
+    (``_load_reconstructions``): a caption and the drawing (dashboards/attacks.py)."""
+    out = []
+    for label, members in points.items():
+        for r in members:
+            rec = r.reconstructions.get(name)
+            if rec is None or not rec.rows:
+                continue
+            where = f"{label} (seed {r.seed})" if r.seed else label
+            svg = reconstruction_svg(rec)
+            if not svg:
+                out.append(f'<p class="note">{html.escape(where)}: the inputs are not images; '
+                           "no drawing.</p>")
+                continue
+            client = rec.rows[0].get("client")
+            shown = (f"the first {len(rec.rows)} of its {rec.total} samples"
+                     if rec.total > len(rec.rows) else
+                     f"its {rec.total} sample" + ("s" if rec.total != 1 else ""))
+            out += [(f'<p class="note">{html.escape(where)}, client {client}: {shown} (left '
+                     "of each pair) beside the reconstruction (right), the PSNR under each "
+                     "pair; one range for all (the true samples' min to max), scaled up "
+                     "without smoothing.</p>"), svg]
+    return out
+
+
 def _topology_section(page: Page, runs: list[RunData]) -> list[str]:
     """The D-SGD runs' table: spectral gap, accuracy, generalization gap, consensus."""
     by_topo: dict[str, list[RunData]] = {}
@@ -724,6 +851,7 @@ def render(title: str, runs: list[RunData], exports: Exports | None = None,
         parts += ["<h2>Curves</h2>", *charts]
     parts += _time_section(page, runs, groups, style)
     parts += _privacy_section(page, runs, groups)
+    parts += _attacks_section(page, groups)
     parts += byzfl_views(runs, page)
     by_attack, by_f = _heat_maps(page, runs)
     if by_attack:

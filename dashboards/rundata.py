@@ -1,9 +1,22 @@
-"""One MLflow run as the report reads it: its name, seed, tags, params and metric history."""
+"""One MLflow run as the report reads it: its name, seed, tags, params and metric history,
+and what the report draws of its artifacts (a DP run's trade-off curve, a reconstruction
+attack's first samples)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Reconstruction:
+    """A reconstruction attack's first samples (``privacy/attack_<name>.parquet``'s rows:
+    sample, client, label, reconstructed_label, psnr, truth, reconstruction, shape) and how
+    many the attacked client had (``total``)."""
+
+    rows: list[dict[str, Any]]
+    total: int
 
 
 @dataclass
@@ -16,6 +29,8 @@ class RunData:
     params: dict[str, str]
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     tradeoff: tuple[list[float], list[float]] | None = None  # (alpha, beta) of a DP run
+    # a reconstruction attack's samples by its name (the first seed of a sweep point only)
+    reconstructions: dict[str, Reconstruction] = field(default_factory=dict)
 
     def final(self, key: str) -> float:
         h = self.history.get(key)
