@@ -94,6 +94,8 @@ docs-tables: $(STAMP)
 	$(PY) benchmarks/docs_tables.py docs/privacy.md privacy_delta
 	$(PY) benchmarks/docs_tables.py docs/privacy.md dp_compare
 	$(PY) benchmarks/docs_tables.py docs/privacy.md audit_dp_fedavg
+	$(PY) benchmarks/docs_tables.py docs/privacy.md attack_reconstruction
+	$(PY) benchmarks/docs_tables.py docs/privacy.md attack_membership
 	$(PY) benchmarks/docs_tables.py docs/fedro.md b_hat
 	$(PY) benchmarks/docs_tables.py docs/fedro.md fedro_sample_size
 	$(PY) benchmarks/docs_tables.py docs/fedro.md fedro_local_steps

@@ -131,6 +131,12 @@ CELLS = [
      {"privacy.noise_multiplier": "1.0"},
      ["seeds", "epsilon (final)", "audit_epsilon (final)", "audit_epsilon_lower (final)",
       "test_accuracy (final)"]),
+    # clipping alone: DLG (magnitudes) fails, Inverting Gradients (cosine) does not
+    ("docs/privacy.md", "attack_reconstruction",
+     "sweep={privacy.clip: [0.1], privacy.noise_multiplier: [0.0]}",
+     {"privacy.clip": "0.1", "privacy.noise_multiplier": "0.0"},
+     ["seeds", "dlg_psnr (final)", "dlg_success (final)", "inverting_gradients_psnr (final)",
+      "inverting_gradients_success (final)", "inverting_gradients_success_bound (final)"]),
     ("docs/privacy.md", "dp_sgd_digits",
      "sweep={privacy.noise_multiplier: [1.0], aggregator.name: [median]}",
      {"privacy.noise_multiplier": "1.0", "aggregator.name": "median"},
