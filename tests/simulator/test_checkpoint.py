@@ -151,10 +151,17 @@ DITTO_KILL = KILL.replace("dataset: {name: digits}",
     "local: {epochs: 2, batch_size: 8, lr: 0.05, optimizer: {name: ditto, lam: 0.5}}")
 
 EF_KILL = KILL + "codecs: [{name: top_k, fraction: 0.01, error_feedback: true}]\n"
+# an audit (statistics every 4 rounds from the run's first model) and a reconstruction of
+# round 2's first client, whose target the round-4 checkpoint carries to the end
+AUDIT_KILL = KILL + "audit: {canaries: 12, every: 4}\n" + \
+    "privacy_attacks: [{name: inverting_gradients, round: 2, iterations: 20}]\n"
+AUDIT_KEYS = ["audit_epsilon", "audit_cosine_in_mean", "audit_cosine_out_std"]
 
 
-@pytest.mark.parametrize("text", [KILL, ASYNC_KILL, SCAFFOLD_KILL, DITTO_KILL, EF_KILL],
-                         ids=["sync", "fedbuff", "scaffold", "ditto", "top-k-error-feedback"])
+@pytest.mark.parametrize("text", [KILL, ASYNC_KILL, SCAFFOLD_KILL, DITTO_KILL, EF_KILL,
+                                  AUDIT_KILL],
+                         ids=["sync", "fedbuff", "scaffold", "ditto", "top-k-error-feedback",
+                              "audit-attack"])
 def test_kill_9_of_the_driver_then_resume_gives_the_uninterrupted_metrics(tmp_path, mlflow_uri,
                                                                           text):
     import os
@@ -202,6 +209,12 @@ def test_kill_9_of_the_driver_then_resume_gives_the_uninterrupted_metrics(tmp_pa
         hist = sorted(client.get_metric_history(run_id, mlflow_name(key)), key=lambda m: m.step)
         assert [m.step for m in hist] == list(range(16)), key  # every round exactly once
         assert [m.value for m in hist] == [row[key] for row in full.metrics]
+    if text is AUDIT_KILL:  # the audit's rounds (4, 8, 12, 16) and the attack's end
+        for key in [*AUDIT_KEYS, "inverting_gradients_psnr"]:
+            hist = sorted(client.get_metric_history(run_id, mlflow_name(key)),
+                          key=lambda m: m.step)
+            want = [(i, row[key]) for i, row in enumerate(full.metrics) if key in row]
+            assert [(m.step, m.value) for m in hist] == want and want, key
     assert not list(tmp_path.glob(".fedray/checkpoints/*/*.pt"))  # forgotten once finished
     names = {a.path for a in client.list_artifacts(run_id)}
     assert {"metrics.parquet", "scenario.yaml", "model"} <= names
