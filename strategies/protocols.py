@@ -248,6 +248,8 @@ class Traits:
     round (``ServerOptimizer.shared``, in ``ClientData.shared``; SCAFFOLD's server control
     variate): it needs a server that steps once per round of all its clients (synchronous
     server rounds).
+    ``canaries``: a trainer that adds the canary examples a client holds under an audit of
+    sample-level DP (``ClientData.canaries``) to its clipped per-example gradients.
     ``reconstructs``: a privacy attack that reconstructs a client's training samples from
     the message the server receives from it in one round (:class:`PrivacyAttack`); without
     it, a membership attack that scores examples against the run's final model.
@@ -287,6 +289,7 @@ class Traits:
     crafts_payload: bool = False
     reference: bool = False
     reconstructs: bool = False
+    canaries: bool = False
 
     def path_kind(self, key: str) -> PathKind:
         """What the path key ``key`` (one of ``path_params``) names: ``file``, ``folder``
@@ -312,7 +315,7 @@ KIND_TRAITS: dict[str, frozenset[str]] = {kind: frozenset(names) for kind, names
     "optimizers": (),
     "client_optimizers": ("client_state", "gradient_rule", "personal", "trainer",
                           "shared_state", "message"),
-    "trainers": ("batched", "buffers", "loop"),
+    "trainers": ("batched", "buffers", "loop", "canaries"),
     "partitioners": ("by_label", "natural"),
     "privacy": ("privacy_level", "trainer"),
     "privacy_attacks": ("reconstructs",),
@@ -834,7 +837,11 @@ class ClientData:
     ``shared``: the server optimizer's broadcast state of the round (``ServerOptimizer.shared``;
     None without). ``max_steps``: the most minibatch steps the client completes this round
     (a straggler that sends partial work, ``clients.stragglers.partial``); None: all of its
-    local work."""
+    local work. ``canaries``: under an audit of sample-level DP (``audit:``), the unit
+    directions ``(k, d)`` of the canary examples this client holds, each a per-example
+    gradient of norm ``clip`` pointing against its direction, Poisson-sampled at the
+    client's rate from ``canary_generator`` (a trainer with ``traits.canaries`` adds them;
+    None: no canary)."""
 
     client: int
     x: torch.Tensor
@@ -843,6 +850,8 @@ class ClientData:
     state: dict[str, torch.Tensor] = field(default_factory=dict)
     shared: torch.Tensor | None = None
     max_steps: int | None = None
+    canaries: torch.Tensor | None = None
+    canary_generator: torch.Generator | None = None
 
 
 class Trainer(Plugin, ABC):

@@ -338,15 +338,20 @@ class VectorizedSGD(Trainer):
 
 def dp_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
            generator: torch.Generator, local: LocalSettings, clip: float,
-           noise_multiplier: float, task: Task = CLASSIFICATION, max_steps: int | None = None
-           ) -> tuple[torch.Tensor, float]:
+           noise_multiplier: float, task: Task = CLASSIFICATION, max_steps: int | None = None,
+           canaries: torch.Tensor | None = None,
+           canary_generator: torch.Generator | None = None) -> tuple[torch.Tensor, float]:
     """DP-SGD (Abadi et al., CCS 2016) from ``start``: each step takes a Poisson sample of
     rate q = batch_size / n, clips every per-sample gradient (torch.func: vmap of grad) to
     ``clip``, adds N(0, (noise_multiplier clip)^2) to their sum and divides by the expected
     batch size q n; then SGD with momentum and weight decay as configured. The number of
     steps is ``local.steps``, or ``local.epochs`` (default one) times ceil(n / batch_size),
     at most ``max_steps`` (a straggler's partial work; the accountant counts the full work,
-    an upper bound). Returns (update, mean loss of the sampled examples)."""
+    an upper bound). ``canaries`` (k, d): an audit's canary examples (Steinke, Nasr,
+    Jagielski 2023's gradient canaries), each sampled at rate q from ``canary_generator``
+    (the examples' own stream is unchanged) and adding the per-example gradient
+    ``-clip * direction`` to the clipped sum. Returns (update, mean loss of the sampled
+    examples)."""
     from torch.func import functional_call, grad, vmap
 
     n = len(y)
@@ -377,6 +382,9 @@ def dp_sgd(model: nn.Module, start: torch.Tensor, x: torch.Tensor, y: torch.Tens
             with torch.no_grad():
                 out = functional_call(model, unflatten(w), (xb,))
                 losses.append(float(task.losses(out, task.target(xb, yb)).mean()))
+        if canaries is not None and len(canaries):
+            drawn = torch.rand(len(canaries), generator=canary_generator) < q
+            total = total - clip * canaries[drawn].to(w.device).sum(0)
         noise = torch.randn(w.shape, generator=generator).to(w.device) * (noise_multiplier * clip)
         step = (total + noise) / (q * n) + local.weight_decay * w
         buf = local.momentum * buf + step if local.momentum else step
@@ -388,7 +396,7 @@ class DPSGD(Trainer):
     """:func:`dp_sgd` for each client, with the clip and noise multiplier of the scenario's
     sample-level privacy plugin (which also accounts for it)."""
 
-    traits = Traits(context=("model", "local", "task", "privacy"))
+    traits = Traits(context=("model", "local", "task", "privacy"), canaries=True)
 
     def __init__(self, model: nn.Module, local: LocalSettings, task: Task,
                  privacy: Privacy) -> None:
@@ -402,7 +410,8 @@ class DPSGD(Trainer):
         for i, c in enumerate(clients):
             updates[i], losses[i] = dp_sgd(self.model, start, c.x, c.y, c.generator,
                                            self.local, self.clip, self.noise_multiplier,
-                                           self.task, c.max_steps)
+                                           self.task, c.max_steps, c.canaries,
+                                           c.canary_generator)
         return updates, losses
 
 

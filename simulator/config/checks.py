@@ -172,10 +172,13 @@ def _check_audit(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
                                 f"cohort; {mode.name} steps on arrivals: use sync or "
                                 "deadline, or remove audit"))
     if plan.privacy_level == "sample":
-        problems.append(Problem(("audit",), f"canary clients audit client-level DP; "
-                                f"{sc.privacy and sc.privacy['name']!r} is sample-level "
-                                "(canary examples are not built yet): use dp_fedavg or no "
-                                "privacy"))
+        if not registry.get("trainers", plan.trainer["name"]).traits.canaries:
+            problems.append(Problem(("audit",), f"under sample-level DP canaries are "
+                                    f"examples the trainer adds; {plan.trainer['name']} does "
+                                    "not (traits.canaries): use dp_sgd"))
+        if audit.norm is not None:
+            problems.append(Problem(("audit", "norm"), "canary examples' gradients have "
+                                    "DP-SGD's clip as their norm; remove audit.norm"))
     if sc.codecs:
         problems.append(Problem(("audit",), f"canaries send their rows as they are; the "
                                 f"codecs {[c['name'] for c in sc.codecs]} would change "
@@ -184,7 +187,7 @@ def _check_audit(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
         problems.append(Problem(("audit",), f"canaries send a model delta only; "
                                 f"{plan.client_rule['name']!r} sends parts beside it: use "
                                 "another client rule"))
-    if audit.canaries > sc.clients.total:
+    if audit.canaries > sc.clients.total and plan.privacy_level != "sample":
         problems.append(Problem(("audit", "canaries"), f"at most clients.total "
                                 f"({sc.clients.total}): canaries beyond the population would "
                                 f"outweigh its clients (got {audit.canaries})"))

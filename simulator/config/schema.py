@@ -405,7 +405,9 @@ class Audit(Strict):
     inserted into the population with probability ``inserted`` (seeded) and then sampled
     each round as a client is, whose update is a fixed random direction of norm ``norm``
     (client-level DP's clip by default; without it the median norm of the round's honest
-    rows). Every ``every`` rounds (and at the end) the cosine of the model's change since
+    rows); under sample-level DP (dp_sgd) canary examples instead, each held by a client
+    and added to its DP-SGD's clipped gradients. Every ``every`` rounds (and at the end) the
+    cosine of the model's change since
     the start with each canary gives Andrew et al.'s epsilon estimate (ICLR 2024) and, at
     ``inserted: 0.5``, Steinke et al.'s lower bound (NeurIPS 2023) from ``guesses`` of the
     canaries guessed, at ``confidence``; both at ``delta`` (the privacy plugin's by

@@ -1,6 +1,8 @@
-"""The server's half of an empirical privacy audit (``audit:``; docs/privacy.md): canary
-clients whose update is a fixed random direction, appended to a round's rows as the clients
-they are, and the audit's statistics from the model's change since the start.
+"""An empirical privacy audit (``audit:``; docs/privacy.md): canary clients whose update is
+a fixed random direction, appended to a round's rows on the server as the clients they are
+(client-level DP, or none), or under sample-level DP canary examples that the clients'
+DP-SGD adds to its clipped per-example gradients; and the audit's statistics from the
+model's change since the start.
 
 A canary is a client of the population that owns no data: ``audit.canaries`` of them, each
 inserted with probability ``audit.inserted`` (seeded, once), an inserted one sampled each
@@ -11,6 +13,12 @@ DP's clip, else the median norm of the round's honest rows. Canary rows go throu
 server's half of the message path as a client's would (DP-FedAvg clips them and counts them
 in the noised mean); they are no honest client's row, so the robust metrics
 (``aggregation_error``, ``honest_update_norm``) leave them out.
+
+Under sample-level DP (``dp_sgd``) a canary is an example instead (Steinke, Nasr, Jagielski's
+gradient canaries): owned by a client drawn for it (seeded), inserted with probability
+``audit.inserted``, it is Poisson-sampled in each of that client's DP-SGD steps at the
+examples' rate, and its per-example gradient is ``-clip`` times its direction, clipped like
+the others' and noised with them (``ClientData.canaries``; the worker holds them).
 """
 
 from __future__ import annotations
@@ -33,14 +41,19 @@ class CanaryAudit:
     """Canaries of one run point: who is inserted, who is sampled each round, their rows,
     and the audit's statistics (see the module docstring)."""
 
-    def __init__(self, plan: Plan, x0: torch.Tensor) -> None:
+    def __init__(self, plan: Plan, x0: torch.Tensor | None = None) -> None:
         sc = plan.scenario
         audit = sc.audit
         assert audit is not None
         self.audit, self.seed = audit, plan.seed
-        self.x0 = x0.clone()  # the model the run starts from
+        # the model the run starts from (the server's; a worker scores nothing)
+        self.x0 = x0.clone() if x0 is not None else torch.zeros(0)
         self.inserted = numpy_rng(plan.seed, "audit", "inserted").random(audit.canaries) \
             < audit.inserted
+        # sample-level DP: canary examples, each held by a client drawn for it
+        self.examples = plan.privacy_level == "sample"
+        self.owners = numpy_rng(plan.seed, "audit", "owners").integers(
+            sc.clients.total, size=audit.canaries)
         self.rate = min(1.0, sc.clients.sampled / sc.clients.total)
         privacy = build_privacy(plan)
         client_dp = privacy is not None and plan.privacy_level == "client"
@@ -62,10 +75,14 @@ class CanaryAudit:
         return unit_directions([torch_generator(self.seed, "audit", "canary", int(i))
                                 for i in ids], d)
 
+    def held_by(self, client: int) -> np.ndarray:
+        """The inserted canary examples client ``client`` holds (sample-level DP)."""
+        return np.flatnonzero(self.inserted & (self.owners == client))
+
     def rows(self, round_: int, honest: torch.Tensor) -> torch.Tensor:
         """Round ``round_``'s canary rows (k, width): their directions times the norm, in
-        the model-delta columns ``honest`` rows start with."""
-        ids = self.sampled(round_)
+        the model-delta columns ``honest`` rows start with (none for canary examples)."""
+        ids = self.sampled(round_) if not self.examples else np.zeros(0, np.int64)
         d = int(self.x0.numel())
         out = torch.zeros((len(ids), honest.shape[1]), dtype=honest.dtype)
         if not len(ids):

@@ -22,6 +22,7 @@ from simulator.errors import ClientStateLost, guarded
 from simulator.messages import ClientRows, Encoded, TrainRequest
 from simulator.models import build_model
 from simulator.registry import PluginSpec, instantiate
+from simulator.runtime.audit import CanaryAudit
 from simulator.runtime.common import (
     buffers_to_vector,
     deterministic_mode,
@@ -70,8 +71,11 @@ class ClientWorker(EvaluationJobs, PeerModels, Reusable):
         self.plan = plan
         self.codecs = build_codecs(plan)  # the message path's client halves
         self.codec_states = CodecStates(self.codecs)  # their per-client state (residuals)
-        self.shape = message_shape(self.model, plan.message.width(
-            sum(p.numel() for p in self.model.parameters())))
+        self.d = sum(p.numel() for p in self.model.parameters())
+        self.shape = message_shape(self.model, plan.message.width(self.d))
+        # an audit of sample-level DP: the canary examples the clients hold
+        self.canaries = CanaryAudit(plan) \
+            if scenario.audit is not None and plan.privacy_level == "sample" else None
         self.use_trainer(plan.trainer)
         self.state_dtype = {"float32": torch.float32,
                             "float16": torch.float16}[scenario.runtime.state_dtype]
@@ -159,9 +163,15 @@ class ClientWorker(EvaluationJobs, PeerModels, Reusable):
         if poison is not None:  # a stream of its own: the training stream is unchanged
             x, y = poison.poison(x, y, attacker, round_, self.num_classes,
                                  torch_generator(self.seed, "poison", round_, client))
+        canaries = gen = None
+        if self.canaries is not None and poison is None:  # an audit's canary examples
+            held = self.canaries.held_by(int(client))
+            if len(held):
+                canaries = self.canaries.directions(held, self.d)
+                gen = torch_generator(self.seed, "audit", "examples", round_, client)
         # samples and state stay in host memory: the trainer moves each batch to the device
         return ClientData(int(client), x, y, torch_generator(self.seed, "local", round_, client),
-                          self.client_state.get(client), shared, max_steps)
+                          self.client_state.get(client), shared, max_steps, canaries, gen)
 
     def _run(self, round_: int, clients: list[ClientData], start: torch.Tensor
              ) -> tuple[np.ndarray, np.ndarray]:

@@ -6,6 +6,7 @@ anything runs."""
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from simulator.models import build_model
 from simulator.runtime.audit import CanaryAudit
 from simulator.runtime.backend import InlineBackend
 from simulator.sim.engine import Engine
-from strategies.privacy import DPFedAvg
+from strategies.privacy import DPSGD, DPFedAvg, SubsampledGaussian
 from tests.entry_points import registered
 from tests.simulator.test_engine import point as engine_point
 
@@ -137,7 +138,8 @@ def test_the_audit_catches_a_mechanism_that_skips_its_noise(tmp_path, monkeypatc
     ("audit: {canaries: 12, every: 4}\n", "audit.every", "at most rounds (3)"),
     ("audit: {canaries: 1}\n", "audit.canaries", "must be >= 2"),
     ("audit: {canaries: 12, inserted: 1.0}\n", "audit.inserted", "must be < 1"),
-    ("audit: {canaries: 12}\nprivacy: {name: dp_sgd}\n", "audit", "sample-level"),
+    ("audit: {canaries: 12, norm: 1.0}\nprivacy: {name: dp_sgd}\n", "audit.norm",
+     "DP-SGD's clip"),
     ("audit: {canaries: 12}\ncodecs: [{name: float16}]\n", "audit", "codecs"),
     ("audit: {canaries: 12}\ntopology: {name: ring}\nclients: {total: 12}\n", "audit",
      "D-SGD"),
@@ -152,3 +154,59 @@ def test_audit_keys_are_checked_before_anything_runs(tmp_path, extra, where, say
                      + extra)
     lines = e.value.lines
     assert len(lines) == 1 and where in lines[0] and says in lines[0], lines
+
+
+class NoNoiseDPSGD(DPSGD):
+    """A broken DP-SGD for the audit to catch: its accountant counts the noise multiplier
+    it was given, its trainer adds none."""
+
+    def __init__(self, clip: float = 1.0, noise_multiplier: float = 1.0, delta: float = 1e-5,
+                 accountant: Literal["pld", "rdp"] = "pld") -> None:
+        super().__init__(clip, 0.0, delta, accountant)
+        self.claimed = noise_multiplier
+
+    def mechanism(self, rounds: int, client_rate: float, sample_rate: float,
+                  steps_per_round: int) -> SubsampledGaussian:
+        return SubsampledGaussian(sample_rate, self.claimed, rounds * steps_per_round)
+
+
+SAMPLE = """\
+name: sample-level
+rounds: 10
+seeds: [SEED]
+data:
+  dataset: {name: digits}
+  partitioner: {name: iid}
+model: {name: mlp, hidden: [256]}
+clients: {total: 10, per_round: 10}
+local: {epochs: 1, batch_size: 4, lr: 0.1}
+privacy: {name: PRIVACY, clip: 1.0, noise_multiplier: 1.0, delta: 1.0e-5}
+audit: {canaries: 500}
+evaluation: {every: 10}
+"""
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_canary_examples_catch_a_dp_sgd_without_noise(tmp_path, monkeypatch, seed):
+    """Sample-level DP: 500 canary examples among 10 clients' digits (half inserted). A
+    DP-SGD whose accountant counts sigma 1 (epsilon 3.40) but whose trainer adds no noise
+    gives an estimate above the claim (5.35-5.68 on these seeds); the correct one stays
+    below it (0.44-1.15), on 3 seeds."""
+    text = SAMPLE.replace("SEED", str(seed))
+    with registered(monkeypatch, {"privacy": {
+            "no_noise_sgd": "tests.simulator.test_audit_runs:NoNoiseDPSGD"}}):
+        broken = run(tmp_path, text=text.replace("PRIVACY", "no_noise_sgd")).metrics[-1]
+    good = run(tmp_path, text=text.replace("PRIVACY", "dp_sgd")).metrics[-1]
+    assert broken["epsilon"] == good["epsilon"] == pytest.approx(3.40, abs=0.01)
+    assert broken["audit_epsilon"] > good["epsilon"] > good["audit_epsilon"]
+    assert good["audit_epsilon_lower"] < broken["audit_epsilon_lower"] < good["epsilon"]
+
+
+def test_canary_examples_not_inserted_change_nothing(tmp_path):
+    """inserted: 0 under DP-SGD: no client holds a canary, every number is the run's
+    without the audit, to the bit."""
+    text = SAMPLE.replace("SEED", "0").replace("PRIVACY", "dp_sgd").replace("rounds: 10",
+                                                                            "rounds: 2")
+    plain = run(tmp_path, text=text.replace("audit: {canaries: 500}\n", ""))
+    audited = run(tmp_path, text=text.replace("canaries: 500", "canaries: 20, inserted: 0.0"))
+    np.testing.assert_array_equal(plain.final_params, audited.final_params)

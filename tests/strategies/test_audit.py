@@ -173,3 +173,27 @@ def test_unit_directions():
     # the row of a seed is the seed's own draw, normalised
     raw = torch.randn(257, generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(rows[1], raw / raw.norm())
+
+
+def test_dp_sgd_adds_its_canary_examples_by_hand():
+    """One DP-SGD step with q = 1 (batch_size >= n), no noise: each canary example is
+    sampled (rate 1) and its per-example gradient -clip * direction joins the clipped sum,
+    which is divided by q n: the update moves by lr * clip * sum(directions) / n."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from strategies.trainers import dp_sgd
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(6, 3))
+    start = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    x, y = torch.rand(4, 6), torch.tensor([0, 1, 2, 1])
+    local = SimpleNamespace(epochs=None, steps=1, batch_size=8, lr=0.3, momentum=0.0,
+                            weight_decay=0.0)
+    dirs = unit_directions([torch.Generator().manual_seed(i) for i in range(2)],
+                           start.numel())
+    plain, _ = dp_sgd(model, start, x, y, torch.Generator().manual_seed(5), local, 0.5, 0.0)
+    with_canaries, _ = dp_sgd(model, start, x, y, torch.Generator().manual_seed(5), local, 0.5,
+                              0.0, canaries=dirs, canary_generator=torch.Generator())
+    torch.testing.assert_close(with_canaries - plain, 0.3 * 0.5 * dirs.sum(0) / 4)
