@@ -215,7 +215,7 @@ def _check_privacy_attacks(sc: Scenario, plan: Plan, problems: list[Problem]) ->
             problems.append(Problem(loc, f"{spec['name']} inverts a client's message to a "
                                     "server in a round: use server.mode sync or deadline"))
             return
-        if sc.task["name"] != "classification" or \
+        if registry.get("tasks", sc.task["name"]).traits.targets != "classes" or \
                 registry.get("models", sc.model["name"]).traits.tokens:
             problems.append(Problem(loc, f"{spec['name']} inverts a classifier's "
                                     f"cross-entropy on value inputs; task {sc.task['name']} "

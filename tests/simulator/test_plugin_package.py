@@ -25,7 +25,7 @@ NAMES = {"aggregators": "nanmedian", "preaggregators": "shrink", "meta": "recent
          "optimizers": "scaled_step", "client_optimizers": "sign_momentum",
          "trainers": "full_batch", "privacy": "gaussian_sgd", "datasets": "blobs",
          "partitioners": "round_robin", "models": "tiny", "tasks": "hinge",
-         "codecs": "rounded"}
+         "codecs": "rounded", "privacy_attacks": "confidence"}
 
 
 def _install(src: Path, site: Path) -> None:
@@ -96,6 +96,15 @@ def test_the_package_runs_from_scenarios(plugin_site, tmp_path):
         privacy: {name: gaussian_sgd, noise_multiplier: 1.0}
     """)
     assert 0 < private.final("epsilon") < float("inf")
+    attacked = _run(tmp_path, """\
+        rounds: 2
+        data: {dataset: {name: blobs}}
+        model: {name: tiny}
+        clients: {total: 4}
+        privacy_attacks: [{name: confidence, power: 2.0}]
+    """)
+    assert 0 <= attacked.final("confidence_auc") <= 1
+    assert attacked.final("confidence_advantage_bound") == 1.0  # no DP: no bound
     gossip = _run(tmp_path, """\
         rounds: 4
         data: {dataset: {name: blobs}}

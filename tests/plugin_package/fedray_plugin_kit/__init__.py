@@ -16,6 +16,8 @@ from strategies.privacy import SubsampledGaussian
 from strategies.protocols import (
     Aggregator,
     Attack,
+    AttackResult,
+    AttackView,
     ClientData,
     ClientRule,
     Codec,
@@ -32,6 +34,7 @@ from strategies.protocols import (
     Parts,
     PreAggregator,
     Privacy,
+    PrivacyAttack,
     ServerOptimizer,
     Task,
     Topology,
@@ -260,3 +263,19 @@ class Rounded(Codec):
     def encode(self, parts: Parts, batch: CodecBatch) -> Parts:
         return {k: torch.round(v, decimals=self.decimals) if v.is_floating_point() else v
                 for k, v in parts.items()}
+
+
+class Confidence(PrivacyAttack):
+    """Membership by confidence (Salem et al., "ML-Leaks", NDSS 2019, their third
+    adversary): a member is predicted with more confidence; the score is the largest
+    softmax probability raised to ``power`` (a monotone map: the same ranking)."""
+
+    def __init__(self, power: Annotated[float, Gt(0)] = 1.0) -> None:
+        self.power = power
+
+    def attack(self, view: AttackView, generator: torch.Generator) -> AttackResult:
+        assert view.queries is not None
+        x, _ = view.queries
+        with torch.no_grad():
+            top = torch.softmax(view.model(x), dim=1).max(dim=1).values
+        return AttackResult(scores=top ** self.power)
