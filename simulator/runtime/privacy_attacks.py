@@ -55,7 +55,10 @@ class AttackTargets:
         self.attacks = [instantiate("privacy_attacks", s) for s in self.specs]
         self.num_classes = num_classes
         self.eval_data = eval_data
-        x = model_input(eval_data.x_train)
+        # the training samples the server holds, as the model takes them: the data's range,
+        # and the candidates a reconstruction's success is scored among
+        self.pool = model_input(eval_data.x_train)
+        x = self.pool
         self.input_range = (float(x.min()), float(x.max())) if len(x) else (0.0, 1.0)
         self.aimed: dict[int, int] = {}  # attack -> the client it targets in the next step
         # attack -> what it targets: {"client", "x" (the model it started from), "update"}
@@ -143,7 +146,7 @@ class AttackTargets:
     def _candidates(self, target: torch.Tensor, n: int, attack: int, sample: int
                     ) -> torch.Tensor:
         """The target first, then ``n - 1`` training samples other than it (seeded)."""
-        pool = model_input(self.eval_data.x_train)
+        pool = self.pool
         same = (pool.reshape(len(pool), -1) == target.reshape(1, -1)).all(dim=1)
         others = np.flatnonzero(~same.numpy())
         rng = numpy_rng(self.seed, "privacy_attack", attack, "candidates", sample)
