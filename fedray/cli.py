@@ -281,6 +281,19 @@ def cmd_privacy(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_privacy_shadows(args: argparse.Namespace) -> int:
+    """``fedray privacy shadows RUN ...``: each shadow-run attack's runs combined, its
+    measures printed and logged on each run."""
+    from simulator.run.privacy_shadows import group_lines, shadow_groups
+    from simulator.run.tracking import default_uri, require_store
+
+    require_store(args.tracking_uri or default_uri(),
+                  f"no run {', '.join(map(repr, args.runs))}")
+    for group in shadow_groups(args.runs, args.tracking_uri):
+        print("\n".join(printable(line) for line in group_lines(group)))
+    return 0
+
+
 def _privacy_scenarios(args: argparse.Namespace) -> int:
     """``fedray privacy compare SCENARIO ...``: each mechanism's epsilon and advantage, and
     the Delta-divergence between every ordered pair."""
@@ -667,6 +680,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where the --runs are (default: $MLFLOW_TRACKING_URI or "
                     "sqlite:///./mlflow.db)")
     pc.set_defaults(func=cmd_privacy, usage_error=pc.error)
+    ps = pv_sub.add_parser("shadows", help="a membership attack with shadow runs (LiRA) "
+                           "combined over its finished runs: each run the target of the "
+                           "others; its AUC, advantage and TPR at low FPR logged on it")
+    ps.add_argument("runs", nargs="+", metavar="RUN",
+                    help="experiment names (their latest scenario run's runs), scenario run "
+                    "ids or run ids")
+    ps.add_argument("--tracking-uri", default=None,
+                    help="where the runs are (default: $MLFLOW_TRACKING_URI or "
+                    "sqlite:///./mlflow.db)")
+    ps.set_defaults(func=cmd_privacy_shadows)
 
     tb = sub.add_parser("table", help="a sweep's table from MLflow: metrics over seeds (final, "
                         "mean of the last K evaluations, simulated time to a threshold, ...), "
@@ -821,7 +844,7 @@ def _check_tracking_uri(args: argparse.Namespace) -> None:
 
         if args.command == "sync" and args.tracking_uri is None:
             return  # each journal names its own store; nothing else is opened
-        if args.command == "privacy" and not args.runs:
+        if args.command == "privacy" and args.privacy_command == "compare" and not args.runs:
             return  # scenario files only: no store is opened
         check_command_uri(args.tracking_uri)
 

@@ -25,7 +25,11 @@ the most negative entries (Geiping et al. assume the labels known).
 
 Membership from the final model: :class:`LossThreshold` (Yeom, Giacomelli, Fredrikson, Jha,
 "Privacy risk in machine learning", CSF 2018): a member has a lower loss; the score is the
-negative loss.
+negative loss. :class:`LiRA` (Carlini, Chien, Nasr, Song, Terzis, Tramer, "Membership
+inference attacks from first principles", S&P 2022): shadow runs, each training on a seeded
+half of the candidate samples; a candidate's logit-scaled confidence in the target run
+against Gaussians fitted to it in the shadow runs that trained on it and in those that did
+not (:func:`lira_scores`).
 
 Scoring (the engine's, with the data the attacker never sees): PSNR of each reconstructed
 input against the client's samples, matched one to one by the Hungarian method on PSNR
@@ -42,7 +46,7 @@ from typing import Annotated, Literal
 
 import numpy as np
 import torch
-from annotated_types import Ge, Gt
+from annotated_types import Ge, Gt, Le
 from torch import nn
 from torch.func import functional_call
 
@@ -190,6 +194,66 @@ def loss_threshold(view: AttackView) -> AttackResult:
     return AttackResult(scores=-losses)
 
 
+def logit_confidence(view: AttackView) -> AttackResult:
+    """Carlini et al.'s score of each query on the final model: the logit-scaled confidence
+    of its label, log p_y - log(1 - p_y), computed from the logits z as z_y - logsumexp of
+    the other classes' z (no p rounded to 1)."""
+    assert view.queries is not None
+    x, y = view.queries
+    with torch.no_grad():
+        z = view.model(x).double()
+    own = z.gather(1, y.view(-1, 1)).squeeze(1)
+    others = z.scatter(1, y.view(-1, 1), -math.inf).logsumexp(dim=1)
+    return AttackResult(scores=own - others)
+
+
+def balanced_inclusion(rng: np.random.Generator, candidates: int, runs: int) -> np.ndarray:
+    """``(runs, candidates)`` bool: which runs train on each candidate, exactly ``runs // 2``
+    of them for every candidate, a random choice each (Carlini et al.'s experiments)."""
+    return rng.random((runs, candidates)).argsort(axis=0) < runs // 2
+
+
+def lira_scores(target: np.ndarray, shadows: np.ndarray, included: np.ndarray,
+                online: bool = True, variance: str = "global") -> np.ndarray:
+    """LiRA's membership score of each candidate (Carlini et al., S&P 2022, Algorithm 1):
+    ``target`` ``(m,)`` the target model's logit-scaled confidences, ``shadows`` ``(r, m)``
+    the shadow models', ``included`` ``(r, m)`` which shadows trained on each candidate.
+    Online: log N(target; mu_in, s_in^2) - log N(target; mu_out, s_out^2), the means the
+    medians of the candidate's IN and OUT shadow scores (as the authors' code); offline
+    (no IN shadows needed): log P[N(mu_out, s_out^2) <= target], the one-sided test of the
+    paper. ``variance``: ``global``, one variance for IN and one for OUT pooled over the
+    candidates (the paper's choice below 64 shadows), or ``per_example``. A candidate
+    without IN (or OUT) shadows takes the IN (OUT) mean of all candidates.
+
+    Departure from the authors' code: the global variance pools each candidate's scores
+    about its own mean (theirs takes the variance of all IN scores together, which adds the
+    spread of the candidates' means); no query augmentations."""
+    from scipy.stats import norm
+
+    target = np.asarray(target, dtype=np.float64)
+    shadows = np.asarray(shadows, dtype=np.float64)
+    included = np.asarray(included, dtype=bool)
+
+    def fit(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        has = mask.any(axis=0)  # candidates with scores on this side
+        vals = np.where(mask, shadows, np.nan)[:, has]
+        mu = np.full(len(target), np.mean(np.nanmedian(vals, axis=0)) if has.any() else 0.0)
+        mu[has] = np.nanmedian(vals, axis=0)
+        spread = np.nanmean((vals - np.nanmean(vals, axis=0)) ** 2, axis=0)
+        if variance == "global":
+            sd = np.full(len(target), np.sqrt(spread.mean()) if has.any() else 1.0)
+        else:
+            sd = np.full(len(target), np.sqrt(np.median(spread)) if has.any() else 1.0)
+            sd[has] = np.sqrt(spread)
+        return mu, np.maximum(sd, 1e-6)
+
+    mu_out, sd_out = fit(~included)
+    if not online:
+        return norm.logcdf((target - mu_out) / sd_out)
+    mu_in, sd_in = fit(included)
+    return norm.logpdf(target, mu_in, sd_in) - norm.logpdf(target, mu_out, sd_out)
+
+
 class _Reconstruction(PrivacyAttack):
     """The keys every reconstruction attack has: which round (1-based) and client, what it
     targets, its iteration budget; and ``candidates``, the size of the prior set its
@@ -252,6 +316,32 @@ class LossThreshold(PrivacyAttack):
 
     def attack(self, view: AttackView, generator: torch.Generator) -> AttackResult:
         return loss_threshold(view)
+
+
+class LiRA(PrivacyAttack):
+    """The likelihood-ratio attack (Carlini, Chien, Nasr, Song, Terzis, Tramer, "Membership
+    inference attacks from first principles", S&P 2022) with ``runs`` runs of the scenario
+    (each a sweep point): ``candidates`` training samples, each trained on in half of the
+    runs; each run scores them on its final model (:func:`logit_confidence`), and ``fedray
+    privacy shadows`` scores each run's candidates against the other runs
+    (:func:`lira_scores`, ``online`` or offline, ``variance`` global or per example).
+    Departures: no query augmentations; the runs of one seed share its data split (the
+    candidates must be the same samples), each trains from its own seeds."""
+
+    def __init__(self, runs: Annotated[int, Ge(4), Le(1024)] = 16,
+                 run: Annotated[int, Ge(0)] | None = None,
+                 candidates: Annotated[int, Ge(2)] = 500,
+                 online: bool = True,
+                 variance: Literal["global", "per_example"] = "global") -> None:
+        self.runs, self.run, self.candidates = runs, run, candidates
+        self.online, self.variance = online, variance
+
+    def attack(self, view: AttackView, generator: torch.Generator) -> AttackResult:
+        return logit_confidence(view)
+
+    def combine(self, target: np.ndarray, shadows: np.ndarray, included: np.ndarray
+                ) -> np.ndarray:
+        return lira_scores(target, shadows, included, self.online, self.variance)
 
 
 # ---------------------------------------------------------------- scoring
@@ -329,6 +419,33 @@ def advantage_at(scores: np.ndarray, member: np.ndarray, threshold: float) -> fl
     member = np.asarray(member, dtype=bool)
     said = scores >= threshold
     return float(said[member].mean() - said[~member].mean())
+
+
+def auc_advantage(scores: np.ndarray, member: np.ndarray, rng: np.random.Generator
+                  ) -> dict[str, float]:
+    """A membership attack's ``auc`` and ``advantage``: TPR - FPR of the best threshold on
+    half the members and half the non-members (``rng``'s choice), measured on the others
+    (an unbiased estimate, which may be below 0)."""
+    half = np.zeros(len(scores), bool)
+    for side in (np.flatnonzero(member), np.flatnonzero(~member)):
+        half[side[rng.permutation(len(side))[: len(side) // 2]]] = True
+    _, _, threshold = membership_scores(scores[half], member[half])
+    auc, _, _ = membership_scores(scores, member)
+    return {"auc": auc, "advantage": advantage_at(scores[~half], member[~half], threshold)}
+
+
+def tpr_at_fpr(scores: np.ndarray, member: np.ndarray, fpr: float) -> float:
+    """The largest TPR of a threshold whose FPR is at most ``fpr`` (a score above the
+    threshold: "member"; Carlini et al.'s low-FPR measure). With n non-members an FPR below
+    1 / n allows no false positive."""
+    scores = np.asarray(scores, dtype=np.float64)
+    member = np.asarray(member, dtype=bool)
+    order = np.argsort(-scores, kind="stable")
+    s, m = scores[order], member[order]
+    tp, fp = np.cumsum(m) / max(m.sum(), 1), np.cumsum(~m) / max((~m).sum(), 1)
+    cut = np.r_[s[1:] != s[:-1], True]  # a threshold takes every tied score
+    ok = cut & (fp <= fpr)
+    return float(tp[ok].max()) if ok.any() else 0.0
 
 
 def nearest_is_target(rec: torch.Tensor, candidates: torch.Tensor) -> bool:

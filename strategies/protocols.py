@@ -957,17 +957,36 @@ class PrivacyAttack(Plugin, ABC):
     honest-but-curious server) or ``release`` (the round's aggregate after the server's
     noise: what client-level DP protects), with an iteration budget ``iterations``; the
     engine scores what it returns against the client's samples. A membership attack scores
-    queries against the final model. Neither sees the data it attacks."""
+    queries against the final model. Neither sees the data it attacks.
+
+    A membership attack with shadow runs (``runs`` > 1, LiRA) spans ``runs`` runs of one
+    scenario, each a sweep point (``run``: its index, 0-based; the engine adds the sweep when
+    ``run`` is None): ``candidates`` training samples are drawn once per seed, each included
+    in exactly half of the runs (seeded), and the others train without it; each run scores
+    every candidate on its final model (``attack``, the queries), and ``fedray privacy
+    shadows`` takes each run in turn as the target, the others as its shadows, through
+    :meth:`combine`."""
 
     round: int = 1
     client: int | None = None
     target: str = "update"
     iterations: int = 0
+    candidates: int = 0  # a reconstruction's prior set; a shadow-run attack's samples
+    runs: int = 1  # the runs a shadow-run membership attack spans (1: none)
+    run: int | None = None  # this run's index among them
 
     @abstractmethod
     def attack(self, view: AttackView, generator: torch.Generator) -> AttackResult:
         """The attack's output from what the server sees (:class:`AttackView`); random
         draws (a reconstruction's starting point) from ``generator``."""
+
+    def combine(self, target: np.ndarray, shadows: np.ndarray, included: np.ndarray
+                ) -> np.ndarray:
+        """A shadow-run attack's membership scores of the candidates in a target run
+        (higher: more likely a member) from its own scores ``target`` ``(m,)`` and the
+        shadow runs' ``shadows`` ``(r, m)`` with their inclusion ``included`` ``(r, m)``
+        bool. By default the target's scores as they are (no shadow model)."""
+        return np.asarray(target, dtype=np.float64)
 
 
 # ---------------------------------------------------------------------------- data, models

@@ -209,6 +209,8 @@ def _check_privacy_attacks(sc: Scenario, plan: Plan, problems: list[Problem]) ->
                                     "named after it: one of each"))
             continue
         attack = registry.instantiate("privacy_attacks", spec)
+        if attack.runs > 1:
+            _check_shadow_runs(sc, attack, loc, problems)
         if not attack.traits.reconstructs:
             continue
         if sc.topology is not None or mode.clock or mode.steps_on != "round":
@@ -229,6 +231,40 @@ def _check_privacy_attacks(sc: Scenario, plan: Plan, problems: list[Problem]) ->
             problems.append(Problem((*loc, "target"), "secure aggregation hides a client's "
                                     "row from the server: target release (the round's "
                                     "aggregate)"))
+
+
+def _check_shadow_runs(sc: Scenario, attack: Any, loc: tuple, problems: list[Problem]) -> None:
+    """A shadow-run membership attack (LiRA): one a scenario, its run among its runs, its
+    candidates removable from a table of the clients' samples, a classifier to score."""
+    shadows = [i for i, s in enumerate(sc.privacy_attacks)
+               if registry.instantiate("privacy_attacks", s).runs > 1]
+    if shadows[0] != loc[1]:
+        problems.append(Problem(loc, "one attack with shadow runs a scenario (each adds its "
+                                "runs to the sweep)"))
+        return
+    if attack.run is None:
+        problems.append(Problem((*loc, "run"), f"the scenario's sweep sets privacy_attacks: "
+                                f"give each point its run, 0..{attack.runs - 1}"))
+    elif attack.run >= attack.runs:
+        problems.append(Problem((*loc, "run"), f"at most runs - 1 ({attack.runs - 1}), got "
+                                f"{attack.run}"))
+    if sc.data.load == "cohort":
+        problems.append(Problem(("data", "load"), "a shadow-run attack removes samples from "
+                                "the clients' table: use all (or auto)"))
+    if registry.get("tasks", sc.task["name"]).traits.targets != "classes":
+        problems.append(Problem(loc, f"{sc.privacy_attacks[loc[1]]['name']} scores a "
+                                f"classifier's confidence in each label; task "
+                                f"{sc.task['name']} has no classes"))
+    try:
+        info = describe_dataset(json.dumps(sc.data.dataset, sort_keys=True), sc.clients.total,
+                                sc.seeds[0] if sc.seeds else 0, sc.data.test_fraction)
+    except (DataError, ValueError):
+        return  # reported at data.dataset
+    if info is not None and attack.candidates > info.train_samples - sc.clients.total:
+        problems.append(Problem((*loc, "candidates"), f"at most "
+                                f"{max(info.train_samples - sc.clients.total, 0):,} (the "
+                                f"{info.train_samples:,} training samples but each client's "
+                                f"first, which it keeps), got {attack.candidates:,}"))
 
 
 def _check_attacked_client(sc: Scenario, plan: Plan, attack: Any, loc: tuple,

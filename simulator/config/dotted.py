@@ -7,15 +7,35 @@ from __future__ import annotations
 from typing import Any
 
 
+class PathError(ValueError):
+    """A dotted path that steps into a list at a part that is not one of its indices."""
+
+
 def set_path(d: dict, dotted: str, value: Any) -> None:
-    """Set ``d[a][b][c] = value`` for ``dotted = "a.b.c"``, creating mappings as needed."""
+    """Set ``d[a][b][c] = value`` for ``dotted = "a.b.c"``, creating mappings as needed. A
+    part that meets a list is an index into it (``privacy_attacks.0.iterations``: the first
+    attack's key); :class:`PathError` when it is not one (naming the path and the indices)."""
     parts = dotted.split(".")
-    cur = d
-    for p in parts[:-1]:
-        if not isinstance(cur.get(p), dict):
-            cur[p] = {}
-        cur = cur[p]
-    cur[parts[-1]] = value
+    cur: Any = d
+    for depth, p in enumerate(parts):
+        last = depth == len(parts) - 1
+        if isinstance(cur, list):
+            if not (p.isdigit() and int(p) < len(cur)):
+                where = ".".join(parts[:depth])
+                raise PathError(f"{where} is a list of {len(cur)}: {p!r} is not one of its "
+                                f"indices 0..{len(cur) - 1}" if cur else
+                                f"{where} is an empty list: nothing at {p!r}")
+            if last:
+                cur[int(p)] = value
+            elif not isinstance(cur[int(p)], (dict, list)):
+                cur[int(p)] = {}
+            cur = cur[int(p)]
+        elif last:
+            cur[p] = value
+        else:
+            if not isinstance(cur.get(p), (dict, list)):
+                cur[p] = {}
+            cur = cur[p]
 
 
 # levels of nesting of a scenario (a plugin block's list of lists is 4 or 5 deep), and parts

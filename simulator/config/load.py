@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from simulator.config.dotted import MAX_DEPTH, path_problem, set_path, sweep_paths
+from simulator.config.dotted import MAX_DEPTH, PathError, path_problem, set_path, sweep_paths
 from simulator.config.errors import Loc, Problem, ScenarioError
 from simulator.config.paths import path_keys
 from simulator.config.schema import RunPoint, Scenario
@@ -261,7 +261,11 @@ def load(path: str | Path, overrides: list[str] | None = None) -> LoadedScenario
             keys = []
             for item in overrides or []:
                 k, v = parse_override(item)
-                set_path(raw, k, v)
+                try:
+                    set_path(raw, k, v)
+                except PathError as e:
+                    raise ScenarioError([Problem((f"--set {brief_text(k, 60)}",), str(e))]
+                                        ) from None
                 keys.append(k)
             swept = _swept_overrides(raw, keys)
             if swept:

@@ -28,6 +28,7 @@ from simulator.config.schema import (
     Scenario,
 )
 from simulator.registry import PluginSpec
+from simulator.seeding import derive_seed
 
 if TYPE_CHECKING:  # the Plan carries the rule's layout; this module imports no torch
     from strategies.protocols import MessageLayout
@@ -56,6 +57,36 @@ class PipelinePlan:
     preaggregators: tuple[PluginSpec, ...]
     aggregator: PluginSpec
     meta: PluginSpec | None
+
+
+@dataclass(frozen=True)
+class ShadowRun:
+    """A run of a shadow-run membership attack (LiRA, ``runs`` > 1): the attack's index in
+    ``privacy_attacks``, its ``runs``, this run's index ``run`` and its ``candidates``."""
+
+    attack: int
+    runs: int
+    run: int
+    candidates: int
+
+
+def shadow_run(sc: Scenario) -> ShadowRun | None:
+    """The scenario's shadow-run attack (at most one: checked), or None."""
+    for i, spec in enumerate(sc.privacy_attacks):
+        attack = registry.instantiate("privacy_attacks", spec)
+        if attack.runs > 1:
+            return ShadowRun(i, attack.runs, attack.run or 0, attack.candidates)
+    return None
+
+
+def training_seed(sc: Scenario) -> int:
+    """The seed a run's draws derive from: the point's seed, or for the runs of a shadow-run
+    attack one derived from it and the run's index (each run trains from its own seeds; the
+    data split, the candidates and their inclusion take the point's seed, shared by the
+    runs)."""
+    seed = sc.seeds[0] if sc.seeds else 0
+    shadow = shadow_run(sc)
+    return seed if shadow is None else derive_seed(seed, "shadow_run", shadow.run) & 0xFFFFFFFF
 
 
 @dataclass(frozen=True)
@@ -235,7 +266,7 @@ def resolve(sc: Scenario) -> Plan:
     loop = registry.get("trainers", trainer["name"]).traits.loop if sc.runtime.vectorize \
         else None
     return Plan(
-        scenario=sc, seed=sc.seeds[0] if sc.seeds else 0,
+        scenario=sc, seed=training_seed(sc),
         protocol="gossip" if sc.topology is not None else mode.protocol,
         trainer=trainer, trainer_key=key,
         loop_trainer={"name": loop} if loop is not None else None,

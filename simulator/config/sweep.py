@@ -9,7 +9,8 @@ import json
 import math
 from typing import Any
 
-from simulator.config.dotted import path_problem, set_path, sweep_parts
+from simulator import registry
+from simulator.config.dotted import PathError, path_problem, set_path, sweep_parts
 from simulator.config.errors import Loc, Problem, ScenarioError
 from simulator.config.schema import MAX_RUN_NAME, RunPoint, Scenario, check_name, short
 from simulator.config.tune_checks import check_tune
@@ -50,6 +51,37 @@ def _check_sweep(raw: dict) -> dict[str, list[Any]]:
     return sweep
 
 
+def _shadow_sweep(raw: dict, sweep: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """The sweep a shadow-run membership attack adds (``privacy_attacks: [{name: lira,
+    runs: R}]``): ``privacy_attacks.I.run`` over 0..R-1, one point a run, unless the
+    attack gives its ``run`` or the scenario's sweep sets its block (validation then asks
+    for ``run`` where it is missing). A block that is not valid adds nothing: validation
+    says why."""
+    attacks = raw.get("privacy_attacks")
+    if not isinstance(attacks, list) or any(p.startswith("privacy_attacks")
+                                            for k in sweep for p in sweep_parts(k)):
+        return {}
+    for i, spec in enumerate(attacks):
+        name = spec.get("name") if isinstance(spec, dict) else None
+        if not isinstance(name, str) or name not in registry.available("privacy_attacks") \
+                or spec.get("run") is not None:
+            continue
+        runs = spec.get("runs", registry.keys("privacy_attacks", name).get("runs", 1))
+        if type(runs) is int and 1 < runs <= MAX_POINTS:
+            return {f"privacy_attacks.{i}.run": list(range(runs))}
+    return {}
+
+
+def _with_shadows(raw: dict, sweep: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """The scenario's sweep and the runs of its shadow-run attack (``_shadow_sweep``), at
+    most MAX_POINTS points together."""
+    out = {**sweep, **_shadow_sweep(raw, sweep)}
+    if len(out) > len(sweep) and math.prod(len(v) for v in out.values()) > MAX_POINTS:
+        raise ScenarioError([Problem(("privacy_attacks",), f"its runs times the sweep's points "
+                                     f"exceed {MAX_POINTS:,} points (split the study)")])
+    return out
+
+
 def _sweep_key_of(problem: Problem, keys: list[str]) -> str | None:
     """The sweep key whose paths reach the problem's location, if any."""
     dotted = ".".join(map(str, problem.loc))
@@ -87,6 +119,14 @@ def _run_name_problems(points: list[RunPoint]) -> list[Problem]:
     return []
 
 
+def _set_swept(point: dict, path: str, value: Any) -> None:
+    """``set_path``; a path into a list at no index of it is the sweep key's problem."""
+    try:
+        set_path(point, path, value)
+    except PathError as e:
+        raise ScenarioError([Problem(("sweep", path), str(e))]) from None
+
+
 def _validate_once(point: dict, seen: dict[str, Scenario | ScenarioError]) -> Scenario:
     """``validate_point(point)``, or what it gave for the same point before (a grid whose
     keys give equal points, such as a swept value equal to another's)."""
@@ -111,7 +151,7 @@ def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
     Returns the points and the validated base scenario. Raises ScenarioError listing every
     problem of the base and of each sweep point (a problem every point has, once).
     """
-    sweep = _check_sweep(raw)
+    sweep = _with_shadows(raw, _check_sweep(raw))
     base_raw = {k: v for k, v in raw.items() if k not in ("sweep", "tune")}
     keys = list(sweep)
     points: list[RunPoint] = []
@@ -121,9 +161,9 @@ def expand(raw: dict) -> tuple[list[RunPoint], Scenario]:
     seen: dict[str, Scenario | ScenarioError] = {}  # each distinct point validated once
     for values in grid:
         point = copy.deepcopy(base_raw)
-        for k, v in values.items():
-            set_path(point, k, v)
         try:
+            for k, v in values.items():
+                _set_swept(point, k, v)
             sc = _validate_once(point, seen)
         except ScenarioError as e:
             where = ", ".join(f"{k}={short(v)}" for k, v in values.items())

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from simulator.config.dotted import path_problem, set_path, sweep_paths
+from simulator.config.dotted import PathError, path_problem, set_path, sweep_paths
 from simulator.config.errors import Problem, ScenarioError, pydantic_problems
 from simulator.config.schema import Tune
 from simulator.config.validate import validate_point
@@ -107,9 +107,13 @@ def _corner_problems(tune: Tune, base_raw: dict, grid: list[dict[str, Any]]) -> 
         for value in dist.extremes:
             for values in grid:
                 raw = copy.deepcopy(base_raw)
-                for k, v in {**values, **first, key: value}.items():
-                    set_path(raw, k, v)
                 try:
+                    for k, v in {**values, **first, key: value}.items():
+                        try:
+                            set_path(raw, k, v)
+                        except PathError as e:
+                            raise ScenarioError([Problem(tuple(k.split(".")), str(e))]
+                                                ) from None
                     validate_point(raw)
                 except ScenarioError as e:
                     p = e.problems[0]

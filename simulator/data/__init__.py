@@ -13,7 +13,7 @@ those of a seeded subset of clients (:data:`EVAL_CLIENTS`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,8 @@ from simulator.errors import UsageError
 from simulator.messages import EvalData
 from strategies.protocols import Population, PopulationDataset, gather
 
-__all__ = ["DataError", "DatasetSplit", "FederatedData", "TableSource", "build", "client_arrays"]
+__all__ = ["DataError", "DatasetSplit", "FederatedData", "TableSource", "build", "client_arrays",
+           "with_candidates"]
 
 TRAIN_EVAL_MAX = 10_000
 TEST_MAX = 10_000  # data.load cohort: held-out samples of the evaluation clients, at most
@@ -73,6 +74,9 @@ class FederatedData:
     y_train_eval: np.ndarray
     c_test: np.ndarray | None = None  # each test sample's client (-1: none), natural partitions
     vocabulary: int | None = None  # token data: the number of token ids
+    # a shadow-run membership attack's candidates (x, y as stored, included: bool), the ones
+    # not included removed from their clients (``with_candidates``)
+    candidates: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def eval_data(self) -> EvalData:
         """What the evaluating actor receives: test and train-loss samples, test clients."""
@@ -85,6 +89,27 @@ class FederatedData:
 
     def client_sizes(self) -> np.ndarray:
         return np.asarray(self.source.sizes, dtype=np.int64)
+
+
+def with_candidates(data: FederatedData, rows: np.ndarray, included: np.ndarray
+                    ) -> FederatedData:
+    """``data`` (``load: all``) with the candidate ``rows`` of its table whose ``included``
+    is False removed from their clients' training rows, every candidate's sample kept in
+    ``candidates`` (a shadow-run membership attack scores them on the final model)."""
+    src = data.source
+    if not isinstance(src, TableSource):
+        raise UsageError("privacy_attacks: a shadow-run attack removes samples from the "
+                         "clients' table: use data.load: all")
+    x, y = client_arrays(src.table, src.input_shape)
+    drop = np.asarray(rows)[~np.asarray(included, dtype=bool)]
+    keep = np.setdiff1d(np.arange(len(y)), drop)
+    owner = np.searchsorted(src.offsets, drop, side="right") - 1
+    sizes = src.sizes - np.bincount(owner, minlength=len(src.sizes))
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    source = TableSource(src.table.take(arrow_view(keep.astype(np.int64))), offsets,
+                         src.input_shape)
+    return replace(data, source=source,
+                   candidates=(x[rows].copy(), y[rows].copy(), np.asarray(included, bool)))
 
 
 def partition_table(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray]) -> tuple[pa.Table, np.ndarray]:

@@ -18,6 +18,7 @@ import simulator
 from simulator.config import RunPoint
 from simulator.config.blocks import plugin_class
 from simulator.config.load import LoadedScenario
+from simulator.config.plan import shadow_run
 from simulator.config.schema import Tracking
 from simulator.run.removed import working_directory
 from simulator.run.tracking import Tracker, check_uri, flatten, git_commit
@@ -125,6 +126,21 @@ def common_tags(loaded: LoadedScenario, where: dict[str, str]) -> dict[str, str]
     return {**shared, **where}
 
 
+def shadow_tags(sc: Any) -> dict[str, str]:
+    """A run of a shadow-run membership attack: ``fedray.shadow_group``, the identity of its
+    runs (the scenario with the attack's run unset: the point and seed the runs share),
+    and ``fedray.shadow_attack``, the attack's name (``fedray privacy shadows`` reads both);
+    none for another run."""
+    shadow = shadow_run(sc)
+    if shadow is None:
+        return {}
+    attacks = [dict(a) for a in sc.privacy_attacks]
+    attacks[shadow.attack]["run"] = None
+    return {"fedray.shadow_group": _digest(_identity(sc.model_copy(
+                update={"privacy_attacks": attacks}))),
+            "fedray.shadow_attack": str(attacks[shadow.attack]["name"])}
+
+
 def run_name(point: RunPoint) -> str:
     """A child run's name: the values that differ between points and the seed; a scenario
     without a sweep adds its name (``quickstart seed=0``), not a bare ``seed=0``."""
@@ -173,7 +189,7 @@ def open_child(point: RunPoint, key: str, where: dict[str, str], tracker: Tracke
         f"\nSeed: {point.seed}"
     run_id = tracker.create_run(run_name(point), {**scenario_tags(sc), **where, "seed": str(point.seed),
                                               "fedray.kind": "point",
-                                              "fedray.point_key": key},
+                                              "fedray.point_key": key, **shadow_tags(sc)},
                                 parent_id=parent, description=desc.strip())
     tracker.log_params(run_id, flatten(sc.model_dump(mode="json", exclude={"sweep"})) |
                        {"seed": str(point.seed)} | load_param(sc) | (backend or {}))

@@ -139,9 +139,9 @@ def audit_facts(params: Mapping[str, str], final: Mapping[str, float]) -> AuditF
         audit_delta=audit_delta(params) if audited else math.nan)
 
 
-def _runs_of(client: Any, target: str, uri: str) -> list[Any]:
+def runs_of(client: Any, target: str, uri: str, flag: str = "--runs ") -> list[Any]:
     """The runs ``target`` names: an experiment (its latest scenario run's point runs), a
-    scenario run (its point runs) or a run."""
+    scenario run (its point runs) or a run; a problem names the target after ``flag``."""
     from simulator.errors import UsageError, redact
     from simulator.run.tracking import child_runs, latest_scenario_run
 
@@ -150,7 +150,7 @@ def _runs_of(client: Any, target: str, uri: str) -> list[Any]:
         found = latest_scenario_run(client, exp.experiment_id, False,
                                     lambda runs: any(r.data.metrics for r in runs))
         if found is None:
-            raise UsageError(f"--runs {target!r}: experiment {target!r} has no fedray "
+            raise UsageError(f"{flag}{target!r}: experiment {target!r} has no fedray "
                              "scenario run")
         _, children, logged = found
         if logged is not None and logged is not found[0]:  # a failed last attempt: no round
@@ -159,7 +159,7 @@ def _runs_of(client: Any, target: str, uri: str) -> list[Any]:
     try:
         run = client.get_run(target)
     except Exception:  # noqa: BLE001 - MLflow raises its own types for a missing run
-        raise UsageError(f"--runs {target!r}: neither an experiment nor a run in "
+        raise UsageError(f"{flag}{target!r}: neither an experiment nor a run in "
                          f"{redact(uri)}") from None
     if run.data.tags.get("fedray.kind") == "scenario":
         return child_runs(client, run.info.experiment_id, run.info.run_id)
@@ -169,7 +169,7 @@ def _runs_of(client: Any, target: str, uri: str) -> list[Any]:
 def audited_runs(targets: Sequence[str], tracking_uri: str | None = None
                  ) -> list[tuple[str, str, AuditFacts]]:
     """(run name, run id, its ``AuditFacts``) of every run the ``targets`` name (experiment
-    names, scenario run ids, run ids; see ``_runs_of``), in order, each run once, from the
+    names, scenario run ids, run ids; see ``runs_of``), in order, each run once, from the
     final values it logged."""
     from mlflow.tracking import MlflowClient
 
@@ -182,7 +182,7 @@ def audited_runs(targets: Sequence[str], tracking_uri: str | None = None
     client = MlflowClient(uri)
     out, seen = [], set()
     for target in targets:
-        for run in _runs_of(client, target, uri):
+        for run in runs_of(client, target, uri):
             if run.info.run_id in seen:
                 continue
             seen.add(run.info.run_id)

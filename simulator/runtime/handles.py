@@ -124,8 +124,11 @@ class ServerHandle(_Handle):
         return self.backend.call(self.actor, Server.aim_attack, attack, client)
 
     def run_privacy_attacks(self, truths: dict[int, tuple[np.ndarray, np.ndarray, int]],
-                            lr: float) -> Ref[dict[str, float]]:
-        return self.backend.call(self.actor, Server.run_privacy_attacks, truths, lr)
+                            lr: float,
+                            candidates: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+                            ) -> Ref[dict[str, float]]:
+        return self.backend.call(self.actor, Server.run_privacy_attacks, truths, lr,
+                                 candidates)
 
     def privacy_attack_tables(self) -> Ref[dict[str, dict[str, list]]]:
         return self.backend.call(self.actor, Server.privacy_attack_tables)

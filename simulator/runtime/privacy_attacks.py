@@ -26,15 +26,16 @@ import torch
 from torch import nn
 from torch.nn.utils import vector_to_parameters
 
-from simulator.config.plan import Plan
+from simulator.config.plan import Plan, ShadowRun
+from simulator.errors import UsageError
 from simulator.messages import EvalData
 from simulator.registry import instantiate
 from simulator.runtime.common import model_input
 from simulator.seeding import numpy_rng, torch_generator
 from strategies.privacy_attacks import (
-    advantage_at,
+    auc_advantage,
+    balanced_inclusion,
     match,
-    membership_scores,
     nearest_is_target,
     psnr,
     ssim,
@@ -43,6 +44,26 @@ from strategies.protocols import AttackView
 
 LOG = logging.getLogger(__name__)
 MAX_QUERIES = 2000  # a membership attack's members, and as many non-members, at most
+
+
+def shadow_candidates(sizes: np.ndarray, seed: int, shadow: ShadowRun
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """A shadow-run attack's candidates: ``shadow.candidates`` rows of the clients' table
+    (clients of ``sizes`` samples, in client order), drawn from the point's ``seed`` (the
+    same in each of its runs), never a client's first sample (no client is left without
+    one), sorted; and whether this run (``shadow.run``) trains on each (exactly half of the
+    runs train on a candidate: ``balanced_inclusion``)."""
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    eligible = np.setdiff1d(np.arange(offsets[-1]), offsets[:-1])
+    if shadow.candidates > len(eligible):
+        raise UsageError(f"privacy_attacks[{shadow.attack}].candidates: at most "
+                         f"{len(eligible):,} (the training samples but each client's first), "
+                         f"got {shadow.candidates:,}")
+    rows = np.sort(numpy_rng(seed, "shadow_runs", "candidates").choice(
+        eligible, shadow.candidates, replace=False))
+    included = balanced_inclusion(numpy_rng(seed, "shadow_runs", "inclusion"),
+                                  shadow.candidates, shadow.runs)[shadow.run]
+    return rows, included
 
 
 class AttackTargets:
@@ -88,10 +109,12 @@ class AttackTargets:
         self.aimed = {}
 
     def run(self, model: nn.Module, x_final: torch.Tensor, lr: float,
-            truths: dict[int, tuple[np.ndarray, np.ndarray, int]]
+            truths: dict[int, tuple[np.ndarray, np.ndarray, int]],
+            candidates: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
             ) -> tuple[dict[str, float], dict[str, dict[str, list]]]:
         """Every attack's metrics and tables; ``truths``: a reconstruction's client's
-        samples, labels and local steps."""
+        samples, labels and local steps; ``candidates``: a shadow-run attack's samples,
+        labels and inclusion in this run."""
         model = copy.deepcopy(model).cpu().eval()
         metrics: dict[str, float] = {}
         tables: dict[str, dict[str, list]] = {}
@@ -106,6 +129,11 @@ class AttackTargets:
                                     ("psnr", "ssim", "label_accuracy", "success")})
                     continue
                 m, table = self._reconstruct(i, attack, model, lr, truths[i], gen)
+                metrics.update({f"{name}_{k}": v for k, v in m.items()})
+                tables[f"attack_{name}"] = table
+            elif attack.runs > 1:
+                assert candidates is not None
+                m, table = self._shadow_run(attack, model, x_final, candidates)
                 metrics.update({f"{name}_{k}": v for k, v in m.items()})
                 tables[f"attack_{name}"] = table
             else:
@@ -164,18 +192,33 @@ class AttackTargets:
         te = np.sort(rng.choice(len(e.y_test), n, replace=False))
         x = torch.cat([model_input(e.x_train[tr]), model_input(e.x_test[te])])
         y = torch.from_numpy(np.concatenate([e.y_train[tr], e.y_test[te]]).astype(np.int64))
-        view = AttackView(model, None, 2 * n, 0.0, 0, tuple(x.shape[1:]), self.num_classes,
+        member = np.r_[np.ones(n, bool), np.zeros(n, bool)]
+        scores = self._scores(attack, model, x, y)
+        return auc_advantage(scores, member, rng)
+
+    def _shadow_run(self, attack: Any, model: nn.Module, x_final: torch.Tensor,
+                    candidates: tuple[np.ndarray, np.ndarray, np.ndarray]
+                    ) -> tuple[dict[str, float], dict[str, list]]:
+        """A shadow-run attack's scores of the candidates on this run's final model (its
+        table, which ``fedray privacy shadows`` combines over the runs), and what they
+        tell alone: AUC and held-out advantage of the score as it is, candidates trained
+        on against the others."""
+        vector_to_parameters(x_final.clone(), model.parameters())
+        xs, ys, included = candidates
+        scores = self._scores(attack, model, model_input(xs),
+                              torch.from_numpy(np.asarray(ys, dtype=np.int64)))
+        rng = numpy_rng(self.seed, "privacy_attack", "shadow_run")
+        table = {"candidate": list(range(len(ys))), "label": np.asarray(ys).tolist(),
+                 "included": np.asarray(included, bool).tolist(), "score": scores.tolist()}
+        return auc_advantage(scores, np.asarray(included, bool), rng), table
+
+    def _scores(self, attack: Any, model: nn.Module, x: torch.Tensor, y: torch.Tensor
+                ) -> np.ndarray:
+        """A membership attack's scores of the queries ``(x, y)`` on ``model``."""
+        view = AttackView(model, None, len(y), 0.0, 0, tuple(x.shape[1:]), self.num_classes,
                           self.input_range, (x, y))
         out = attack.attack(view, torch_generator(self.seed, "privacy_attack", "membership"))
-        member = np.r_[np.ones(n, bool), np.zeros(n, bool)]
-        scores = out.scores.numpy()
-        # the threshold chosen on half the queries, its advantage measured on the others
-        half = np.zeros(2 * n, bool)
-        half[rng.permutation(n)[: n // 2]] = True
-        half[n + rng.permutation(n)[: n // 2]] = True
-        _, _, threshold = membership_scores(scores[half], member[half])
-        auc, _, _ = membership_scores(scores, member)
-        return {"auc": auc, "advantage": advantage_at(scores[~half], member[~half], threshold)}
+        return np.asarray(out.scores.numpy(), dtype=np.float64)
 
     def checkpoint(self) -> dict[int, dict[str, Any]]:
         return {i: {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in t.items()}

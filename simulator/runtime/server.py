@@ -312,11 +312,14 @@ class Server(Reusable):
         self.attacks.aim(attack, client)
 
     def run_privacy_attacks(self, truths: dict[int, tuple[np.ndarray, np.ndarray, int]],
-                            lr: float) -> dict[str, float]:
+                            lr: float,
+                            candidates: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+                            ) -> dict[str, float]:
         """The privacy attacks' metrics (``AttackTargets.run``); their tables kept for
         :meth:`privacy_attack_tables`."""
         assert self.attacks is not None
-        metrics, self.attack_tables = self.attacks.run(self.model, self.x, lr, truths)
+        metrics, self.attack_tables = self.attacks.run(self.model, self.x, lr, truths,
+                                                       candidates)
         return metrics
 
     def privacy_attack_tables(self) -> dict[str, dict[str, list]]:

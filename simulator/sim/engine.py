@@ -23,10 +23,11 @@ import numpy as np
 from simulator import data as fdata
 from simulator.config import Scenario
 from simulator.config.data_load import LoadChoice, choose_load
-from simulator.config.plan import Plan, resolve
+from simulator.config.plan import Plan, resolve, shadow_run
 from simulator.errors import ClientStateLost, UsageError, WorkerLost
 from simulator.messages import RoundReport
 from simulator.runtime.backend import Backend
+from simulator.runtime.privacy_attacks import shadow_candidates
 from simulator.sim.accounting import PrivacyAccountant
 from simulator.sim.placement import WorkerPool
 from simulator.sim.rounds import RoundProtocol, RunContext, protocols
@@ -78,7 +79,12 @@ def load_data(sc: Scenario) -> fdata.FederatedData:
             _data_cache[key] = fdata.build(
                 sc.data.dataset, sc.data.partitioner, sc.clients.total, seed,
                 sc.data.test_fraction, load)
-        return _data_cache[key]
+        data = _data_cache[key]
+    shadow = shadow_run(sc)
+    if shadow is None:
+        return data
+    rows, included = shadow_candidates(data.client_sizes(), seed, shadow)
+    return fdata.with_candidates(data, rows, included)
 
 
 def forget_data() -> None:

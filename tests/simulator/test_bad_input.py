@@ -112,6 +112,28 @@ def test_set_on_a_key_the_sweep_sets_is_refused(tmp_path, key):
     assert len(load(p, ["local.momentum=0.5"]).points) == 2  # a key the sweep leaves alone
 
 
+def test_a_path_steps_into_a_list_by_index_in_set_sweep_and_tune(tmp_path):
+    """``privacy_attacks.0.iterations`` is the first attack's key in --set, a sweep and a
+    tune space; an index the list does not have is one line naming the path and its
+    indices (it used to replace the list by a mapping and say the list was not one)."""
+    p = _file(tmp_path, BASE + "privacy_attacks: [{name: dlg}, {name: loss_threshold}]\n")
+    sc = load(p, ["privacy_attacks.0.iterations=7"]).scenario
+    assert sc.privacy_attacks[0]["iterations"] == 7 and len(sc.privacy_attacks) == 2
+    assert _refused(p, ["privacy_attacks.2.iterations=7"]) == [
+        (f"{p}: --set privacy_attacks.2.iterations: privacy_attacks is a list of 2: '2' is not "
+        "one of its indices 0..1")]
+    assert _refused(p, ["privacy_attacks.first.iterations=7"])[0].endswith(
+        "'first' is not one of its indices 0..1")
+    swept = _file(tmp_path, BASE + "privacy_attacks: [{name: dlg}]\n"
+                  "sweep: {privacy_attacks.0.iterations: [5, 9]}\n", "w.yaml")
+    assert [pt.scenario.privacy_attacks[0]["iterations"] for pt in load(swept).points] == [5, 9]
+    bad = _file(tmp_path, BASE + "privacy_attacks: [{name: dlg}]\n"
+                "sweep: {privacy_attacks.1.iterations: [5, 9]}\n", "b.yaml")
+    lines = _refused(bad)
+    assert len(lines) == 1 and "sweep.privacy_attacks.1.iterations" in lines[0] and \
+        "privacy_attacks is a list of 1: '1' is not one of its indices 0..0" in lines[0]
+
+
 # ---------------------------------------------------------------- 2. integers that exhaust
 
 @pytest.mark.parametrize(("key", "allowed"), [

@@ -12,16 +12,21 @@ from torch import nn
 
 from simulator.models import build_model
 from strategies.privacy_attacks import (
+    LiRA,
     advantage_at,
+    balanced_inclusion,
     dlg,
     infer_labels,
     inverting_gradients,
+    lira_scores,
+    logit_confidence,
     match,
     membership_scores,
     nearest_is_target,
     psnr,
     simulated_update,
     ssim,
+    tpr_at_fpr,
 )
 from strategies.protocols import AttackView
 
@@ -140,3 +145,72 @@ def test_a_few_step_client_is_inverted_through_its_simulated_steps():
         out = inverting_gradients(view, torch.Generator().manual_seed(1), 300)
         got[steps] = float(psnr(out.inputs, x, 1.0)[0, 0])
     assert got[3] > 30 and got[3] > got[1], got
+
+
+# ---------------------------------------------------------------- LiRA (shadow runs)
+
+
+def test_logit_confidence_is_log_p_over_one_minus_p():
+    """Carlini et al.'s score from the logits: log p_y - log(1 - p_y), also where p_y
+    rounds to 1 in float32 (a logit gap of 40)."""
+    model = nn.Identity()
+    z = torch.tensor([[2.0, 0.0, -1.0], [0.0, 40.0, 0.0]])
+    y = torch.tensor([0, 1])
+    view = AttackView(model, None, 2, 0.0, 0, (3,), 3, (0.0, 1.0), (z, y))
+    got = logit_confidence(view).scores.numpy()
+    p = np.exp(2.0) / (np.exp(2.0) + 1 + np.exp(-1.0))
+    assert got[0] == pytest.approx(np.log(p / (1 - p)), abs=1e-12)
+    assert got[1] == pytest.approx(40 - np.log(2.0), abs=1e-9)
+
+
+def test_balanced_inclusion_trains_each_candidate_in_half_the_runs():
+    inc = balanced_inclusion(np.random.default_rng(0), 500, 9)
+    assert inc.shape == (9, 500) and (inc.sum(axis=0) == 4).all()
+    assert 0.35 < inc[0].mean() < 0.55  # a run's share: random, about 4/9
+
+
+def test_lira_scores_by_hand():
+    """Two candidates, four shadows. Candidate 0: IN scores 3, 5 (median 4), OUT 0, 2
+    (median 1); candidate 1: IN 6, 8 (7), OUT 1, 3 (2). Global variances pool each side's
+    squared deviations from the candidate's mean: all 1, so s_in = s_out = 1; the target's
+    scores 4 and 2 give online log N(4; 4, 1) - log N(4; 1, 1) = 4.5 and log N(2; 7, 1) -
+    log N(2; 2, 1) = -12.5; offline log Phi((4 - 1) / 1) and log Phi(0)."""
+    shadows = np.array([[3.0, 6.0], [5.0, 8.0], [0.0, 1.0], [2.0, 3.0]])
+    included = np.array([[True, True], [True, True], [False, False], [False, False]])
+    target = np.array([4.0, 2.0])
+    np.testing.assert_allclose(lira_scores(target, shadows, included), [4.5, -12.5])
+    np.testing.assert_allclose(lira_scores(target, shadows, included, online=False),
+                               [norm.logcdf(3.0), np.log(0.5)])
+    # per example: the same here (every candidate's spread is 1)
+    np.testing.assert_allclose(
+        lira_scores(target, shadows, included, variance="per_example"), [4.5, -12.5])
+    # a candidate no shadow trained on takes the IN mean of the others (median 4)
+    lone = included.copy()
+    lone[:, 1] = False
+    got = lira_scores(target, shadows, lone)
+    assert np.isfinite(got).all()
+
+
+def test_lira_beats_the_global_threshold_on_scores_with_per_example_offsets():
+    """Each candidate's score has its own offset (its hardness) and membership adds 1: the
+    global threshold on the score alone is weak, LiRA, which learns each offset from the
+    shadows, is not (Carlini et al.'s point)."""
+    from strategies.privacy_attacks import membership_scores
+
+    rng = np.random.default_rng(0)
+    inc = balanced_inclusion(rng, 400, 16)
+    scores = rng.normal(0, 2, 400) + 1.0 * inc + 0.3 * rng.normal(size=(16, 400))
+    alone = membership_scores(scores[0], inc[0])[0]
+    lira = membership_scores(LiRA().combine(scores[0], scores[1:], inc[1:]), inc[0])[0]
+    assert alone < 0.7 and lira > 0.95
+
+
+def test_tpr_at_fpr_by_hand():
+    """Scores 5 4 3 2 1 of member, non, member, member, non: at FPR 0 the threshold 5 takes
+    one of three members; at FPR 0.5 the threshold 2 takes all three; ties move together."""
+    s = np.array([5.0, 4.0, 3.0, 2.0, 1.0])
+    m = np.array([True, False, True, True, False])
+    assert tpr_at_fpr(s, m, 0.0) == pytest.approx(1 / 3)
+    assert tpr_at_fpr(s, m, 0.5) == 1.0
+    tied = np.array([5.0, 5.0, 3.0, 2.0, 1.0])
+    assert tpr_at_fpr(tied, m, 0.0) == 0.0  # 5 takes the non-member with the member

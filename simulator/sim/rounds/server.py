@@ -348,7 +348,7 @@ class ServerRounds(RoundProtocol):
             x, y = ctx.data.source.train([client])[0]
             truths[i] = (np.asarray(x), np.asarray(y), int(ctx.pool.local_steps[client]))
         metrics = dict(ctx.backend.get(self.server.run_privacy_attacks(
-            truths, ctx.plan.scenario.local.lr)))
+            truths, ctx.plan.scenario.local.lr, ctx.data.candidates)))
         self.attack_tables = ctx.backend.get(self.server.privacy_attack_tables())
         for spec, attack in zip(ctx.plan.scenario.privacy_attacks, self.attacks, strict=True):
             if attack.traits.reconstructs:
