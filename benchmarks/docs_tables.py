@@ -2,7 +2,7 @@
 
 A table in a docs page sits between two marker comments:
 
-    <!-- table ID: SCENARIO.yaml [--set KEY=VALUE ...] --by KEY ... [fedray table options] -->
+    <!-- table ID: SCENARIO.yaml [--set KEY=VALUE ...] [--shadows] --by KEY ... [fedray table options] -->
     ...
     <!-- end table -->
 
@@ -12,7 +12,8 @@ A table in a docs page sits between two marker comments:
 
 A ``table`` block is a sweep: its scenario file (with the ``--set`` overrides) is run into a
 fresh local MLflow store (a temporary ``sqlite:///`` URI) and ``fedray table EXPERIMENT
---by ... --format markdown`` is read from that store. An ``output`` block is what a
+--by ... --format markdown`` is read from that store (with ``--shadows``, after ``fedray privacy
+shadows EXPERIMENT`` has combined the runs of its shadow-run attack). An ``output`` block is what a
 benchmark script prints. Everything between the markers is rewritten: the exact commands
 (a code block), the seeds, and the table; the prose around the markers is left alone. Blocks
 of one page that share a sweep (same scenario file and overrides) share its store.
@@ -87,10 +88,17 @@ class Block:
             if rest[i] == "--set":
                 sets.append(rest[i + 1])
                 i += 2
+            elif rest[i] == "--shadows":
+                i += 1
             else:
                 table.append(rest[i])
                 i += 1
         return scenario, sets, table
+
+    @property
+    def shadows(self) -> bool:
+        """Whether the table reads what ``fedray privacy shadows`` logs on the runs."""
+        return "--shadows" in self.args
 
 
 def blocks(text: str) -> list[Block]:
@@ -169,9 +177,13 @@ def block_table(block: Block, uri: str, runner: str = "sweep", parallel: int | N
     """A ``table`` block's table: its sweep (plus ``extra_sets``, e.g. one cell of it) run
     into ``uri``, then ``fedray table``. ``run=False``: the table of what ``uri`` holds."""
     scenario, sets, table_args = block.sweep_args()
+    name = load(scenario, [*sets, *extra_sets]).scenario.name
     if run:
         run_points(scenario, [*sets, *extra_sets], uri, runner, parallel)
-    name = load(scenario, [*sets, *extra_sets]).scenario.name
+        if block.shadows:
+            from simulator.run.privacy_shadows import shadow_groups
+
+            shadow_groups([name], uri)
     return table_text(name, table_args, uri)
 
 
@@ -182,6 +194,8 @@ def sweep_body(block: Block, table: str) -> str:
     sc = loaded.scenario
     sweep = shlex.join(["fedray", "sweep", scenario] + [a for s in sets for a in ("--set", s)])
     tab = shlex.join(["fedray", "table", sc.name, *table_args])
+    if block.shadows:
+        tab = shlex.join(["fedray", "privacy", "shadows", sc.name]) + "\n" + tab
     seeds = ", ".join(str(s) for s in sc.seeds)
     n = len(loaded.points)
     swept = any("rounds" in p.values for p in loaded.points)

@@ -31,6 +31,9 @@ from dashboards.svg import text_width
 # the metrics an attack logs at the last round, after its name (``dlg_psnr``)
 RECONSTRUCTION_METRICS = ("success", "success_bound", "psnr", "ssim", "label_accuracy")
 MEMBERSHIP_METRICS = ("advantage", "advantage_bound", "auc")
+# what ``fedray privacy shadows`` logs on each run of a shadow-run attack (LiRA)
+SHADOW_METRICS = ("shadows_auc", "shadows_advantage", "shadows_tpr_at_fpr_0.001",
+                  "shadows_tpr_at_fpr_0.01")
 MAX_SAMPLES = 8  # drawn per attack and run
 PER_ROW = 4  # pairs on a row of the drawing
 SIDE = 64  # px: an image is scaled up by the largest whole factor that keeps it within this
@@ -49,16 +52,31 @@ def attack_names(params: Mapping[str, str]) -> list[str]:
 
 
 def attack_metrics(names: Sequence[str]) -> list[str]:
-    """Every metric an attack of ``names`` may log (either kind's)."""
-    return [f"{n}_{m}" for n in names for m in RECONSTRUCTION_METRICS + MEMBERSHIP_METRICS]
+    """Every metric an attack of ``names`` may log (either kind's, and a shadow-run
+    attack's combined measures)."""
+    return [f"{n}_{m}" for n in names
+            for m in RECONSTRUCTION_METRICS + MEMBERSHIP_METRICS + SHADOW_METRICS]
+
+
+def shadow_point(group: str, tags: Mapping[str, str]) -> str:
+    """The sweep point of a run: ``group`` (its name without the seed), without the
+    ``run=K`` of a shadow-run attack's run (the runs of one point are its samples, as its
+    seeds are); ``shadow runs`` when nothing else is left."""
+    run = tags.get("fedray.shadow_run")
+    if run is None:
+        return group
+    return " ".join(w for w in group.split() if w != f"run={run}") or "shadow runs"
 
 
 def attack_kind(logged: Mapping[str, Any], name: str) -> str | None:
-    """``reconstruction`` or ``membership``, by the bound the run logged for attack ``name``
-    (``logged``: the run's metrics by name); None when it logged neither (the run did not
+    """``reconstruction``, ``membership`` or ``shadow runs`` (a membership attack whose runs
+    ``fedray privacy shadows`` combined), by what the run logged for attack ``name``
+    (``logged``: the run's metrics by name); None when it logged no bound (the run did not
     reach its last round)."""
     if f"{name}_success_bound" in logged:
         return "reconstruction"
+    if f"{name}_shadows_auc" in logged:
+        return "shadow runs"
     if f"{name}_advantage_bound" in logged:
         return "membership"
     return None

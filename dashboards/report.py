@@ -44,6 +44,7 @@ from dashboards.attacks import (
     attack_names,
     read_reconstruction,
     reconstruction_svg,
+    shadow_point,
 )
 from dashboards.audit import dp_curve
 from dashboards.robust import NO_ATTACK, Cell, Robust, robust
@@ -133,8 +134,8 @@ def _search_runs(client: Any, target: str, exp: Any) -> tuple[str, str, list[Run
 
 def _load(client: Any, run: Any) -> RunData:
     name = run.info.run_name
-    data = RunData(run.info.run_id, name, _group(name), run.data.tags.get("seed", ""),
-                   dict(run.data.tags), dict(run.data.params))
+    data = RunData(run.info.run_id, name, shadow_point(_group(name), run.data.tags),
+                   run.data.tags.get("seed", ""), dict(run.data.tags), dict(run.data.params))
     for key in dict.fromkeys([k for k, _ in CURVES] + [
             "nonfinite_aggregate", SIM_TIME, *AUDIT_METRICS,
             *attack_metrics(attack_names(data.params))]):  # plain names here, MLflow's
@@ -652,6 +653,10 @@ ATTACK_COLUMNS = {
                        ("label_accuracy", "label accuracy")],
     "membership": [("advantage", "advantage"), ("advantage_bound", "advantage bound"),
                    ("auc", "AUC")],
+    "shadow runs": [("shadows_advantage", "advantage"), ("advantage_bound", "advantage bound"),
+                    ("shadows_auc", "AUC"), ("shadows_tpr_at_fpr_0.001", "TPR at 0.1 % FPR"),
+                    ("shadows_tpr_at_fpr_0.01", "TPR at 1 % FPR"),
+                    ("auc", "AUC without shadows")],
 }
 
 
@@ -679,7 +684,10 @@ def _attacks_section(page: Page, groups: dict[str, list[RunData]]) -> list[str]:
             "of the reconstructions matched to the client's samples. A membership attack on "
             "the final model: its AUC and its advantage (TPR - FPR at a threshold chosen on "
             "half the queries, measured on the other half) beside the largest the run's "
-            "mechanism allows (1 without DP). A reconstruction attack's samples are drawn "
+            "mechanism allows (1 without DP). A membership attack with shadow runs (LiRA, "
+            "combined by fedray privacy shadows): each run the target of the point's others, "
+            "mean ± std over the runs and seeds, and the score's AUC without the shadows. "
+            "A reconstruction attack's samples are drawn "
             f"for the first seed of each sweep point, at most {MAX_SAMPLES}.</p>")]
     for name, (kind, points) in ran.items():
         cols = ATTACK_COLUMNS[kind]
@@ -688,7 +696,8 @@ def _attacks_section(page: Page, groups: dict[str, list[RunData]]) -> list[str]:
                    for key, _ in cols)]
                 for label, members in points.items()]
         out += [f"<h3>{html.escape(name)} ({kind})</h3>",
-                page.table(["sweep point", "seeds", *(head for _, head in cols)], rows,
+                page.table(["sweep point", "seeds x runs" if kind == "shadow runs" else
+                            "seeds", *(head for _, head in cols)], rows,
                            f"attack_{name}")]
         if kind == "reconstruction":
             out += _reconstruction_figures(name, points)

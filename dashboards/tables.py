@@ -71,6 +71,9 @@ def _value(run: Any, key: str) -> str:
     return run.data.params.get(key, "?")
 
 
+SHADOW_RUN = " run "  # a row's sample key: the seed, and a shadow-run attack's run
+
+
 @dataclass
 class Row:
     """A combination of ``--by`` values: its runs' numbers per column, by seed."""
@@ -186,6 +189,8 @@ def collect_rows(experiment: str, by: Sequence[str], metrics: Sequence[tuple[str
         key = tuple(_value(run, k) for k in by)
         row = rows.setdefault(key, Row(dict(zip(by, key))))
         seed = run.data.tags.get("seed") or run.data.params.get("seed") or run.info.run_id
+        if "fedray.shadow_run" in run.data.tags:  # a shadow-run attack's runs: each a target
+            seed = f"{seed}{SHADOW_RUN}{run.data.tags['fedray.shadow_run']}"
         other = seen.setdefault((key, seed), run)
         if other is not run:
             raise ValueError(_mixed(by, key, seed, other, run))
@@ -248,10 +253,13 @@ def baseline_of(rows: Sequence[Row], row: Row, key: str, value: str) -> Row | No
 def table(rows: Sequence[Row], by: Sequence[str], metrics: Sequence[tuple[str, str]],
           paired: tuple[str, str] | None = None) -> tuple[list[str], list[list[str]]]:
     """(header, cells): the ``by`` keys, seeds, each column as mean ± std, and with
-    ``paired`` each column's paired difference from the baseline row."""
+    ``paired`` each column's paired difference from the baseline row. The runs of a
+    shadow-run attack (LiRA) are each a sample of their row, as seeds are (``seeds x
+    runs``), paired by seed and run."""
     cols = [column(m, h) for m, h in metrics]
     reach = {column(m, h): isinstance(parse_how(h), TimeTo) for m, h in metrics}
-    head = [*by, "seeds", *cols]
+    runs = any(SHADOW_RUN in s for r in rows for s in r.by_seed)
+    head = [*by, "seeds x runs" if runs else "seeds", *cols]
     if paired:
         head += [f"Δ {c} vs {paired[0]}={paired[1]}" for c in cols]
     body = []

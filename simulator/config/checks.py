@@ -167,7 +167,7 @@ def _check_audit(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
     if sc.topology is not None:
         problems.append(Problem(("audit",), "canaries are clients of a server; D-SGD has "
                                 "none: remove audit or the topology"))
-    elif mode.clock or mode.steps_on != "round":
+    elif not mode.in_rounds:
         problems.append(Problem(("server", "mode"), f"an audit's canaries join a round's "
                                 f"cohort; {mode.name} steps on arrivals: use sync or "
                                 "deadline, or remove audit"))
@@ -213,7 +213,7 @@ def _check_privacy_attacks(sc: Scenario, plan: Plan, problems: list[Problem]) ->
             _check_shadow_runs(sc, attack, loc, problems)
         if not attack.traits.reconstructs:
             continue
-        if sc.topology is not None or mode.clock or mode.steps_on != "round":
+        if sc.topology is not None or not mode.in_rounds:
             problems.append(Problem(loc, f"{spec['name']} inverts a client's message to a "
                                     "server in a round: use server.mode sync or deadline"))
             return
@@ -305,7 +305,7 @@ def _check_downlink(sc: Scenario, plan: Plan, problems: list[Problem]) -> None:
     if sc.topology is not None:
         problems.append(Problem(("downlink",), "D-SGD has no server broadcast; remove "
                                 "downlink or the topology"))
-    elif mode.clock or mode.steps_on != "round":
+    elif not mode.in_rounds:
         problems.append(Problem(("server", "mode"), f"downlink compresses the round's "
                                 f"broadcast; {mode.name} serves each client the version it "
                                 "starts from: use sync or deadline, or remove downlink"))
@@ -336,7 +336,7 @@ def _check_hidden_rows(sc: Scenario, plan: Plan, at: int, problems: list[Problem
                                 f"row that the server averages one by one; {name} shows it "
                                 "only sums: use another client rule"))
     mode = sc.server.resolved_mode
-    if mode.clock or mode.steps_on != "round":
+    if not mode.in_rounds:
         problems.append(Problem(("server", "mode"), f"{name} sums a round's cohort; "
                                 f"{mode.name} steps on arrivals it keeps one by one: use "
                                 "sync or deadline"))

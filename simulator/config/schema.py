@@ -256,6 +256,13 @@ class ModePlan:
     # BASGD: the rows are the means of the asynchrony.buffers buffers
     buffer_means: bool = False
 
+    @property
+    def in_rounds(self) -> bool:
+        """Whether the server steps once a round on the round's rows, off any clock (sync,
+        deadline): what a codec's group, an audit's canaries and a reconstruction's attacked
+        round need."""
+        return not self.clock and self.steps_on == "round"
+
 
 MODES: dict[str, ModePlan] = {  # server.mode -> what it means to the engine
     "sync": ModePlan("sync"),

@@ -129,8 +129,9 @@ def common_tags(loaded: LoadedScenario, where: dict[str, str]) -> dict[str, str]
 def shadow_tags(sc: Any) -> dict[str, str]:
     """A run of a shadow-run membership attack: ``fedray.shadow_group``, the identity of its
     runs (the scenario with the attack's run unset: the point and seed the runs share),
-    and ``fedray.shadow_attack``, the attack's name (``fedray privacy shadows`` reads both);
-    none for another run."""
+    ``fedray.shadow_attack``, the attack's name (``fedray privacy shadows`` reads both), and
+    ``fedray.shadow_run``, the run's index (``fedray table`` takes each run as a sample of
+    its row); none for another run."""
     shadow = shadow_run(sc)
     if shadow is None:
         return {}
@@ -138,7 +139,8 @@ def shadow_tags(sc: Any) -> dict[str, str]:
     attacks[shadow.attack]["run"] = None
     return {"fedray.shadow_group": _digest(_identity(sc.model_copy(
                 update={"privacy_attacks": attacks}))),
-            "fedray.shadow_attack": str(attacks[shadow.attack]["name"])}
+            "fedray.shadow_attack": str(attacks[shadow.attack]["name"]),
+            "fedray.shadow_run": str(shadow.run)}
 
 
 def run_name(point: RunPoint) -> str:

@@ -166,3 +166,28 @@ def test_privacy_shadows_without_shadow_runs_is_one_line(mlflow_uri, capsys):
     assert main(["privacy", "shadows", "nothing", "--tracking-uri", mlflow_uri]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'nothing': neither an experiment nor a run" in err[0]
+
+
+def test_the_report_takes_a_points_runs_as_its_samples(shadow_runs):
+    """After ``fedray privacy shadows``, the report's attack table has one row for the point
+    (its four runs, ``seeds x runs``), the combined measures as mean ± std over the runs."""
+    import html
+
+    from dashboards.report import _cell, collect, render
+    from dashboards.stats import summarize
+    from simulator.run.privacy_shadows import shadow_groups
+
+    (group,) = shadow_groups(["shadows"], shadow_runs["uri"])
+    _, _, runs = collect("shadows", shadow_runs["uri"])
+    assert {r.group for r in runs} == {"shadow runs"}
+    section = render("t", runs).split("<h2>Privacy attacks</h2>")[1]
+    assert "<h3>lira (shadow runs)</h3>" in section
+    table = section.split('<table class="attack_lira">')[1].split("</table>")[0]
+    assert "<th>seeds x runs</th>" in table
+    cells = [html.unescape(c.rsplit(">", 1)[1]) for c in table.split("<tbody>")[1]
+             .split("</td>")[:-1]]
+    measures = [m for _, _, m in group.runs]
+    assert cells[:2] == ["shadow runs", "4"]
+    assert cells[2] == _cell(summarize(m["advantage"] for m in measures))
+    assert cells[3] == "1 ± 0"  # no DP: the bound is 1
+    assert cells[4] == _cell(summarize(m["auc"] for m in measures))
