@@ -8,6 +8,12 @@ A scenario file can only name registered plugins: nothing in YAML is ever import
 A plugin class must subclass its kind's contract (``strategies.protocols``); one that does
 not, and two installed plugins of one kind under one name, are refused in one line when the
 kind is looked up.
+
+A class defined in a script or a notebook registers for the session (:func:`register`,
+``fedray.register``), checked as an entry point's class is. The processes a run starts
+(Ray's actors and tasks) receive the session's classes with the run's Plan
+(:class:`SessionPlugins`: unpickling it registers them there); Ray pickles a class of
+``__main__`` by value, so it needs no package on any node.
 """
 
 from __future__ import annotations
@@ -198,9 +204,70 @@ def refresh() -> None:
 
 
 def available(kind: str) -> list[str]:
-    """Sorted names registered for ``kind``."""
+    """Sorted names registered for ``kind`` (installed, and this session's)."""
     _check_kind(kind)
-    return sorted(_entry_points(kind))
+    return sorted({*_entry_points(kind), *_SESSION[kind]})
+
+
+# this process's plugins registered by ``register`` (a script's or a notebook's classes)
+_SESSION: dict[str, dict[str, type]] = {k: {} for k in KINDS}
+
+
+def register(kind: str, name: str, cls: type) -> type:
+    """Register ``cls`` as plugin ``name`` of ``kind`` for this session: a scenario names it
+    as an installed plugin, it is checked as one is (BadPlugin in one line), and the runs
+    this process starts carry it to their Ray processes (:class:`SessionPlugins`). A name
+    an installed plugin has is refused; registering a name again replaces the class (a
+    notebook cell run twice)."""
+    _check_kind(kind)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise BadPlugin(f"register: a plugin's name is an identifier (letters, digits, _), "
+                        f"got {brief(name)}")
+    if name in _entry_points(kind):
+        raise BadPlugin(f"{kind.removesuffix('s')} {name!r} is an installed plugin "
+                        f"({_origin(_entry_points(kind)[name])}); register yours under "
+                        "another name")
+    origin = f"{cls.__module__}.{cls.__qualname__}" if inspect.isclass(cls) else brief(cls)
+    _SESSION[kind][name] = _checked(kind, name, cls, f"{origin}, registered in this session")
+    return cls
+
+
+def unregister(kind: str, name: str) -> None:
+    """Forget a plugin ``register`` registered (nothing when there is none)."""
+    _check_kind(kind)
+    _SESSION[kind].pop(name, None)
+
+
+class SessionPlugins:
+    """The plugins registered in a process (``register``), carried with a run's Plan to the
+    processes it starts: unpickling registers them there (Ray pickles classes of
+    ``__main__`` by value). Empty, it costs nothing to pickle."""
+
+    def __init__(self, plugins: dict[str, dict[str, type]]) -> None:
+        self.plugins = {k: dict(v) for k, v in plugins.items() if v}
+
+    def __getstate__(self) -> dict[str, dict[str, type]]:
+        return self.plugins
+
+    def __setstate__(self, state: dict[str, dict[str, type]]) -> None:
+        self.plugins = state
+        self.adopt()
+
+    def adopt(self) -> None:
+        """Register the carried plugins in this process (as they were where they came from)."""
+        for kind, named in self.plugins.items():
+            _SESSION[kind].update(named)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SessionPlugins) and self.plugins == other.plugins
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted((k, n) for k, v in self.plugins.items() for n in v)))
+
+
+def session_plugins() -> SessionPlugins:
+    """This process's registered plugins, to carry to another process."""
+    return SessionPlugins(_SESSION)
 
 
 def contract(kind: str) -> type:
@@ -219,13 +286,17 @@ WEIGHTED_KINDS = ("aggregators", "meta")
 @cache
 def _loaded(kind: str, name: str) -> type:
     ep = _entry_points(kind)[name]
-    cls = ep.load()
+    return _checked(kind, name, ep.load(), _origin(ep))
+
+
+def _checked(kind: str, name: str, cls: Any, origin: str) -> type:
+    """``cls`` if it keeps the contract of ``kind`` (BadPlugin in one line otherwise)."""
     base = contract(kind)
     if not (inspect.isclass(cls) and issubclass(cls, base)):
-        raise BadPlugin(f"{kind.removesuffix('s')} {name!r} ({_origin(ep)}) does not subclass "
+        raise BadPlugin(f"{kind.removesuffix('s')} {name!r} ({origin}) does not subclass "
                         f"{base.__module__}.{base.__qualname__}, the contract of its kind")
     if kind in GENERATOR_KINDS and "generator" not in inspect.signature(cls.__call__).parameters:
-        raise BadPlugin(f"{kind.removesuffix('s')} {name!r} ({_origin(ep)}): __call__ must take "
+        raise BadPlugin(f"{kind.removesuffix('s')} {name!r} ({origin}): __call__ must take "
                         "generator=None (the one signature of aggregation rules, "
                         f"{base.__module__}.{base.__qualname__}); a deterministic rule ignores it")
     traits = typing.cast(Any, cls).traits  # every contract declares traits
@@ -233,13 +304,13 @@ def _loaded(kind: str, name: str) -> type:
     stray = protocols.stray_traits(kind, traits)
     if stray:
         allowed = sorted(protocols.KIND_TRAITS[kind] | protocols.ANY_KIND_TRAITS)
-        raise BadPlugin(f"{kind.removesuffix('s')} {name!r} ({_origin(ep)}): traits "
+        raise BadPlugin(f"{kind.removesuffix('s')} {name!r} ({origin}): traits "
                         f"{', '.join(stray)} mean nothing to {kind}; remove them (allowed: "
                         f"{', '.join(allowed)})")
     weighted = traits.weighted
     if kind in WEIGHTED_KINDS and weighted and \
             "weights" not in inspect.signature(cls.__call__).parameters:
-        raise BadPlugin(f"{kind.removesuffix('s')} {name!r} ({_origin(ep)}): traits.weighted, "
+        raise BadPlugin(f"{kind.removesuffix('s')} {name!r} ({origin}): traits.weighted, "
                         "but __call__ takes no weights=None (the signature of weighted "
                         f"aggregation rules, {base.__module__}.{base.__qualname__})")
     return cls
@@ -255,8 +326,10 @@ def unknown_message(kind: str, name: object) -> str:
 
 
 def get(kind: str, name: str) -> Any:
-    """The plugin class registered as ``name`` in ``fedray.<kind>``."""
+    """The plugin class registered as ``name`` in ``fedray.<kind>``, or in this session."""
     _check_kind(kind)
+    if name in _SESSION[kind]:
+        return _SESSION[kind][name]
     if name not in _entry_points(kind):
         raise UnknownPlugin(unknown_message(kind, name))
     return _loaded(kind, name)

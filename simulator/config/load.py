@@ -252,8 +252,17 @@ def _read_text(path: Path) -> str:
 def load(path: str | Path, overrides: list[str] | None = None) -> LoadedScenario:
     """Read, validate and expand a scenario file; ``overrides`` are ``--set`` items."""
     path = Path(path)
-    source = str(path)
     text = _read_text(path)
+    return load_text(text, path, overrides)
+
+
+def load_text(text: str, path: Path, overrides: list[str] | None = None,
+              source: str | None = None, lines: bool = True) -> LoadedScenario:
+    """Validate and expand a scenario given as YAML ``text``, as if read from ``path``
+    (its name, by default the experiment's; its folder, where relative paths start: a
+    scenario given as text or a mapping, the working directory's). A problem names
+    ``source`` (default: the path) and, with ``lines``, its line in ``text``."""
+    source = source or str(path)
     try:
         raw, root = read_yaml(text)
         raw = {} if raw is None else raw
@@ -280,7 +289,7 @@ def load(path: str | Path, overrides: list[str] | None = None) -> LoadedScenario
     except ScenarioError as e:
         for p in e.problems:
             loc = ("sweep", p.sweep_key) if p.sweep_key else p.loc
-            p.line = _line_of(root, loc) if loc else None
+            p.line = _line_of(root, loc) if loc and lines else None
         raise ScenarioError(e.problems, source) from None
     return LoadedScenario(path, text, raw, sc, points)
 

@@ -15,7 +15,7 @@ builds one plugin only, a server optimizer that may bring the clients' half of i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from simulator import registry
@@ -130,6 +130,10 @@ class Plan:
     downlink: tuple[PluginSpec, ...] = ()  # the broadcast's codecs
     # the asynchronous modes' settings (the scenario's, or the defaults); None when sync
     asynchrony: Asynchrony | None = None
+    # the plugins registered in the driver's session (fedray.register): every actor gets the
+    # Plan, and unpickling it registers them in the actor's process
+    plugins: registry.SessionPlugins = field(default_factory=registry.session_plugins,
+                                             compare=False)
 
     def stateful_clients(self, has_buffers: bool) -> bool:
         """Whether clients keep state between rounds in the worker that owns them: their

@@ -235,11 +235,13 @@ class EarlyStopping(Callback):
         return RoundAnswer({"early_stopping_wait": float(wait)}, stop=wait >= self.patience)
 
 
-def default_callbacks(quiet: bool = False) -> list[Callback]:
-    """What every point run of ``fedray run`` has: MLflow, progress, checkpoints. The order
-    is the order of the hooks: a round's metrics are queued for MLflow before anything else
-    sees the round (an interrupt in a later hook loses none)."""
-    return [MLflowMetrics(), Progress(quiet), Checkpoints(), MLflowArtifacts()]
+def default_callbacks(quiet: bool = False, progress: bool = True) -> list[Callback]:
+    """What every point run of ``fedray run`` has: MLflow, progress (none without
+    ``progress``: a program's run, ``fedray.run``), checkpoints. The order is the order of
+    the hooks: a round's metrics are queued for MLflow before anything else sees the round
+    (an interrupt in a later hook loses none)."""
+    return [MLflowMetrics(), *([Progress(quiet)] if progress else []), Checkpoints(),
+            MLflowArtifacts()]
 
 
 def save_model(sc: Any, result: Any, folder: Path) -> Path:

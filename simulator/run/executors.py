@@ -19,6 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from simulator import registry
 from simulator.config import Scenario
 from simulator.log import logger, to_stderr
 from simulator.run.callbacks import PointRun
@@ -75,9 +76,11 @@ class PoolExecutor:
 
 
 def _simulate(scenario: Scenario, label: str = "", resume: dict[str, Any] | None = None,
-              events: Any = None, token: int = 0) -> Any:
+              events: Any = None, token: int = 0, plugins: Any = None) -> Any:
     """One point as a single-process simulation (the inline backend), from ``resume`` (a
-    checkpoint) when given: a Ray task of a sweep. With ``events`` (a queue), each round's
+    checkpoint) when given: a Ray task of a sweep; ``plugins``, the driver's session plugins
+    (``registry.SessionPlugins``), are registered here by their unpickling. With ``events``
+    (a queue), each round's
     metrics and each checkpoint go to the driver as ``(kind, token, round, payload)``, and
     the driver shows the progress; alone, it prints its own progress lines. The engine's
     messages are printed on the task's stderr, which Ray forwards to the driver's terminal."""
@@ -138,7 +141,8 @@ class TaskExecutor:
                     logger.debug("%s: a Ray task with %s%s", work.label, resources,
                                  f", from round {work.state['round'] + 2}" if work.state else "")
                     task = remote.options(**resources)
-                    ref = task.remote(work.point.scenario, work.label, work.state, events, token)
+                    ref = task.remote(work.point.scenario, work.label, work.state, events, token,
+                                      registry.session_plugins())
                     pending[ref] = (token, work)
                 ready, _ = self.ray.wait(list(pending), num_returns=1, timeout=POLL_SECONDS)
                 self._drain(exp, events)  # a finished task's puts are all in the queue

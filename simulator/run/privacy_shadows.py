@@ -131,12 +131,12 @@ def _combine_group(client: Any, runs: list[Any], log: bool) -> ShadowGroup:
     measures = combine_runs(attack, np.stack([t[1] for t in tables]),
                             np.stack([t[2] for t in tables]),
                             int(first.data.params.get("seed", 0)))
-    rounds = int(first.data.params.get("rounds", 0))
+    last = int(first.data.params.get("rounds", 1)) - 1  # the last round's step (0-based)
     for r, m in zip(runs, measures, strict=True):
         group.runs.append((r.info.run_name, r.info.run_id, m))
         if log:
             for k, v in m.items():
-                client.log_metric(r.info.run_id, f"{name}_shadows_{k}", v, step=rounds)
+                client.log_metric(r.info.run_id, f"{name}_shadows_{k}", v, step=last)
     return group
 
 

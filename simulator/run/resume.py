@@ -30,8 +30,8 @@ class ResumeRefused(UsageError):
 
 def resume_run(run_id: str, tracking_uri: str | None = None, backend_name: str | None = None,
                address: str | None = None, quiet: bool = False, workers: int | None = None,
-               ray_init: dict | None = None, callbacks: list[Callback] | None = None
-               ) -> ExperimentResult:
+               ray_init: dict | None = None, callbacks: list[Callback] | None = None,
+               progress: bool = True) -> ExperimentResult:
     """Continue an interrupted ``fedray run`` in the same MLflow runs. ``run_id`` is a point
     (a child run): it goes on from its newest checkpoint in ``.fedray/checkpoints/`` (from
     round 0 without one) with the resolved scenario it logged when it started; then every
@@ -57,7 +57,7 @@ def resume_run(run_id: str, tracking_uri: str | None = None, backend_name: str |
                             "resume (`fedray run` starts a new one)")
     parent = run_id if kind == "scenario" else run.data.tags.get("mlflow.parentRunId")
     _fetch_data(tracker, run_id if kind == "point" else None, parent)
-    exp = Experiment(Opening.existing(tracker), default_callbacks(quiet) + list(callbacks or []),
+    exp = Experiment(Opening.existing(tracker), default_callbacks(quiet, progress) + list(callbacks or []),
                      uri, "parent")
     pool = _Pool(backend_name, address, workers, ray_init)
     with tempfile.TemporaryDirectory(prefix="fedray-") as tmp:

@@ -40,9 +40,11 @@ def run_loaded(
     workers: int | None = None,
     ray_init: dict | None = None,
     callbacks: list[Callback] | None = None,
+    progress: bool = True,
 ) -> ExperimentResult:
     """Run every point of a loaded scenario, one after another, and track it in MLflow;
-    ``callbacks`` are added to the defaults (progress, checkpoints, MLflow).
+    ``callbacks`` are added to the defaults (progress unless not ``progress``, checkpoints,
+    MLflow).
 
     Returns the experiment's result: ``parent_run_id``, ``experiment_id``,
     ``tracking_uri``, ``runs`` (``[{run_id, label, values, seed, final_test_accuracy,
@@ -58,7 +60,7 @@ def run_loaded(
     sc = loaded.scenario
     uri = tracking_uri or default_uri()
     opening = Opening(uri, sc.name)  # MLflow opens on its own thread while Ray starts
-    exp = Experiment(opening, default_callbacks(quiet) + list(callbacks or []), uri,
+    exp = Experiment(opening, default_callbacks(quiet, progress) + list(callbacks or []), uri,
                      f"parent of {len(loaded.points)} point(s)")
     with exp.running():
         if loaded.points:  # the first point's data loads while Ray starts (or auto probes)

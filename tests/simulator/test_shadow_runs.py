@@ -134,7 +134,8 @@ def test_each_run_saves_its_candidates_scores(shadow_runs):
 
 def test_privacy_shadows_combines_the_runs_and_logs_each_targets_measures(shadow_runs, capsys):
     """Each run the target of the three others: the command's AUC is that of lira_scores on
-    the tables (recomputed here), logged on the run at its last round."""
+    the tables (recomputed here), logged on the run at its last round (step 2 of rounds 0..2,
+    as the run's own metrics)."""
     from fedray.cli import main
     from strategies.privacy_attacks import lira_scores, membership_scores
 
@@ -156,7 +157,7 @@ def test_privacy_shadows_combines_the_runs_and_logs_each_targets_measures(shadow
         s = lira_scores(scores[t], scores[others], included[others])
         auc = membership_scores(s, included[t])[0]
         history = client.get_metric_history(run.info.run_id, "lira_shadows_auc")
-        assert [(h.step, h.value) for h in history] == [(3, pytest.approx(auc, abs=1e-12))]
+        assert [(h.step, h.value) for h in history] == [(2, pytest.approx(auc, abs=1e-12))]
         assert f"AUC {auc:.4f}" in out[1 + t]
 
 
