@@ -4,13 +4,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install quickstart test lint bench bench-models bench-gpu flower-venv bench-flower \
+.PHONY: install quickstart test lint docs bench bench-models bench-gpu flower-venv bench-flower \
 	bench-startup bench-floor bench-population pfl-venv bench-pfl
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,data,cluster]'
+	$(PY) -m pip install -q -e '.[dev,data,cluster,docs]'
 	# ByzFL, the reference the aggregator tests agree with; --no-deps: it asks for torchvision,
 	# whose PyPI build does not load beside this machine's torch 2.13.0 CPU build.
 	$(PY) -m pip install -q --no-deps byzfl==0.0.11
@@ -28,6 +28,13 @@ test: lint
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+
+# the documentation site in site/: the generated reference pages (fedray/reference.py: the
+# schema's keys, every plugin), then MkDocs in strict mode (a warning, a broken link, fails);
+# offline (no web fonts, no CDN). tests/test_docs_site.py builds it the same way.
+docs: $(STAMP)
+	$(PY) -m fedray.reference docs/reference
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 bench: $(STAMP)
 	$(PY) benchmarks/engine_overhead.py
@@ -96,6 +103,7 @@ docs-tables: $(STAMP)
 	$(PY) benchmarks/docs_tables.py docs/privacy.md audit_dp_fedavg
 	$(PY) benchmarks/docs_tables.py docs/privacy.md attack_reconstruction
 	$(PY) benchmarks/docs_tables.py docs/privacy.md attack_membership
+	$(PY) benchmarks/docs_tables.py docs/privacy.md attack_lira
 	$(PY) benchmarks/docs_tables.py docs/fedro.md b_hat
 	$(PY) benchmarks/docs_tables.py docs/fedro.md fedro_sample_size
 	$(PY) benchmarks/docs_tables.py docs/fedro.md fedro_local_steps

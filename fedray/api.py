@@ -116,6 +116,7 @@ class Results:
 
     @property
     def run_ids(self) -> list[str]:
+        """The MLflow run id of each point run, in ``runs``' order."""
         return [r.run_id for r in self.runs]
 
     @property

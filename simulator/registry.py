@@ -387,7 +387,7 @@ def keys(kind: str, name: str) -> dict[str, Any]:
             for k, f in params_model(get(kind, name)).model_fields.items()}
 
 
-def _type_text(tp: Any) -> str:
+def type_text(tp: Any) -> str:
     """A type hint as a person reads it: ``int >= 1``, ``list[int]``, ``'batch' | 'group'``."""
     import annotated_types as at
 
@@ -401,13 +401,13 @@ def _type_text(tp: Any) -> str:
                     bounds.append(f"{sign} {getattr(m, attr)}")
             if isinstance(m, at.Len):
                 bounds.append(f"length {m.min_length}..{m.max_length}")
-        return " ".join([_type_text(base), *bounds])
+        return " ".join([type_text(base), *bounds])
     if origin is typing.Literal:
         return " | ".join(repr(a) for a in typing.get_args(tp))
     if origin in (typing.Union, types.UnionType):
-        return " | ".join(_type_text(a) for a in typing.get_args(tp))
+        return " | ".join(type_text(a) for a in typing.get_args(tp))
     if origin is not None:
-        return f"{origin.__name__}[{', '.join(_type_text(a) for a in typing.get_args(tp))}]"
+        return f"{origin.__name__}[{', '.join(type_text(a) for a in typing.get_args(tp))}]"
     return "None" if tp is type(None) else getattr(tp, "__name__", str(tp))
 
 
@@ -420,5 +420,5 @@ def describe(kind: str, name: str) -> dict[str, Any]:
     with contextlib.suppress(Exception):  # unresolvable hints: keys without types
         hints = typing.get_type_hints(cls.__init__, include_extras=True)
     return {"doc": " ".join(doc.split("\n\n")[0].split()),
-            "keys": {k: (_type_text(hints[k]) if k in hints else "any", d)
+            "keys": {k: (type_text(hints[k]) if k in hints else "any", d)
                      for k, d in keys(kind, name).items()}}

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_pages_quickstart_block_prints_what_its_comments_say(tmp_path):
     page = (ROOT / "docs" / "python.md").read_text()
-    code = re.search(r"<!-- python quickstart -->\n```python\n(.*?)```", page, re.S).group(1)
+    code = re.search(r"<!-- python quickstart -->\n```python\n(.*?)```", page, re.DOTALL).group(1)
     assert len(code.strip().splitlines()) <= 12  # "ten lines", give or take the comments
     (tmp_path / "scenarios").symlink_to(ROOT / "scenarios")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -401,6 +401,9 @@ class DSGD(Strict):
 
 
 class Evaluation(Strict):
+    """When the global model is evaluated on the test (and train-loss) samples: every
+    ``every`` rounds, and always after the last."""
+
     every: Annotated[int, Ge(1), Le(MAX_ROUNDS)] = 1
 
 

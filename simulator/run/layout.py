@@ -73,11 +73,12 @@ def run_params(backend: Any) -> dict[str, str]:
     return {"backend.reason": backend.reason} if backend.reason else {}
 
 
-def codec_label(spec: dict[str, Any]) -> str:
-    """A codec block as a tag: its name, and in parentheses the arguments that differ from
-    its constructor's defaults (``top_k(fraction=0.01, error_feedback=true)``), so that
-    ``fedray table --by codecs`` tells two chains of the same codecs apart."""
-    cls = plugin_class("codecs", spec)
+def plugin_label(kind: str, spec: dict[str, Any]) -> str:
+    """A plugin block as a tag: its name, and in parentheses the arguments that differ from
+    its constructor's defaults (``top_k(fraction=0.01, error_feedback=true)``,
+    ``dp_sgd(noise_multiplier=4.0)``), so that ``fedray table --by codecs`` (or ``--by
+    privacy``) tells two blocks of the same plugin apart."""
+    cls = plugin_class(kind, spec)
     defaults: dict[str, Any] = {}
     if cls is not None:
         defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
@@ -95,8 +96,9 @@ def scenario_tags(sc: Any) -> dict[str, str]:
         "meta": sc.meta["name"] if sc.meta else "none",
         "attack": sc.attack["name"] if sc.attack else "none",
         "topology": sc.topology["name"] if sc.topology else "none",
-        "codecs": ",".join(codec_label(c) for c in sc.codecs) or "none",
-        "downlink": ",".join(codec_label(c) for c in sc.downlink) or "none",
+        "codecs": ",".join(plugin_label("codecs", c) for c in sc.codecs) or "none",
+        "downlink": ",".join(plugin_label("codecs", c) for c in sc.downlink) or "none",
+        "privacy": plugin_label("privacy", sc.privacy) if sc.privacy else "none",
         "n": str(sc.clients.total),
         "f": str(sc.clients.byzantine),
         "dataset": sc.data.dataset["name"],

@@ -537,15 +537,18 @@ def test_a_cache_folder_that_cannot_be_written_costs_only_the_template(tmp_path,
 def test_the_codecs_tag_names_each_codecs_arguments_that_differ_from_its_defaults():
     """`fedray table --by codecs` groups by this tag: two chains of the same codecs with
     other arguments (top-k with and without error feedback) must not share a row."""
-    from simulator.run.layout import codec_label
+    from simulator.run.layout import plugin_label
 
-    assert codec_label({"name": "top_k", "k": None, "fraction": 0.01,
+    assert plugin_label("codecs", {"name": "top_k", "k": None, "fraction": 0.01,
                         "error_feedback": False}) == "top_k(fraction=0.01)"
-    assert codec_label({"name": "top_k", "k": None, "fraction": 0.01,
+    assert plugin_label("codecs", {"name": "top_k", "k": None, "fraction": 0.01,
                         "error_feedback": True}) == "top_k(fraction=0.01, error_feedback=true)"
-    assert codec_label({"name": "sign", "scale": True, "error_feedback": False}) == "sign"
-    assert codec_label({"name": "sign", "scale": False, "error_feedback": False}) == \
+    assert plugin_label("codecs", {"name": "sign", "scale": True, "error_feedback": False}) == "sign"
+    assert plugin_label("codecs", {"name": "sign", "scale": False, "error_feedback": False}) == \
         "sign(scale=false)"
-    assert codec_label({"name": "secagg", "group_size": 5, "bits": 32, "range": 1.0,
+    assert plugin_label("codecs", {"name": "secagg", "group_size": 5, "bits": 32, "range": 1.0,
                         "threshold": 0.5, "dropout": 0.0}) == "secagg(group_size=5)"
-    assert codec_label({"name": "float16"}) == "float16"
+    assert plugin_label("codecs", {"name": "float16"}) == "float16"
+    # the privacy tag: `fedray table --by privacy` tells a run without DP from two noises
+    assert plugin_label("privacy", {"name": "dp_sgd", "clip": 1.0, "noise_multiplier": 4.0,
+                        "delta": 1e-5, "accountant": "pld"}) == "dp_sgd(noise_multiplier=4.0)"
