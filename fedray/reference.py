@@ -10,6 +10,7 @@ drawn by mkdocstrings from its docstrings. Nothing here is written by hand twice
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 import typing
 from collections.abc import Iterator
@@ -91,9 +92,9 @@ def scenario_page() -> str:
 
 
 def plugin_page(kind: str) -> str:
-    """One kind's page: its contract, then each registered plugin: what it does and its
-    paper (the docstring's first paragraph), its keys with their types and defaults, and
-    its class's API (mkdocstrings)."""
+    """One kind's page: its contract, then each registered plugin: its class's docstring
+    (what it computes, its paper, its departures; drawn by mkdocstrings) and its keys with
+    their types and defaults (``registry.describe``, as ``fedray list -v`` prints them)."""
     base = registry.contract(kind)
     out = [f"# {kind}", "",
            (f"Scenario blocks of this kind name one of these plugins. The contract every "
@@ -104,7 +105,9 @@ def plugin_page(kind: str) -> str:
     for name in registry.available(kind):
         cls = registry.get(kind, name)
         facts = registry.describe(kind, name)
-        out += [f"## `{name}`", "", facts["doc"] or "(no description)", ""]
+        out += [f"## `{name}`", "", f"::: {cls.__module__}.{cls.__qualname__}",
+                "    options:", "      show_root_heading: false", "      heading_level: 3",
+                "      show_bases: false", ""]
         if facts["keys"]:
             out += ["| key | type | default |", "|---|---|---|"]
             for key, (tp, default) in facts["keys"].items():
@@ -112,8 +115,6 @@ def plugin_page(kind: str) -> str:
                 out.append(f"| `{key}` | {tp.replace('|', chr(92) + '|')} | "
                            f"{shown.replace('|', chr(92) + '|')} |")
             out.append("")
-        out += [f"::: {cls.__module__}.{cls.__qualname__}", "    options:",
-                "      show_root_heading: false", "      heading_level: 3", ""]
     return "\n".join(out)
 
 
@@ -129,9 +130,13 @@ def write(folder: Path) -> list[Path]:
     return list(pages)
 
 
-def nav() -> list[dict[str, str]]:
-    """The plugin pages' entries in the site's navigation, one a kind."""
-    return [{kind: f"reference/plugins/{kind}.md"} for kind in registry.KINDS]
+ROLE = re.compile(r":(?:func|class|meth|attr|data|mod|exc|obj):(<code>)")
+
+
+def on_page_content(html: str, **_: Any) -> str:
+    """An MkDocs hook (mkdocs.yml ``hooks``): the Sphinx roles of the docstrings
+    (``:class:`Results```) drawn as the code they name, without the role."""
+    return ROLE.sub(r"\1", html)
 
 
 if __name__ == "__main__":
