@@ -275,15 +275,15 @@ def run(scenario: Source, overrides: Overrides = None, *, backend: str | None = 
     """Run every point of a scenario (``fedray run``: one after another, on the inline or the
     Ray backend, ``backend`` ``inline``, ``ray`` or None: the scenario's ``runtime.backend``),
     tracked in MLflow at ``tracking_uri`` (default: ``$MLFLOW_TRACKING_URI`` or
-    ``sqlite:///./mlflow.db``); ``address``: a Ray cluster's. ``progress``: print the
-    rounds' progress lines (as ``fedray run --quiet`` does). Returns the runs'
-    :class:`Results`."""
+    ``sqlite:///./mlflow.db``); ``address``: a Ray cluster's. ``progress``: a bar per
+    point (tqdm: a widget in a notebook, a bar on a terminal, plain lines elsewhere).
+    Returns the runs' :class:`Results`."""
     from simulator.run.runner import run_loaded
     from simulator.run.store_uri import check_command_uri
 
     loaded = load(scenario, overrides)
     check_command_uri(tracking_uri)
-    out = run_loaded(loaded, backend, address, tracking_uri, True, workers,
+    out = run_loaded(loaded, backend, address, tracking_uri, False, workers,
                      progress=progress)
     return _of(out, loaded)
 
@@ -313,7 +313,7 @@ def resume(run_id: str, *, tracking_uri: str | None = None, backend: str | None 
     from simulator.run.store_uri import check_command_uri
 
     check_command_uri(tracking_uri)
-    out = resume_run(run_id, tracking_uri, backend, address, True, workers,
+    out = resume_run(run_id, tracking_uri, backend, address, False, workers,
                      progress=progress)
     return _of(out, None)
 

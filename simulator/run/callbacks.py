@@ -183,13 +183,17 @@ class Progress(Callback):
     def on_round(self, run: PointRun, round_: int, metrics: dict[str, float]) -> None:
         from simulator.run.progress import ProgressLine
 
-        if run not in self.bars:
+        if run not in self.bars:  # one bar a point run at once, each on its own line
+            taken = {b.position for b in self.bars.values()}
+            free = next(i for i in range(len(self.bars) + 1) if i not in taken)
             self.bars[run] = ProgressLine(run.point.label, run.point.scenario.rounds, self.quiet,
-                                     start=run.started)
+                                          start=run.started, position=free)
         self.bars[run].update(round_, metrics)
 
     def on_end(self, run: PointRun, result: Any, status: str) -> None:
-        self.bars.pop(run, None)
+        bar = self.bars.pop(run, None)
+        if bar is not None:
+            bar.close()
 
 
 class Checkpoints(Callback):

@@ -1,13 +1,14 @@
-"""ProgressLine of a run: a one-line bar on a terminal, plain lines otherwise (or with --quiet),
-with the elapsed time and the time left (from the pace of the rounds after the first, so
-start-up does not count)."""
+"""ProgressLine of a run: a bar on a terminal or in a notebook (tqdm's: ``tqdm.auto`` draws a
+widget in Jupyter, never raw carriage returns there), plain lines otherwise (or with
+--quiet), with the elapsed time and the time left (from the pace of the rounds after the
+first, so start-up does not count)."""
 
 from __future__ import annotations
 
 import sys
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, TextIO
 
 
 def clock(seconds: float) -> str:
@@ -17,14 +18,27 @@ def clock(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel (where tqdm.auto draws a widget)."""
+    shell = sys.modules.get("IPython")
+    if shell is None:
+        return False
+    ip = shell.get_ipython()
+    return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
+
+
 class ProgressLine:
+    """One run's progress: ``update`` after each round. A bar (tqdm, at ``position`` among
+    the bars of points run at once) on a terminal or in a notebook unless ``quiet``; plain
+    lines, about ten a run, otherwise."""
+
     def __init__(self, label: str, rounds: int, quiet: bool = False,
                  stream: TextIO | None = None,
                  now: Callable[[], float] = time.perf_counter,
-                 start: float | None = None) -> None:
+                 start: float | None = None, position: int = 0) -> None:
         self.label, self.rounds = label, rounds
         self.stream = stream or sys.stderr
-        self.bar = not quiet and self.stream.isatty()
+        self.bar = not quiet and (self.stream.isatty() or in_notebook())
         self.quiet = quiet
         self.now = now
         self.t0 = now() if start is None else start  # elapsed counts from the run's start
@@ -32,6 +46,8 @@ class ProgressLine:
         self.score = ""
         # plain mode: about ten lines per run (every round with --quiet off the terminal is noise)
         self.every = max(1, rounds // 10)
+        self.position = position
+        self._tqdm: Any = None
 
     def _times(self, done: int) -> str:
         """``0:12 elapsed, 0:30 left, 1.4 rounds/s`` (no pace before two rounds)."""
@@ -55,13 +71,27 @@ class ProgressLine:
         done = round_ + 1
         times = self._times(done)
         if self.bar:
-            width = 30
-            fill = int(width * done / self.rounds)
-            self.stream.write(f"\r{self.label} [{'#' * fill}{'.' * (width - fill)}] "
-                              f"{done}/{self.rounds}{self.score} | {times}\033[K")
-            if done == self.rounds:
-                self.stream.write("\n")
-            self.stream.flush()
+            self._draw(done, times)
         elif done % self.every == 0 or done == self.rounds:
             print(f"{self.label}: round {done}/{self.rounds}{self.score} ({times})",
                   file=self.stream, flush=True)
+
+    def _draw(self, done: int, times: str) -> None:
+        """The bar at ``done`` rounds, its text the score and our times (the pace after the
+        first round, not tqdm's, which would count the start-up)."""
+        if self._tqdm is None:
+            from tqdm.auto import tqdm
+
+            self._tqdm = tqdm(total=self.rounds, desc=self.label, file=self.stream,
+                              position=self.position, leave=True, dynamic_ncols=True,
+                              bar_format="{desc} {bar} {n_fmt}/{total_fmt}{postfix}")
+        self._tqdm.set_postfix_str(f"{self.score} | {times}".lstrip(), refresh=False)
+        self._tqdm.update(done - self._tqdm.n)
+        if done == self.rounds:
+            self.close()
+
+    def close(self) -> None:
+        """End the bar (a run that stopped before its last round leaves it where it is)."""
+        if self._tqdm is not None:
+            self._tqdm.close()
+            self._tqdm = None

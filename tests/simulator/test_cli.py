@@ -254,6 +254,35 @@ def test_progress_shows_elapsed_time_left_and_the_pace_after_the_first_round():
     assert out.getvalue().splitlines()[-1] == "reg seed=0: round 1/1 loss 0.1250 (0:00 elapsed)"
 
 
+def test_on_a_terminal_the_progress_is_a_tqdm_bar_with_our_pace():
+    """A terminal gets tqdm's bar (in a notebook, tqdm.auto's widget): the label, the rounds
+    done, the score and the times of the plain lines (the pace after the first round); the
+    bar ends with its run. Two bars of points run at once take two lines."""
+    import io
+
+    from simulator.run.progress import ProgressLine
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    t = [0.0]
+    out = Terminal()
+    bar = ProgressLine("mean seed=0", 4, stream=out, now=lambda: t[0], start=0.0)
+    for r in range(4):
+        t[0] = 10.0 + 2 * r
+        bar.update(r, {"test_accuracy": 0.5 + r / 10})
+    text = out.getvalue()
+    assert "round 1/4" not in text  # no plain line
+    last = text.rstrip("\n").rsplit("\r", 1)[-1]
+    assert last.startswith("mean seed=0 ") and "4/4" in last
+    assert last.endswith("acc 0.8000 | 0:16 elapsed, 0.50 rounds/s")
+    assert bar._tqdm is None and text.endswith("\n")  # closed at the last round
+    quiet = Terminal()
+    ProgressLine("q", 1, quiet=True, stream=quiet).update(0, {})
+    assert quiet.getvalue().startswith("q: round 1/1 (")
+
+
 def test_a_sweep_point_reports_its_progress(tmp_path, capsys):
     """The Ray task of a sweep point prints its progress lines (Ray forwards them to the
     driver's terminal, prefixed with the task's pid)."""
