@@ -27,3 +27,39 @@ def test_the_pages_quickstart_block_prints_what_its_comments_say(tmp_path):
     assert out[0] == "0.9554" and out[-1] == "MLP 4810"
     assert out[1].split() == ["round", "value"] and out[-2].split()[0] == "29"
     assert (tmp_path / "mlflow.db").is_file()
+
+
+def test_the_readmes_first_scenario_validates_and_sweeps_what_it_says():
+    from simulator.config.load import load_text
+
+    readme = (ROOT / "README.md").read_text()
+    text = re.search(r"## A first scenario file\n\n```yaml\n(.*?)```", readme,
+                     re.DOTALL).group(1)
+    loaded = load_text(text, ROOT / "my-first.yaml")
+    assert len(loaded.points) == 6  # "3 rules x 2 seeds = 6 runs"
+    assert len(readme.splitlines()) <= 150  # an entry; the rest is the site's
+
+
+def test_every_key_the_scenario_tour_shows_is_in_the_generated_reference():
+    """docs/scenario-files.md (the README's former field-by-field tour) shows a scenario
+    file with every block; each key it shows is in the reference generated from the schema,
+    or inside a plugin block (whose keys its plugin's page lists)."""
+    import yaml
+
+    from fedray.reference import scenario_page
+
+    page = (ROOT / "docs" / "scenario-files.md").read_text()
+    blocks = re.findall(r"```(?:yaml)?\n(.*?)```", page, re.DOTALL)
+    tour = next(yaml.safe_load(b) for b in blocks if b.lstrip().startswith("name:"))
+    reference = scenario_page()
+
+    def paths(d, prefix=""):
+        for k, v in d.items():
+            key = f"{prefix}{k}"
+            yield key
+            free = (f"| `{key}` | {t}" in reference for t in ("plugin block", "dict["))
+            if isinstance(v, dict) and not any(free):  # a plugin's keys, a sweep's paths
+                yield from paths(v, key + ".")
+
+    missing = [p for p in paths(tour) if f"| `{p}` |" not in reference]
+    assert len(list(paths(tour))) > 40 and not missing, missing

@@ -35,7 +35,7 @@ DEFAULT_TRAINER: PluginSpec = {"name": "sgd"}  # local SGD, when nothing asks fo
 GRADIENT_RULE_TRAINER: PluginSpec = {"name": "gradient_rule"}
 SAMPLE_PRIVACY_TRAINER: PluginSpec = {"name": "dp_sgd"}
 
-# Upper bounds of the schema's integers (README, "A scenario file, field by field"): each far
+# Upper bounds of the schema's integers (docs/scenario-files.md, the reference): each far
 # above any study, far below what exhausts a machine or overflows a C integer before the
 # first round (`Overflow when unpacking long long`)
 MAX_ROUNDS = 1_000_000

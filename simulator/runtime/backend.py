@@ -317,7 +317,7 @@ def _start_ray(ray: Any, address: str | None, init_kwargs: dict[str, Any]) -> bo
             f"--address {address}: cannot connect to the Ray cluster ({e}); check "
             "that it runs (`ray status`), and if it keeps Ray's token authentication "
             "run with RAY_AUTH_MODE=token and its token in ~/.ray/auth_token "
-            "(README: On a Ray cluster)") from None
+            "(docs/cluster.md)") from None
     return False
 
 
