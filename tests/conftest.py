@@ -67,6 +67,17 @@ def _mlflow_template(tmp_path_factory) -> Path:
     return db
 
 
+@pytest.fixture(scope="session")
+def new_store(tmp_path_factory, _mlflow_template):
+    """``new_store(name) -> (folder, uri)``: a new folder holding a fresh, migrated embedded
+    store (a module's fixture that runs scenarios into its own store)."""
+    def make(name: str) -> tuple[Path, str]:
+        folder = tmp_path_factory.mktemp(name)
+        shutil.copy(_mlflow_template, folder / "mlflow.db")
+        return folder, f"sqlite:///{folder / 'mlflow.db'}"
+    return make
+
+
 @pytest.fixture()
 def mlflow_uri(_mlflow_template, tmp_path, monkeypatch) -> str:
     """A fresh, migrated embedded store in this test's tmp dir (also the cwd)."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import html
 import re
-import shutil
 import struct
 import zlib
 
@@ -29,6 +28,7 @@ from dashboards.attacks import (
     to_pixels,
 )
 from dashboards.rundata import Reconstruction, RunData
+from tests.stores import run_text
 
 
 def decode_png(data: bytes) -> tuple[int, np.ndarray]:
@@ -204,20 +204,11 @@ runtime: {backend: inline}
 
 
 @pytest.fixture(scope="module")
-def attacked(tmp_path_factory, _mlflow_template):
-    from simulator.config.load import load
-    from simulator.run.runner import run_loaded
-
-    tmp = tmp_path_factory.mktemp("attack-report")
-    db = tmp / "mlflow.db"
-    shutil.copy(_mlflow_template, db)
-    uri = f"sqlite:///{db}"
-    (tmp / "a.yaml").write_text(ATTACKS)
-    (tmp / "b.yaml").write_text(ATTACKS.split("privacy_attacks:")[0]
-                                .replace("name: attacks", "name: plain")
-                                + "runtime: {backend: inline}\n")
-    run_id = run_loaded(load(tmp / "a.yaml"), tracking_uri=uri, quiet=True).runs[0]["run_id"]
-    run_loaded(load(tmp / "b.yaml"), tracking_uri=uri, quiet=True)
+def attacked(new_store):
+    tmp, uri = new_store("attack-report")
+    run_id = run_text(tmp, uri, ATTACKS, "a.yaml").runs[0]["run_id"]
+    run_text(tmp, uri, ATTACKS.split("privacy_attacks:")[0].replace("name: attacks", "name: plain")
+             + "runtime: {backend: inline}\n", "b.yaml")
     client = MlflowClient(uri)
     table = pq.read_table(client.download_artifacts(run_id, "privacy/attack_dlg.parquet",
                                                     str(tmp))).to_pylist()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import html
 import math
 import re
-import shutil
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from dashboards.audit import dp_curve, dp_kinks, dp_tradeoff
 from simulator.run.privacy_compare import AuditFacts, audit_delta, audit_facts, audit_line
+from tests.stores import run_text
 
 E = math.e
 
@@ -225,19 +225,11 @@ runtime: {backend: inline}
 
 
 @pytest.fixture(scope="module")
-def audited(tmp_path_factory, _mlflow_template):
-    from simulator.config.load import load
-    from simulator.run.runner import run_loaded
-
-    tmp = tmp_path_factory.mktemp("audit-report")
-    db = tmp / "mlflow.db"
-    shutil.copy(_mlflow_template, db)
-    uri = f"sqlite:///{db}"
-    (tmp / "a.yaml").write_text(AUDITED)
-    (tmp / "b.yaml").write_text(AUDITED.replace("name: audited", "name: unaudited")
-                                .replace("audit: {canaries: 12}\n", ""))
-    run_id = run_loaded(load(tmp / "a.yaml"), tracking_uri=uri, quiet=True).runs[0]["run_id"]
-    plain = run_loaded(load(tmp / "b.yaml"), tracking_uri=uri, quiet=True).runs[0]["run_id"]
+def audited(new_store):
+    tmp, uri = new_store("audit-report")
+    run_id = run_text(tmp, uri, AUDITED, "a.yaml").runs[0]["run_id"]
+    plain = run_text(tmp, uri, AUDITED.replace("name: audited", "name: unaudited")
+                     .replace("audit: {canaries: 12}\n", ""), "b.yaml").runs[0]["run_id"]
     metrics = MlflowClient(uri).get_run(run_id).data.metrics
     return {"uri": uri, "tmp": tmp, "run": run_id, "plain": plain,
             "final": {k.removeprefix("privacy/"): v for k, v in metrics.items()

@@ -19,6 +19,7 @@ from dashboards.figures import PANELS, RunFigure
 from dashboards.report import build_report
 from simulator.config.load import load
 from simulator.run.runner import run_loaded
+from tests.stores import run_text
 
 SWEEP = """\
 name: report-test
@@ -43,14 +44,9 @@ FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory, _mlflow_template):
-    tmp = tmp_path_factory.mktemp("report")
-    db = tmp / "mlflow.db"
-    shutil.copy(_mlflow_template, db)
-    uri = f"sqlite:///{db}"
-    p = tmp / "sweep.yaml"
-    p.write_text(SWEEP)
-    out = run_loaded(load(p), tracking_uri=uri, quiet=True, callbacks=[RunFigure()])
+def report(new_store):
+    tmp, uri = new_store("report")
+    out = run_text(tmp, uri, SWEEP, "sweep.yaml", callbacks=[RunFigure()])
     path = build_report("report-test", tmp / "out", uri)
     return {"path": path, "uri": uri, "parent": out.parent_run_id, "runs": out.runs, "tmp": tmp}
 

@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 
 from dashboards.report import RunData, build_report, render
-from simulator.config.load import load
-from simulator.run.runner import run_loaded
+from tests.stores import run_text
 
 AGGREGATORS = ["mean", "median", "cwtm", "krum", "geomed", "cc"]
 ATTACKS = ["sign_flip", "alie", "gaussian"]
@@ -46,13 +45,9 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory, _mlflow_template):
-    tmp = tmp_path_factory.mktemp("robust")
-    db = tmp / "mlflow.db"
-    shutil.copy(_mlflow_template, db)
-    uri = f"sqlite:///{db}"
-    (tmp / "sweep.yaml").write_text(SWEEP)
-    out = run_loaded(load(tmp / "sweep.yaml"), tracking_uri=uri, quiet=True)
+def sweep(new_store):
+    tmp, uri = new_store("robust")
+    out = run_text(tmp, uri, SWEEP, "sweep.yaml")
     assert len(out.runs) == 36
     path = build_report("robust-report", tmp / "out", uri, log=False)
     acc = {(r["values"]["aggregator.name"], r["values"]["attack"]["name"],

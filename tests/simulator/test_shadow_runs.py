@@ -4,8 +4,6 @@ run trains on, the scores it saves, and ``fedray privacy shadows`` combining the
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -16,6 +14,7 @@ from simulator.config.load import load
 from simulator.config.plan import ShadowRun, resolve, shadow_run
 from simulator.runtime.privacy_attacks import shadow_candidates
 from simulator.sim.engine import load_data
+from tests.stores import run_text
 
 SHADOWS = """\
 name: shadows
@@ -106,15 +105,9 @@ def test_a_sweep_of_the_block_must_give_each_point_its_run(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def shadow_runs(tmp_path_factory, _mlflow_template):
-    from simulator.run.runner import run_loaded
-
-    tmp = tmp_path_factory.mktemp("shadows")
-    db = tmp / "mlflow.db"
-    shutil.copy(_mlflow_template, db)
-    uri = f"sqlite:///{db}"
-    (tmp / "s.yaml").write_text(SHADOWS)
-    result = run_loaded(load(tmp / "s.yaml"), tracking_uri=uri, quiet=True)
+def shadow_runs(new_store):
+    tmp, uri = new_store("shadows")
+    result = run_text(tmp, uri, SHADOWS)
     return {"uri": uri, "runs": [r["run_id"] for r in result.runs]}
 
 
