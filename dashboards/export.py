@@ -207,25 +207,30 @@ def _heat_figure(spec: dict[str, Any]) -> Any:
     return fig
 
 
+def figure(kind: str, spec: dict[str, Any]) -> Any:
+    """One of a report's figures (``Exports.figures``' ``(kind, spec)``) as a matplotlib
+    figure, closed in pyplot (a notebook shows it where it is displayed, once)."""
+    import matplotlib.pyplot as plt
+
+    fig = _lines_figure(spec) if kind == "lines" else _heat_figure(spec)
+    plt.close(fig)
+    return fig
+
+
 def write_figures(exports: Exports, folder: Path) -> list[Path]:
     """Each figure as ``NN-title.pdf`` and ``.svg`` in ``folder``; the paths written."""
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     for i, (kind, spec) in enumerate(exports.figures):
-        if kind == "lines":
-            fig = _lines_figure(spec)
-        else:
-            fig = _heat_figure(spec)
+        fig = figure(kind, spec)
         for ext in ("pdf", "svg"):
             path = folder / f"{i + 1:02d}-{slug(spec['title'])}.{ext}"
             fig.savefig(path, bbox_inches="tight")
             out.append(path)
-        plt.close(fig)
     return out
 
 

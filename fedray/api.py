@@ -236,6 +236,27 @@ class Results:
         return pd.DataFrame(out)
 
 
+    def figures(self) -> list[Any]:
+        """The figures ``fedray report`` draws of these runs (accuracy and loss curves,
+        robustness heat maps, privacy curves, ...) as matplotlib figures, each with its
+        title: in a notebook ``display(fig)`` shows one inline."""
+        from dashboards.export import Exports, figure
+        from dashboards.report import collect, render
+
+        title, _, runs = collect(str(self.parent_run_id), self.tracking_uri)
+        exports = Exports()
+        render(title, runs, exports)
+        return [figure(kind, spec) for kind, spec in exports.figures]
+
+    def report(self, out: str | Path | None = None) -> Path:
+        """``fedray report`` of these runs: the HTML file (``out``, default
+        ``./fedray-report/EXPERIMENT``), its figures as PDF/SVG and tables beside it."""
+        from dashboards.report import build_report
+
+        folder = Path(out) if out is not None else Path("fedray-report") / self.experiment
+        return build_report(str(self.parent_run_id), folder, self.tracking_uri)
+
+
 def _logged_scenario(client: Any, run_id: str) -> Any:
     """The resolved single-point scenario a run logged (``scenario.yaml``)."""
     from simulator.config.schema import Scenario

@@ -102,6 +102,15 @@ def test_a_sweeps_values_come_back_per_run(mlflow_uri):
     with pytest.raises(fedray.api.UsageError, match="4 runs; name one"):
         res.model()
     assert isinstance(res.model(3), torch.nn.Module)
+    # the report's figures as matplotlib figures, and the report itself
+    from matplotlib.figure import Figure
+
+    figures = res.figures()
+    titles = [f.axes[0].get_title() for f in figures]
+    assert figures and all(isinstance(f, Figure) for f in figures)
+    assert any("test accuracy" in t for t in titles), titles
+    page = res.report(mlflow_uri.removeprefix("sqlite:///").rsplit("/", 1)[0] + "/report")
+    assert page.name == "report.html" and "cwtm" in page.read_text()
 
 
 class MyMean(Aggregator):
