@@ -180,24 +180,39 @@ scenario = {
     "local": {"steps": 2, "batch_size": 16, "lr": 0.2},
     "aggregator": {"name": "half_mean"},
 }
-ray = fedray.run(scenario, backend="ray", workers=2, tracking_uri=sys.argv[1])
+address = None
+if sys.argv[2] == "cluster":  # a head without CPUs and two worker nodes of one CPU each
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "object_store_memory": 200 * 1024**2, "include_dashboard": False})
+    for _ in range(2):
+        cluster.add_node(num_cpus=1, object_store_memory=200 * 1024**2)
+    cluster.wait_for_nodes()
+    address = cluster.address
+ray = fedray.run(scenario, backend="ray", workers=2, address=address, tracking_uri=sys.argv[1])
 inline = fedray.run({**scenario, "name": "inline"}, backend="inline", tracking_uri=sys.argv[1])
 print(ray.final().loc[0, "test_accuracy"], inline.final().loc[0, "test_accuracy"])
+if address is not None:
+    cluster.shutdown()
 '''
 
 
-def test_a_plugin_defined_in_a_script_runs_on_ray(tmp_path, _mlflow_template):
+@pytest.mark.parametrize("where", ["local", pytest.param("cluster", marks=pytest.mark.cluster)])
+def test_a_plugin_defined_in_a_script_runs_on_ray(tmp_path, _mlflow_template, where):
     """A class of ``__main__`` reaches Ray's worker and server processes with the run's plan:
-    the run on Ray (2 workers) gives the inline run's numbers."""
+    the run on Ray (2 workers; on a cluster of two worker nodes, one ClientWorker on each)
+    gives the inline run's numbers."""
     import shutil
 
     db = tmp_path / "mlflow.db"
     shutil.copy(_mlflow_template, db)
     script = tmp_path / "mine.py"
     script.write_text(textwrap.dedent(SCRIPT))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
     env.pop("MLFLOW_TRACKING_URI", None)
-    done = subprocess.run([sys.executable, str(script), f"sqlite:///{db}"], cwd=tmp_path,
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, str(script), f"sqlite:///{db}", where], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300, env=env, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     on_ray, inline = map(float, done.stdout.split()[-2:])
