@@ -18,14 +18,16 @@ from fedray.api import (
     Results,
     RunRecord,
     ScenarioError,
+    Search,
     load,
     register,
     results,
     resume,
     run,
     sweep,
+    tune,
 )
 from simulator import __version__
 
-__all__ = ["Results", "RunRecord", "ScenarioError", "__version__", "load", "register", "results",
-           "resume", "run", "sweep"]
+__all__ = ["Results", "RunRecord", "ScenarioError", "Search", "__version__", "load", "register",
+           "results", "resume", "run", "sweep", "tune"]

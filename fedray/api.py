@@ -4,7 +4,7 @@ DataFrames and torch modules (docs/python.md).
 The same code paths as the commands: :func:`load` is ``fedray validate``'s (the same one-line
 problems, raised as one :class:`ScenarioError` carrying them all), :func:`run` is ``fedray
 run``'s (``simulator.run.runner.run_loaded``), :func:`sweep` ``fedray sweep``'s,
-:func:`resume` ``fedray resume``'s; :func:`results` reads any experiment in MLflow, finished
+:func:`resume` ``fedray resume``'s, :func:`tune` ``fedray tune``'s; :func:`results` reads any experiment in MLflow, finished
 by a command or by a program, into the same :class:`Results` that :func:`run` returns.
 
 A plugin defined in a script or a notebook registers with :func:`register` and is then
@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     import pandas as pd
     import torch
 
-__all__ = ["Results", "RunRecord", "ScenarioError", "load", "register", "results", "resume",
-           "run", "sweep"]
+__all__ = ["Results", "RunRecord", "ScenarioError", "Search", "load", "register", "results",
+           "resume", "run", "sweep", "tune"]
 
 T = TypeVar("T", bound=type)
 Source = str | Path | Mapping[str, Any] | LoadedScenario
@@ -323,6 +323,54 @@ def sweep(scenario: Source, overrides: Overrides = None, *, parallel: int | None
     check_command_uri(tracking_uri)
     out = run_sweep(loaded, address, tracking_uri, parallel, fresh)
     return _of(out, loaded)
+
+
+@dataclass
+class Search:
+    """A finished search (``fedray tune``): its experiment, ``tracking_uri``, the search's
+    MLflow run (``parent_run_id``: its trials are its children, each trial's point runs
+    theirs) and ``best``, each search's best trial (``search``, ``score``, ``values``: the
+    searched keys' values as MLflow holds them, text; ``run_id``: the trial's run,
+    ``trials``: how many ran every round)."""
+
+    experiment: str
+    tracking_uri: str
+    parent_run_id: str
+    best: list[dict[str, Any]] = field(default_factory=list)
+
+    def table(self) -> pd.DataFrame:
+        """``best`` as a DataFrame: a row per search, the searched keys as columns."""
+        import pandas as pd
+
+        return pd.DataFrame([{"search": b["search"], "score": b["score"],
+                              **{k: _param_value(v) for k, v in b["values"].items()},
+                              "trials": b["trials"], "run_id": b["run_id"]}
+                             for b in self.best])
+
+    def trial(self, run_id: str | None = None) -> Results:
+        """A trial's point runs as :class:`Results` (default: the first search's best)."""
+        if run_id is None:
+            if not self.best:
+                raise UsageError(f"{self.experiment}: no trial ran every round")
+            run_id = str(self.best[0]["run_id"])
+        return results(self.experiment, self.tracking_uri, parent_run_id=run_id)
+
+
+def tune(scenario: Source, overrides: Overrides = None, *, address: str | None = None,
+         tracking_uri: str | None = None, fresh: bool = False) -> Search:
+    """Search the scenario's ``tune:`` space on Ray Tune (``fedray tune``: each trial runs
+    the scenario's points with one setting of the searched keys, scored by ``tune.metric``);
+    the last search of the same scenario goes on where it stopped unless ``fresh``."""
+    from simulator.run.store_uri import check_command_uri
+    from simulator.run.tuning import run_tune
+
+    loaded = load(scenario, overrides)
+    if loaded.scenario.tune is None:
+        raise UsageError(f"{loaded.scenario.name}: tune: this scenario has no tune block (the "
+                         "keys to search and how to score a trial; docs/tuning.md)")
+    check_command_uri(tracking_uri)
+    out = run_tune(loaded, address, tracking_uri, fresh)
+    return Search(loaded.scenario.name, out.tracking_uri, str(out.parent_run_id), out.best)
 
 
 def resume(run_id: str, *, tracking_uri: str | None = None, backend: str | None = None,

@@ -217,3 +217,21 @@ def test_a_plugin_defined_in_a_script_runs_on_ray(tmp_path, _mlflow_template, wh
     assert done.returncode == 0, done.stderr[-3000:]
     on_ray, inline = map(float, done.stdout.split()[-2:])
     assert on_ray == inline and 0.0 < on_ray <= 1.0
+
+
+def test_tune_returns_each_searchs_best_and_its_trials_runs(mlflow_uri, shared_ray):
+    """fedray.tune: two trials of local.lr, two rounds each; the best trial's point runs as
+    Results, its lr the one the search reports."""
+    scenario = {**SMALL, "name": "api-tune", "rounds": 2,
+                "tune": {"space": {"local.lr": {"choice": [0.05, 0.4]}}, "trials": 2,
+                         "scheduler": "none", "parallel": 1, "metric": "test_accuracy:final"}}
+    search = fedray.tune(scenario, tracking_uri=mlflow_uri)
+    table = search.table()
+    assert list(table.columns) == ["search", "score", "local.lr", "trials", "run_id"]
+    assert table.loc[0, "trials"] == 2 and table.loc[0, "local.lr"] in (0.05, 0.4)
+    best = search.trial()
+    assert len(best.runs) == 1
+    final = best.final()
+    assert final.loc[0, "test_accuracy"] == pytest.approx(table.loc[0, "score"], abs=1e-12)
+    with pytest.raises(fedray.api.UsageError, match="no tune block"):
+        fedray.tune(SMALL, tracking_uri=mlflow_uri)
