@@ -33,7 +33,7 @@ RECONSTRUCTION_METRICS = ("success", "success_bound", "psnr", "ssim", "label_acc
 MEMBERSHIP_METRICS = ("advantage", "advantage_bound", "auc")
 # what ``fedray privacy shadows`` logs on each run of a shadow-run attack (LiRA)
 SHADOW_METRICS = ("shadows_auc", "shadows_advantage", "shadows_tpr_at_fpr_0.001",
-                  "shadows_tpr_at_fpr_0.01")
+                  "shadows_tpr_at_fpr_0.01", "tpr_at_fpr_0.01")
 MAX_SAMPLES = 8  # drawn per attack and run
 PER_ROW = 4  # pairs on a row of the drawing
 SIDE = 64  # px: an image is scaled up by the largest whole factor that keeps it within this

@@ -656,7 +656,8 @@ ATTACK_COLUMNS = {
     "shadow runs": [("shadows_advantage", "advantage"), ("advantage_bound", "advantage bound"),
                     ("shadows_auc", "AUC"), ("shadows_tpr_at_fpr_0.001", "TPR at 0.1 % FPR"),
                     ("shadows_tpr_at_fpr_0.01", "TPR at 1 % FPR"),
-                    ("auc", "AUC without shadows")],
+                    ("auc", "AUC without shadows"),
+                    ("tpr_at_fpr_0.01", "TPR at 1 % FPR without shadows")],
 }
 
 

@@ -143,6 +143,13 @@ CELLS = [
      ["seeds", "epsilon (final)", "loss_threshold_advantage (final)",
       "loss_threshold_advantage_bound (final)", "loss_threshold_auc (final)",
       "test_accuracy (final)"]),
+    # LiRA without DP: its 16 runs (2-3 s each), each the target of the 15 others
+    ("docs/privacy.md", "attack_lira",
+     "sweep={privacy: [null]}",
+     {"privacy": "none"},
+     ["seeds x runs", "lira_shadows_auc (final)", "lira_shadows_tpr_at_fpr_0.01 (final)",
+      "lira_shadows_advantage (final)", "lira_advantage_bound (final)", "lira_auc (final)",
+      "lira_tpr_at_fpr_0.01 (final)"]),
     ("docs/privacy.md", "dp_sgd_digits",
      "sweep={privacy.noise_multiplier: [1.0], aggregator.name: [median]}",
      {"privacy.noise_multiplier": "1.0", "aggregator.name": "median"},

@@ -39,6 +39,7 @@ from strategies.privacy_attacks import (
     nearest_is_target,
     psnr,
     ssim,
+    tpr_at_fpr,
 )
 from strategies.protocols import AttackView
 
@@ -201,8 +202,8 @@ class AttackTargets:
                     ) -> tuple[dict[str, float], dict[str, list]]:
         """A shadow-run attack's scores of the candidates on this run's final model (its
         table, which ``fedray privacy shadows`` combines over the runs), and what they
-        tell alone: AUC and held-out advantage of the score as it is, candidates trained
-        on against the others."""
+        tell alone: AUC, held-out advantage and TPR at 1 % FPR of the score as it is,
+        candidates trained on against the others."""
         vector_to_parameters(x_final.clone(), model.parameters())
         xs, ys, included = candidates
         scores = self._scores(attack, model, model_input(xs),
@@ -210,7 +211,9 @@ class AttackTargets:
         rng = numpy_rng(self.seed, "privacy_attack", "shadow_run")
         table = {"candidate": list(range(len(ys))), "label": np.asarray(ys).tolist(),
                  "included": np.asarray(included, bool).tolist(), "score": scores.tolist()}
-        return auc_advantage(scores, np.asarray(included, bool), rng), table
+        member = np.asarray(included, bool)
+        return {**auc_advantage(scores, member, rng),
+                "tpr_at_fpr_0.01": tpr_at_fpr(scores, member, 0.01)}, table
 
     def _scores(self, attack: Any, model: nn.Module, x: torch.Tensor, y: torch.Tensor
                 ) -> np.ndarray:
