@@ -143,7 +143,8 @@ CELLS = [
      ["seeds", "epsilon (final)", "loss_threshold_advantage (final)",
       "loss_threshold_advantage_bound (final)", "loss_threshold_auc (final)",
       "test_accuracy (final)"]),
-    # LiRA without DP: its 16 runs (2-3 s each), each the target of the 15 others
+    # LiRA without DP: its 16 runs (2-3 s each), each the target of the 15 others (no
+    # epsilon column: a row without DP logs none, and a table refuses a metric no run logged)
     ("docs/privacy.md", "attack_lira",
      "sweep={privacy: [null]}",
      {"privacy": "none"},
