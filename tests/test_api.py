@@ -235,3 +235,15 @@ def test_tune_returns_each_searchs_best_and_its_trials_runs(mlflow_uri, shared_r
     assert final.loc[0, "test_accuracy"] == pytest.approx(table.loc[0, "score"], abs=1e-12)
     with pytest.raises(fedray.api.UsageError, match="no tune block"):
         fedray.tune(SMALL, tracking_uri=mlflow_uri)
+
+
+def test_importing_the_package_loads_no_api_until_a_name_is_used():
+    """Every ``fedray`` command imports the package (the warm pool's client first, which
+    otherwise imports only the standard library): the API's names load on first use."""
+    code = ("import sys, fedray.launch, fedray\n"
+            "print('fedray.api' in sys.modules, 'pydantic' in sys.modules)\n"
+            "fedray.run\n"
+            "print('fedray.api' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.split()
+    assert out == ["False", "False", "True"]
