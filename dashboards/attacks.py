@@ -27,13 +27,14 @@ import numpy as np
 
 from dashboards.rundata import Reconstruction
 from dashboards.svg import text_width
+from simulator.run.privacy_shadows import MEASURES
 
 # the metrics an attack logs at the last round, after its name (``dlg_psnr``)
 RECONSTRUCTION_METRICS = ("success", "success_bound", "psnr", "ssim", "label_accuracy")
 MEMBERSHIP_METRICS = ("advantage", "advantage_bound", "auc")
-# what ``fedray privacy shadows`` logs on each run of a shadow-run attack (LiRA)
-SHADOW_METRICS = ("shadows_auc", "shadows_advantage", "shadows_tpr_at_fpr_0.001",
-                  "shadows_tpr_at_fpr_0.01", "tpr_at_fpr_0.01")
+# what ``fedray privacy shadows`` logs on each run of a shadow-run attack (LiRA), and the
+# score's own TPR at 1 % FPR each run logs
+SHADOW_METRICS = (*(f"shadows_{m}" for m in MEASURES), "tpr_at_fpr_0.01")
 MAX_SAMPLES = 8  # drawn per attack and run
 PER_ROW = 4  # pairs on a row of the drawing
 SIDE = 64  # px: an image is scaled up by the largest whole factor that keeps it within this
@@ -56,16 +57,6 @@ def attack_metrics(names: Sequence[str]) -> list[str]:
     attack's combined measures)."""
     return [f"{n}_{m}" for n in names
             for m in RECONSTRUCTION_METRICS + MEMBERSHIP_METRICS + SHADOW_METRICS]
-
-
-def shadow_point(group: str, tags: Mapping[str, str]) -> str:
-    """The sweep point of a run: ``group`` (its name without the seed), without the
-    ``run=K`` of a shadow-run attack's run (the runs of one point are its samples, as its
-    seeds are); ``shadow runs`` when nothing else is left."""
-    run = tags.get("fedray.shadow_run")
-    if run is None:
-        return group
-    return " ".join(w for w in group.split() if w != f"run={run}") or "shadow runs"
 
 
 def attack_kind(logged: Mapping[str, Any], name: str) -> str | None:

@@ -44,7 +44,6 @@ from dashboards.attacks import (
     attack_names,
     read_reconstruction,
     reconstruction_svg,
-    shadow_point,
 )
 from dashboards.audit import dp_curve
 from dashboards.robust import NO_ATTACK, Cell, Robust, robust
@@ -54,6 +53,7 @@ from dashboards.stats import Summary, summarize
 from dashboards.svg import MAX_SERIES, heat_map, line_chart, pick_series
 from simulator.metric_names import SIM_TIME, mlflow_name
 from simulator.run.privacy_compare import AUDIT_METRICS, AuditFacts, audit_facts
+from simulator.run.privacy_shadows import shadow_point
 from simulator.run.reductions import from_mlflow
 
 if TYPE_CHECKING:

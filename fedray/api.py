@@ -268,10 +268,9 @@ def _logged_scenario(client: Any, run_id: str) -> Any:
 def _model_info(sc: Any) -> tuple[tuple[int, ...], int, int | None]:
     """(input shape, classes, vocabulary) of a scenario's model: from its data set's
     description, or, for one that cannot say before loading, from the loaded data."""
-    from simulator.config.data_load import describe_dataset
+    from simulator.config.data_load import dataset_info
 
-    info = describe_dataset(json.dumps(sc.data.dataset, sort_keys=True), sc.clients.total,
-                            sc.seeds[0], sc.data.test_fraction)
+    info = dataset_info(sc)
     if info is not None:
         return tuple(info.input_shape), info.num_classes, info.vocabulary
     from simulator.sim.engine import load_data

@@ -258,12 +258,6 @@ class SessionPlugins:
         for kind, named in self.plugins.items():
             _SESSION[kind].update(named)
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, SessionPlugins) and self.plugins == other.plugins
-
-    def __hash__(self) -> int:
-        return hash(tuple(sorted((k, n) for k, v in self.plugins.items() for n in v)))
-
 
 def session_plugins() -> SessionPlugins:
     """This process's registered plugins, to carry to another process."""

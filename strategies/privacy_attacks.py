@@ -237,8 +237,9 @@ def lira_scores(target: np.ndarray, shadows: np.ndarray, included: np.ndarray,
     def fit(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         has = mask.any(axis=0)  # candidates with scores on this side
         vals = np.where(mask, shadows, np.nan)[:, has]
-        mu = np.full(len(target), np.mean(np.nanmedian(vals, axis=0)) if has.any() else 0.0)
-        mu[has] = np.nanmedian(vals, axis=0)
+        medians = np.nanmedian(vals, axis=0)
+        mu = np.full(len(target), medians.mean() if has.any() else 0.0)
+        mu[has] = medians
         spread = np.nanmean((vals - np.nanmean(vals, axis=0)) ** 2, axis=0)
         if variance == "global":
             sd = np.full(len(target), np.sqrt(spread.mean()) if has.any() else 1.0)

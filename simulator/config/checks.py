@@ -11,7 +11,13 @@ import os
 from typing import Any
 
 from simulator import registry
-from simulator.config.data_load import LoadChoice, available_memory, choose_load, describe_dataset
+from simulator.config.data_load import (
+    LoadChoice,
+    available_memory,
+    choose_load,
+    dataset_info,
+    describe_dataset,
+)
 from simulator.config.errors import Problem, problem
 from simulator.config.plan import Plan, build_codecs, build_downlink, resolve
 from simulator.config.schema import MODES, Runtime, Scenario, Stragglers, default_at
@@ -255,11 +261,7 @@ def _check_shadow_runs(sc: Scenario, attack: Any, loc: tuple, problems: list[Pro
         problems.append(Problem(loc, f"{sc.privacy_attacks[loc[1]]['name']} scores a "
                                 f"classifier's confidence in each label; task "
                                 f"{sc.task['name']} has no classes"))
-    try:
-        info = describe_dataset(json.dumps(sc.data.dataset, sort_keys=True), sc.clients.total,
-                                sc.seeds[0] if sc.seeds else 0, sc.data.test_fraction)
-    except (DataError, ValueError):
-        return  # reported at data.dataset
+    info = dataset_info(sc)  # None: it cannot say before loading, or its problem is reported
     if info is not None and attack.candidates > info.train_samples - sc.clients.total:
         problems.append(Problem((*loc, "candidates"), f"at most "
                                 f"{max(info.train_samples - sc.clients.total, 0):,} (the "

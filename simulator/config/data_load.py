@@ -130,7 +130,7 @@ def describe_dataset(dataset: str, total: int, seed: int, test_fraction: float) 
                                                                         test_fraction)
 
 
-def _info(sc: Scenario) -> Any:
+def dataset_info(sc: Scenario) -> Any:
     """The data set's DatasetInfo (None where it cannot say before loading, or fails: the
     data checks report that)."""
     try:
@@ -145,7 +145,7 @@ def choose_load(sc: Scenario) -> LoadChoice | Problem | None:
     cannot fit a problem, for ``cohort`` the problem of its data (None where it can)."""
     if sc.data.load == "cohort":
         return cohort_problem(sc)
-    info = _info(sc)
+    info = dataset_info(sc)
     if info is None:
         return LoadChoice("all", "the data set says its size only once loaded: loaded whole") \
             if sc.data.load == "auto" else None

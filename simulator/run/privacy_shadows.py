@@ -23,6 +23,17 @@ MEASURES = ("auc", "advantage", "tpr_at_fpr_0.001", "tpr_at_fpr_0.01")
 MIN_RUNS = 3  # a target and two shadows at least (one that trained on a candidate, one not)
 
 
+def shadow_point(name: str, tags: Any) -> str:
+    """A run's point label (its ``name``, or the name less its seed), without the ``run=K``
+    of a shadow-run attack's run (``tags``' ``fedray.shadow_run``: the runs of one point are
+    its samples, as its seeds are); ``shadow runs`` when nothing else is left; ``name`` as
+    it is for another run."""
+    run = tags.get("fedray.shadow_run")
+    if run is None:
+        return name
+    return " ".join(w for w in name.split() if w != f"run={run}") or "shadow runs"
+
+
 @dataclass
 class ShadowGroup:
     """The finished runs of one shadow-run attack (one point and seed): its ``label`` (the
@@ -112,7 +123,7 @@ def _combine_group(client: Any, runs: list[Any], log: bool) -> ShadowGroup:
 
     first = runs[0]
     name = first.data.tags["fedray.shadow_attack"]
-    label = " ".join(w for w in first.info.run_name.split() if not w.startswith("run="))
+    label = shadow_point(first.info.run_name, first.data.tags)
     group = ShadowGroup(label, name)
     bound = first.data.metrics.get(f"{name}_advantage_bound")
     group.bound = math.nan if bound is None else from_mlflow(bound)

@@ -205,13 +205,12 @@ class AttackTargets:
         tell alone: AUC, held-out advantage and TPR at 1 % FPR of the score as it is,
         candidates trained on against the others."""
         vector_to_parameters(x_final.clone(), model.parameters())
-        xs, ys, included = candidates
+        xs, ys, member = candidates
         scores = self._scores(attack, model, model_input(xs),
                               torch.from_numpy(np.asarray(ys, dtype=np.int64)))
         rng = numpy_rng(self.seed, "privacy_attack", "shadow_run")
         table = {"candidate": list(range(len(ys))), "label": np.asarray(ys).tolist(),
-                 "included": np.asarray(included, bool).tolist(), "score": scores.tolist()}
-        member = np.asarray(included, bool)
+                 "included": member.tolist(), "score": scores.tolist()}
         return {**auc_advantage(scores, member, rng),
                 "tpr_at_fpr_0.01": tpr_at_fpr(scores, member, 0.01)}, table
 
