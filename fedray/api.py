@@ -142,23 +142,17 @@ class Results:
 
         frames = []
         keys = self._keys()
-        for r in self.runs:
+        columns = [*keys, "seed", "run_id", "round", "metric", "value"]
+        for r in self.runs:  # in the runs' order, each by round, then metric
             path = self.client.download_artifacts(r.run_id, "metrics.parquet")
             wide = pq.read_table(path).to_pandas()
             long = wide.melt(id_vars="round", var_name="metric", value_name="value")
-            long = long[long["value"].notna()]
-            for k in keys:
-                long.insert(0, k, [r.values.get(k)] * len(long))
-            long.insert(len(keys), "seed", r.seed)
-            long.insert(len(keys) + 1, "run_id", r.run_id)
-            frames.append(long)
-        columns = [*keys, "seed", "run_id", "round", "metric", "value"]
+            long = long[long["value"].notna()].sort_values(["round", "metric"], kind="stable")
+            frames.append(long.assign(**{k: [r.values.get(k)] * len(long) for k in keys},
+                                      seed=r.seed, run_id=r.run_id)[columns])
         if not frames:
             return pd.DataFrame(columns=columns)
-        out = pd.concat(frames, ignore_index=True)
-        return out.sort_values(["run_id", "round", "metric"], kind="stable",
-                               key=lambda c: c.map(self.run_ids.index)
-                               if c.name == "run_id" else c).reset_index(drop=True)[columns]
+        return pd.concat(frames, ignore_index=True)
 
     def final(self) -> pd.DataFrame:
         """Each run's final value of every metric (its last logged round's), one row per run:

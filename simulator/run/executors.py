@@ -80,9 +80,9 @@ def _simulate(scenario: Scenario, label: str = "", resume: dict[str, Any] | None
     """One point as a single-process simulation (the inline backend), from ``resume`` (a
     checkpoint) when given: a Ray task of a sweep; ``plugins``, the driver's session plugins
     (``registry.SessionPlugins``), are registered here by their unpickling. With ``events``
-    (a queue), each round's
-    metrics and each checkpoint go to the driver as ``(kind, token, round, payload)``, and
-    the driver shows the progress; alone, it prints its own progress lines. The engine's
+    (a queue), each round's metrics and each checkpoint go to the driver as ``(kind, token,
+    round, payload)``, and the driver shows the progress; alone, it prints its own progress
+    lines. The engine's
     messages are printed on the task's stderr, which Ray forwards to the driver's terminal."""
     from simulator.run.progress import ProgressLine
     from simulator.runtime.backend import InlineBackend
