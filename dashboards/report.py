@@ -46,11 +46,11 @@ from dashboards.attacks import (
     reconstruction_svg,
 )
 from dashboards.audit import dp_curve
+from dashboards.draw import MAX_SERIES, PALETTE, Drawing, heat, lines, pick_series
 from dashboards.robust import NO_ATTACK, Cell, Robust, robust
 from dashboards.rundata import RunData
 from dashboards.search import search_section
 from dashboards.stats import Summary, summarize
-from dashboards.svg import MAX_SERIES, heat_map, line_chart, pick_series
 from simulator.metric_names import SIM_TIME, mlflow_name
 from simulator.run.privacy_compare import AUDIT_METRICS, AuditFacts, audit_facts
 from simulator.run.privacy_shadows import shadow_point
@@ -197,8 +197,6 @@ def styles(runs: list[RunData]) -> dict[str, dict[str, str]]:
     aggregator and the dash of its attack (in order of first appearance), so one aggregator
     is one colour in every panel; when a single aggregator is swept over other values, each
     point gets its own colour."""
-    from dashboards.svg import PALETTE
-
     aggs = list(dict.fromkeys(r.tags.get("aggregator", "") for r in runs))
     attacks = list(dict.fromkeys(r.tags.get("attack", "none") for r in runs))
     groups = list(dict.fromkeys(r.group for r in runs))
@@ -291,8 +289,6 @@ def _panels(runs: list[RunData], key: str,
     setting with no attack (every attack name its f = 0 runs were given) make one curve. None
     when the runs are not settings under conditions. ``series_of``: the curves against
     rounds (``_series``) or against simulated time (``_time_series``)."""
-    from dashboards.svg import PALETTE
-
     rb = robust(runs)
     if len(rb.conditions) < 2 or len(rb.settings) < 2:
         return None
@@ -406,34 +402,38 @@ def _heat_maps(page: Page, runs: list[RunData]) -> tuple[list[str], list[str]]:
 
 @dataclass
 class Page:
-    """The figures and tables of one report as it is rendered: each is drawn as HTML and,
-    when the report is exported, also collected into ``exports`` (for ``figures/`` and
-    ``tables/``)."""
+    """The figures and tables of one report as it is rendered: each figure is drawn once
+    (``dashboards.draw``) and inlined as SVG; when the report is exported, the drawings and
+    the tables are also collected into ``exports`` (for ``figures/`` and ``tables/``)."""
 
     exports: Exports | None = None
+    drawn: int = 0  # figures so far: each one's SVG ids get a prefix of its own
 
     def chart(self, title: str, series: list[dict], x_label: str, y_label: str,
               note: str = "", panels: list[tuple[str, list[dict]]] | None = None,
               log_x: bool = False, log: bool | None = None) -> str:
-        """A line chart; ``note`` (how to read the HTML chart) goes in the HTML title only,
-        ``panels`` (title, series) split the exported figure into small multiples;
-        ``log_x``: a log x axis; ``log``: a log y axis (default: ``svg.wants_log``)."""
-        if self.exports is not None:
-            self.exports.figures.append(("lines", {"title": title, "series": series,
-                                                   "x_label": x_label, "y_label": y_label,
-                                                   "panels": panels, "log_x": log_x,
-                                                   "log": log}))
-        return line_chart(title + note, series, x_label, y_label, log=log, log_x=log_x)
+        """A line chart; ``note`` (how to read the page's chart: its faded curves) goes
+        under it as page text, not into the figure; ``panels`` (title, series): small
+        multiples, drawn instead of ``series`` (every curve shown: no note); ``log_x``: a log
+        x axis; ``log``: a log y axis (default: ``draw.wants_log``)."""
+        return self._figure(lines({"title": title, "series": series, "x_label": x_label,
+                                   "y_label": y_label, "panels": panels, "log_x": log_x,
+                                   "log": log}), "" if panels else note)
 
     def heat(self, title: str, rows: list[str], cols: list[str], values: dict, row_label: str,
              col_label: str, lo: float | None = None, hi: float | None = None,
              shared: int = 1) -> str:
+        return self._figure(heat({"title": title, "rows": rows, "cols": cols,
+                                  "values": values, "row_label": row_label,
+                                  "col_label": col_label, "lo": lo, "hi": hi,
+                                  "shared": shared}))
+
+    def _figure(self, drawing: Drawing, note: str = "") -> str:
         if self.exports is not None:
-            self.exports.figures.append(("heat", {"title": title, "rows": rows, "cols": cols,
-                                                  "values": values, "row_label": row_label,
-                                                  "col_label": col_label, "lo": lo, "hi": hi,
-                                                  "shared": shared}))
-        return heat_map(title, rows, cols, values, row_label, col_label, lo, hi, shared)
+            self.exports.figures.append(drawing)
+        self.drawn += 1
+        out = drawing.svg(f"f{self.drawn}")
+        return out + (f'<p class="note">{html.escape(note)}</p>' if note else "")
 
     def table(self, head: Sequence[str], rows: Sequence[Sequence[str]], cls: str) -> str:
         if self.exports is not None:
@@ -459,23 +459,20 @@ table{border-collapse:collapse;font-size:13px;margin:8px 0}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}th{background:#f4f4f4}
 td:first-child,th:first-child{text-align:left}
 svg{margin:6px 12px 6px 0;background:#fff}
-.title{font-size:13px;font-weight:600}.tick{font-size:11px;fill:#444}.axis{font-size:12px}
-.frame{fill:none;stroke:#999}.grid{stroke:#eee}
-.curve{fill:none;stroke-width:2}.band{opacity:.15;stroke:none}
-.legend{cursor:pointer}.off{opacity:.15}.band.off{opacity:.02}.cellv{font-size:11px;pointer-events:none}
+.tick{font-size:11px;fill:#444}svg *{stroke-linejoin:round;stroke-linecap:butt}
+.legend,.legend-key{cursor:pointer}.off{opacity:.15}svg.heatmap text{pointer-events:none}
 .note{color:#666;font-size:13px}.context{font-size:14px}h3{font-size:15px;margin-top:18px}
 .recon image{image-rendering:pixelated}
 """
 
 JS = """
 document.querySelectorAll('svg.chart').forEach(function (svg) {
-  svg.querySelectorAll('.legend').forEach(function (item) {
+  svg.querySelectorAll('.legend, .legend-key').forEach(function (item) {
     item.addEventListener('click', function () {
       var i = item.getAttribute('data-series');
       svg.querySelectorAll('[data-series="' + i + '"]').forEach(function (el) {
-        if (el !== item) { el.classList.toggle('off'); }
+        el.classList.toggle('off');  // its curves, bands and markers in every panel, its entry
       });
-      item.classList.toggle('off');
     });
   });
 });
@@ -532,8 +529,6 @@ def _audit_curves(groups: dict[str, list[RunData]], audits: dict[str, list[Audit
     delta for the audit's estimate (dashed) and its lower bound (dotted), each the mean over
     seeds of the final value, in the colour of the point's mechanism curve (its own colour
     when several audited points share a mechanism), on that curve's alpha grid."""
-    from dashboards.svg import PALETTE
-
     keys = list(mechanisms)
     point_key = {label: _mechanism_key(groups[label][0]) for label in audits}
     shared = {k for k in point_key.values() if list(point_key.values()).count(k) > 1}
@@ -641,7 +636,7 @@ def _privacy_section(page: Page, runs: list[RunData], groups: dict[str, list[Run
     if audited:
         title += ("; dashed and dotted: the (epsilon, delta)-DP curves of the audit's "
                   "estimate and lower bound")
-    note = (f" ({faded} audit curves faded; click a faded legend entry to show its curve)"
+    note = (f"{faded} audit curves faded; click a faded legend entry to show its curve."
             if faded else "")
     return ["<h2>Privacy</h2>", page.chart(title, trade, "alpha", "beta", note, log=False),
             *_mechanism_table(page, mechanisms), *_audit_table(page, audits)]

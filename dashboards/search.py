@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from dashboards.cells import column, histories, number, reach_cell, run_value
+from dashboards.draw import PALETTE, pick_series
 from dashboards.stats import Summary, summarize
-from dashboards.svg import PALETTE, pick_series
 from simulator.metric_names import SIM_TIME
 from simulator.run.reductions import TimeTo, from_mlflow, lower_is_better, parse_how, parse_metrics
 

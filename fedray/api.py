@@ -234,13 +234,13 @@ class Results:
         """The figures ``fedray report`` draws of these runs (accuracy and loss curves,
         robustness heat maps, privacy curves, ...) as matplotlib figures, each with its
         title: in a notebook ``display(fig)`` shows one inline."""
-        from dashboards.export import Exports, figure
+        from dashboards.export import Exports
         from dashboards.report import collect, render
 
         title, _, runs = collect(str(self.parent_run_id), self.tracking_uri)
         exports = Exports()
         render(title, runs, exports)
-        return [figure(kind, spec) for kind, spec in exports.figures]
+        return [drawing.figure for drawing in exports.figures]
 
     def report(self, out: str | Path | None = None) -> Path:
         """``fedray report`` of these runs: the HTML file (``out``, default

@@ -151,9 +151,9 @@ def test_report_draws_each_audit_beside_its_mechanism():
     text = render("t", runs, exports)
     section = text.split("<h2>Privacy</h2>")[1]
     # 2 mechanisms, each with its audit's estimate and lower bound
-    assert section.count('<polyline class="curve"') == 6
+    assert section.count('<g class="curve"') == 6
     assert '<svg class="chart" ' in section  # a trade-off curve on linear axes
-    spec = next(s for kind, s in exports.figures if kind == "lines" and s["x_label"] == "alpha")
+    spec = next(d.spec for d in exports.figures if d.spec["x_label"] == "alpha")
     assert spec["log"] is False
     labels = [s["label"] for s in spec["series"]]
     assert labels[2:] == ["1.0 mean: audit estimate, epsilon 2.5 at delta 0.001, mean of 2 seeds",
@@ -171,7 +171,7 @@ def test_report_draws_each_audit_beside_its_mechanism():
     assert at[0.1] == pytest.approx(math.exp(-2.5) * 0.899)  # 0.07379: the shallow one
     # each audit in its mechanism's colour and a dash of its kind
     colours = [s.get("color") for s in spec["series"][2:]]
-    from dashboards.svg import PALETTE
+    from dashboards.draw import PALETTE
 
     assert colours == [PALETTE[0], PALETTE[0], PALETTE[1], PALETTE[1]]
     assert [s["dash"] for s in spec["series"][2:]] == ["7 4", "2 3", "7 4", "2 3"]
@@ -185,14 +185,14 @@ def test_report_draws_each_audit_beside_its_mechanism():
 
 
 def test_report_audits_sharing_a_mechanism_take_their_own_colours():
+    from dashboards.draw import PALETTE
     from dashboards.export import Exports
     from dashboards.report import render
-    from dashboards.svg import PALETTE
 
     runs = [_run("0", "1.0", 2.0, 0.5, 3.0, "mean"), _run("0", "1.0", 1.0, 0.2, 3.0, "median")]
     exports = Exports()
     render("t", runs, exports)
-    spec = next(s for kind, s in exports.figures if kind == "lines" and s["x_label"] == "alpha")
+    spec = next(d.spec for d in exports.figures if d.spec["x_label"] == "alpha")
     assert len(spec["series"]) == 1 + 4  # one mechanism (the aggregator is post-processing)
     assert [s.get("color") for s in spec["series"][1:]] == [PALETTE[1]] * 2 + [PALETTE[2]] * 2
 
@@ -205,7 +205,7 @@ def test_report_without_an_audit_has_no_audit_table():
         r.params = {k: v for k, v in r.params.items() if not k.startswith("audit.")}
         r.params["audit"] = "null"
     section = render("t", runs).split("<h2>Privacy</h2>")[1]
-    assert section.count('<polyline class="curve"') == 1 and 'class="audit"' not in section
+    assert section.count('<g class="curve"') == 1 and 'class="audit"' not in section
 
 
 # ------------------------------------------------------------ a real audited run
@@ -244,7 +244,7 @@ def test_report_of_an_audited_run(audited):
     assert final["audit_canaries_inserted"] >= 2 and math.isfinite(final["audit_epsilon"])
     text = build_report("audited", audited["tmp"] / "out", audited["uri"]).read_text()
     section = text.split("<h2>Privacy</h2>")[1]
-    assert section.count('<polyline class="curve"') == 3  # the mechanism, estimate, bound
+    assert section.count('<g class="curve"') == 3  # the mechanism, estimate, bound
     titles = re.findall(r"<title>([^<]+)</title>", section)
     assert f"audited: audit estimate, epsilon {final['audit_epsilon']:.3g} at delta 1e-05" \
         in titles
@@ -261,7 +261,7 @@ def test_report_of_an_audited_run(audited):
     exports = Exports()
     title, _, runs = collect("audited", audited["uri"])
     render(title, runs, exports)
-    spec = next(s for kind, s in exports.figures if kind == "lines" and s["x_label"] == "alpha")
+    spec = next(d.spec for d in exports.figures if d.spec["x_label"] == "alpha")
     est = spec["series"][1]
     assert est["mean"] == pytest.approx(
         dp_tradeoff(est["x"], final["audit_epsilon"], 1e-5).tolist(), abs=1e-15)

@@ -4,7 +4,7 @@ heat-map cells and curves, and leaves a screenshot in the test's tmp dir."""
 
 from __future__ import annotations
 
-import math
+import html
 import re
 import shutil
 import subprocess
@@ -53,9 +53,9 @@ def report(new_store):
 
 def test_report_content_and_mlflow_artifacts(report):
     text = report["path"].read_text()
-    assert text.count('<rect class="cell"') == 4  # aggregator x attack
+    assert text.count('<g class="cell"') == 4  # aggregator x attack
     # 4 sweep points: a curve each in the accuracy, loss and aggregation-error charts
-    assert text.count('<polyline class="curve"') == 12
+    assert text.count('<g class="curve"') == 12
     assert "<script>" in text and "http" not in text.replace("http://www.w3.org/2000/svg", "")
     client = MlflowClient(report["uri"])
     assert [a.path for a in client.list_artifacts(report["parent"], "report")] == ["report/report.html"]
@@ -79,7 +79,7 @@ def test_report_content_and_mlflow_artifacts(report):
     assert len(list(root.iter(f"{ns}polyline"))) == len(drawn)
     # every cell holds the mean over seeds of the runs' final accuracy
     cells = {(row, col): float(v) for row, col, v in re.findall(
-        r'<rect class="cell"[^>]*data-row="([^"]+)" data-col="([^"]+)" data-value="([^"]+)"', text)}
+        r'<g class="cell"[^>]*data-row="([^"]+)" data-col="([^"]+)" data-value="([^"]+)"', text)}
     by_point: dict = {}
     for r in report["runs"]:
         by_point.setdefault((r["values"]["aggregator.name"], r["values"]["attack.name"]), []).append(
@@ -139,7 +139,7 @@ def test_report_shows_privacy_curves(tmp_path, _mlflow_template):
     # inf (its curve is not drawn) rather than overflow the mean over seeds
     assert "noise_multiplier=0.0 (2 of 2 runs not finite)" in text
     # one trade-off curve per mechanism (noise 0: beta = 0 everywhere, a curve too)
-    assert section.count('<polyline class="curve"') == 3
+    assert section.count('<g class="curve"') == 3
     # the Delta table: more noise is more private, so choosing 0.8 over 2.0 costs something,
     # Delta(2.0 || 0.8) > 0, and the other way round nothing
     table = section.split('<table class="mechanisms">')[1].split("</table>")[0]
@@ -173,7 +173,7 @@ def test_report_lists_each_mechanism_once():
                                 {}, params, {"test_accuracy": [(0, 0.5)]},
                                 (alpha.tolist(), gaussian_tradeoff(alpha, mu).tolist())))
     section = render("t", runs).split("<h2>Privacy</h2>")[1]
-    assert section.count('<polyline class="curve"') == 2
+    assert section.count('<g class="curve"') == 2
     table = section.split('<table class="mechanisms">')[1].split("</table>")[0]
     assert table.count("<tr>") == 3  # header + 2 mechanisms
     assert "noise_multiplier=1.0" in table and "aggregator" not in table
@@ -202,17 +202,24 @@ window.addEventListener('load', function () {
     });
   });
   document.querySelectorAll('g.colorbar').forEach(function (g) {
-    var cells = Array.from(g.closest('svg').querySelectorAll('rect.cell'))
+    var cells = Array.from(g.closest('svg').querySelectorAll('g.cell'))
       .map(function (c) { return parseFloat(c.getAttribute('data-value')); })
       .filter(function (v) { return isFinite(v); });
     out.bars.push([parseFloat(g.getAttribute('data-lo')), parseFloat(g.getAttribute('data-hi')),
                    Math.min.apply(null, cells), Math.max.apply(null, cells),
-                   g.querySelector('.cbmin').textContent, g.querySelector('.cbmax').textContent]);
+                   Array.from(g.querySelectorAll('text')).map(function (t) {
+                     return t.textContent; })]);
   });
-  document.querySelectorAll('svg.chart .legend').forEach(function (item) {
-    var label = item.querySelector('text').firstChild.nodeValue, line = item.querySelector('line');
-    (out.strokes[label] = out.strokes[label] || []).push(
-      line.getAttribute('stroke') + ' ' + (line.getAttribute('stroke-dasharray') || '-'));
+  // the stroke each label is drawn with: its legend key and its curve in every panel
+  document.querySelectorAll('svg.chart').forEach(function (svg) {
+    svg.querySelectorAll('.legend-key, .curve').forEach(function (g) {
+      var i = g.getAttribute('data-series');
+      var label = svg.querySelector('.legend-key[data-series="' + i + '"]')
+        .getAttribute('data-label');
+      var st = getComputedStyle(g.querySelector('path'));
+      (out.strokes[label] = out.strokes[label] || []).push(
+        st.stroke.replace(/ /g, '') + ' ' + st.strokeDasharray.replace(/ /g, ''));
+    });
   });
   var pre = document.createElement('pre'); pre.id = 'probe';
   pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
@@ -235,12 +242,15 @@ def test_what_a_person_sees_in_the_report(report):
     # no title, tick, legend or label cut by its figure (but the control's)
     assert [c.split(": ", 1)[1] for c in seen["clipped"]] == ["a label much wider than its figure"]
     assert seen["bars"]
-    for lo, hi, cell_lo, cell_hi, shown_lo, shown_hi in seen["bars"]:
-        # the colour scale is the data's range, and its bar says so
+    for lo, hi, cell_lo, cell_hi, texts in seen["bars"]:
+        # the colour scale is the data's range, and its bar says so at both ends
         assert (lo, hi) == (pytest.approx(cell_lo), pytest.approx(cell_hi)) and lo < hi
-        assert float(shown_lo) == pytest.approx(lo, rel=1e-2)
-        assert float(shown_hi) == pytest.approx(hi, rel=1e-2)
-    # one colour per aggregator, one dash per attack, the same in every panel
+        shown = sorted(float(t) for t in texts if re.fullmatch(r"[-0-9.e+]+", t))
+        assert shown == [pytest.approx(lo, rel=1e-2), pytest.approx(hi, rel=1e-2)]
+        assert "the range of this map" in texts
+    # one colour per aggregator, one dash per attack, the same in the legend and every chart
+    # in each of the 3 charts: its legend key and its curve
+    assert all(len(s) == 6 for s in seen["strokes"].values())
     styles = {label: set(s) for label, s in seen["strokes"].items()}
     assert len(styles) == 4 and all(len(s) == 1 for s in styles.values()), styles
     colour = {label: next(iter(s)).split()[0] for label, s in styles.items()}
@@ -272,16 +282,20 @@ def test_worst_case_over_attacks_and_the_context_header(report):
 
 
 def test_log_axis_for_a_metric_that_spans_decades():
-    from dashboards.svg import line_chart
+    from dashboards.draw import lines
 
-    svg = line_chart("consensus distance", [{"label": "ring", "x": [0, 1, 2, 3],
-                                             "mean": [0.2, 1e-3, 1e-9, 1e-13]}])
-    assert 'class="chart log"' in svg and "(log scale)" in svg
-    ticks = re.findall(r'class="tick ytick"[^>]*>([^<]+)<', svg)
-    assert ticks[-1] == "1" and float(ticks[0]) <= 1e-11 and len(ticks) >= 4
-    assert all(math.log10(float(t)).is_integer() for t in ticks)  # powers of ten
-    flat = line_chart("accuracy", [{"label": "a", "x": [0, 1], "mean": [0.5, 0.9]}])
-    assert 'class="chart"' in flat and "log scale" not in flat
+    drawing = lines({"title": "consensus distance", "x_label": "round", "y_label": "",
+                     "series": [{"label": "ring", "x": [0, 1, 2, 3],
+                                 "mean": [0.2, 1e-3, 1e-9, 1e-13]}]})
+    assert drawing.svg().startswith('<svg class="chart log"')
+    (ax,) = drawing.figure.axes
+    assert ax.get_yscale() == "log"
+    lo, hi = ax.get_ylim()
+    assert lo <= 1e-13 and hi >= 0.2
+    flat = lines({"title": "accuracy", "x_label": "round", "y_label": "",
+                  "series": [{"label": "a", "x": [0, 1], "mean": [0.5, 0.9]}]})
+    assert flat.svg().startswith('<svg class="chart"') and flat.figure.axes[0].get_yscale() == \
+        "linear"
 
 
 def test_every_figure_as_pdf_and_svg_and_every_table_as_markdown_and_latex(report):
@@ -294,6 +308,16 @@ def test_every_figure_as_pdf_and_svg_and_every_table_as_markdown_and_latex(repor
     assert len(pdfs) == len(svgs) == figures == 4
     assert [p.stem for p in pdfs] == [p.stem for p in svgs]
     assert pdfs[0].read_bytes().startswith(b"%PDF") and b"<svg" in svgs[0].read_bytes()
+    # the files are the page's figures: the same drawing, so the same texts and marks
+    from dashboards.export import slug
+
+    files = {p.stem.split("-", 1)[1]: p.read_text() for p in svgs}
+    pages = {slug(html.unescape(m.group(1))): m.group(0) for m in re.finditer(
+        r'<svg class="(?:chart|heatmap)[^"]*"[^>]*aria-label="([^"]*)".*?</svg>', text, re.DOTALL)}
+    assert len(pages) == 4 and sorted(files) == sorted(pages)
+    for name, written in files.items():
+        assert _texts(written) == _texts(pages[name]) != [], name
+        assert _paths(written) == _paths(pages[name]) > 0, name
     md = (out / "tables" / "worst-case.md").read_text().splitlines()
     assert md[0] == "| aggregator | sign_flip | alie | worst | worst attack |"
     html_rows = text.split('<table class="worst-case">')[1].split("</table>")[0]
@@ -309,6 +333,14 @@ def test_every_figure_as_pdf_and_svg_and_every_table_as_markdown_and_latex(repor
         subprocess.run([pdftoppm, "-png", "-r", "40", str(pdf), str(report["tmp"] / pdf.stem)],
                        check=True, capture_output=True, timeout=60)
         assert (report["tmp"] / f"{pdf.stem}-1.png").stat().st_size > 1000
+
+
+def _texts(svg: str) -> list[str]:
+    return re.findall(r"<text[^>]*>([^<]*)</text>", svg)
+
+
+def _paths(svg: str) -> int:
+    return len(re.findall(r"<path ", svg))
 
 
 def test_one_report_across_experiments(report):
@@ -357,4 +389,4 @@ def test_a_latest_run_that_logged_no_round_names_the_one_that_did(report, tmp_pa
     assert main(["report", report["parent"], "--tracking-uri", uri, "--out",
                  str(tmp_path)]) == 0
     page = Path(capsys.readouterr().out.strip().removeprefix("report: ")).read_text()
-    assert page.count('<rect class="cell"') == 4
+    assert page.count('<g class="cell"') == 4

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 import re
 import shutil
 import statistics
@@ -14,8 +13,8 @@ import statistics
 import pytest
 from mlflow.tracking import MlflowClient
 
+from dashboards.draw import lines
 from dashboards.search import condition, find_search, load_search, search_table
-from dashboards.svg import line_chart
 from dashboards.tables import main as table_main
 
 SCENARIO = """\
@@ -176,9 +175,9 @@ def test_report_draws_the_search(searched, tmp_path):
         momentum = _svg(page, f"{label}: score against local.momentum")
         assert "log-x" not in momentum.split(">")[0]
         for chart in (lr, momentum):  # one marker per trial, no line
-            assert chart.count('class="marker point') == 3 and "<polyline" not in chart
+            assert chart.count('class="marker point') == 3 and 'class="curve' not in chart
         rungs = _svg(page, f"{label}: ASHA rungs")
-        assert rungs.count('<polyline class="curve') == 3
+        assert rungs.count('<g class="curve') == 3
         # a line per trial with a point per evaluation it reported: ASHA's stop shows
         for t in trials:
             n = len(t.scores)
@@ -205,12 +204,18 @@ def test_condition_matches_the_most_specific_sweep_value():
 
 
 def test_log_x_axis_places_decades_evenly():
-    svg = line_chart("t", [{"label": "s", "x": [0.01, 0.1, 1.0], "mean": [1.0, 2.0, 3.0],
-                            "scatter": True}], "lr", "score", log_x=True)
-    xs = [float(x) for x in re.findall(r'<circle class="marker point" data-series="0" '
-                                       r'cx="([0-9.]+)"', svg)]
-    assert len(xs) == 3 and "<polyline" not in svg
-    assert xs[1] - xs[0] == pytest.approx(xs[2] - xs[1], abs=0.11)
-    ticks = re.findall(r'class="tick xtick"[^>]*>([^<]+)<', svg)
-    assert sorted(float(t) for t in ticks) == [0.01, 0.1, 1.0]
-    assert not math.isnan(xs[0])
+    drawing = lines({"title": "t", "series": [{"label": "s", "x": [0.01, 0.1, 1.0],
+                                               "mean": [1.0, 2.0, 3.0], "scatter": True}],
+                     "x_label": "lr", "y_label": "score", "log_x": True})
+    svg = drawing.svg()
+    assert svg.startswith('<svg class="chart log-x"')
+    # one marker a trial, no line; decades evenly apart on the page
+    xs = [float(x) for x in re.findall(r'<use x="([0-9.]+)"[^>]*class="marker point"', svg)]
+    assert len(xs) == 3 and 'class="curve' not in svg
+    assert xs[1] - xs[0] == pytest.approx(xs[2] - xs[1], abs=0.01)
+    (ax,) = drawing.figure.axes
+    assert ax.get_xscale() == "log"
+    lo, hi = ax.get_xlim()
+    assert [t for t in ax.get_xticks() if lo <= t <= hi] == pytest.approx([0.01, 0.1, 1.0])
+    titles = re.findall(r"<title>([^<]+)</title>", svg)
+    assert titles == ["s: (0.01, 1)", "s: (0.1, 2)", "s: (1, 3)", "s"]

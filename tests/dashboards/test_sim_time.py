@@ -8,6 +8,7 @@ hand-computed answers, and one small run with speeds end to end."""
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import statistics
 
@@ -207,8 +208,9 @@ def test_report_draws_accuracy_against_simulated_time(store):
     exports = Exports()
     text = render(title, runs, exports)
     section = text.split("<h2>Simulated time</h2>")[1].split("<h2>")[0]
-    assert section.count('<polyline class="curve"') == 3
-    (spec,) = [s for k, s in exports.figures if s["title"] == "test accuracy against simulated time"]
+    assert section.count('<g class="curve"') == 3
+    (spec,) = [d.spec for d in exports.figures
+                if d.title == "test accuracy against simulated time"]
     assert spec["x_label"] == "simulated time (s)"
     series = {s["label"]: s for s in spec["series"]}
     # fedasync: seeds at (1.5 .2, 3 .5, 4.5 .7, 6.25 .92, 8 .95), (1 .1, 2 .3, 3 .5, 4 .6,
@@ -247,7 +249,7 @@ def test_report_time_view_one_seed_its_own_points_and_absent_without_a_clock():
              run("sync", "0", {ACC: [(i, 0.1 * i) for i in range(5)]})]
     exports = Exports()
     text = render("t", timed, exports)
-    (spec,) = [s for k, s in exports.figures if "simulated time" in s["title"]]
+    (spec,) = [d.spec for d in exports.figures if "simulated time" in d.title]
     (only,) = spec["series"]  # the run without a clock has no curve, and is named
     assert (only["label"], only["x"], only["mean"]) == ("fedbuff", [0.5, 1.5, 2.5],
                                                          [0.3, 0.5, 0.7])
@@ -256,7 +258,7 @@ def test_report_time_view_one_seed_its_own_points_and_absent_without_a_clock():
     text = render("t", [run("sync", s, {ACC: [(i, 0.1 * i) for i in range(5)]}) for s in "01"],
                   plain)
     assert "simulated time" not in text.lower()
-    assert [s["title"] for _, s in plain.figures] == ["test accuracy"]
+    assert [d.title for d in plain.figures] == ["test accuracy"]
 
 
 def test_run_figure_adds_accuracy_against_simulated_time():
@@ -321,4 +323,9 @@ def test_a_run_with_speeds_end_to_end(tmp_path, _mlflow_template):
             assert cols[col] == (clock[first] if first is not None else math.inf)
     text = build_report("time-e2e", tmp_path / "out", uri, log=False).read_text()
     section = text.split("<h2>Simulated time</h2>")[1].split("<h2>")[0]
-    assert section.count('<polyline class="curve"') == 2
+    # both modes named in the legend; a curve for each whose seeds' clocks overlap (a mode
+    # whose do not is named, with why, and not drawn)
+    legend = re.findall(r'<g class="legend" data-series="\d+" data-label="([^"]+)"', section)
+    assert sorted(label.split(" ")[0] for label in legend) == ["mode=fedbuff", "mode=sync"]
+    drawn = [label for label in legend if "do not overlap" not in label]
+    assert section.count('<g class="curve"') == len(drawn) >= 1

@@ -50,9 +50,11 @@ def test_every_curve_is_reachable_when_there_are_many():
             for i in range(30)]
     page = render("many", runs)
     chart = page.split("<h2>Curves</h2>")[1].split("</svg>")[0]
-    assert chart.count('<polyline class="curve') == 30
-    assert chart.count('<polyline class="curve off"') == 20
+    assert chart.count('<g class="curve') == 30
+    assert chart.count('<g class="curve off"') == 20
     assert chart.count('<g class="legend off"') == 20
-    shown = re.findall(r'<polyline class="curve" data-series="(\d+)"', chart)
+    shown = re.findall(r'<g class="curve" data-series="(\d+)"', chart)
     assert sorted(int(i) for i in shown) == [0, 1, 2, 3, 4, 25, 26, 27, 28, 29]
-    assert "click a faded legend entry to show its curve" in chart
+    after = page.split("<h2>Curves</h2>")[1].split("</svg>", 1)[1]  # said beside, not in it
+    assert after.startswith('<p class="note">5 highest and 5 lowest final values of 30 sweep '
+                            "points shown; click a faded legend entry to show its curve.</p>")
