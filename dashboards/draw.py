@@ -31,7 +31,10 @@ import textwrap
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22", "#17becf"]
@@ -100,8 +103,9 @@ class Drawing:
 
     kind: str
     spec: dict[str, Any]
-    figure: Any
+    figure: Figure
     marks: dict[str, Mark]
+    css: str  # the page's class of its <svg>: chart (log, log-x) or heatmap
 
     @property
     def title(self) -> str:
@@ -118,12 +122,6 @@ class Drawing:
         with matplotlib.rc_context(SVG_RC):
             self.figure.savefig(buf, format="svg", metadata={"Date": None})
         return _post_pass(buf.getvalue(), self, prefix)
-
-    def root_class(self) -> str:
-        if self.kind == "heat":
-            return "heatmap"
-        return "chart" + (" log" if self.spec.get("drawn_log") else "") + \
-            (" log-x" if self.spec.get("log_x") else "")
 
 
 def _post_pass(text: str, drawing: Drawing, prefix: str) -> str:
@@ -144,7 +142,7 @@ def _post_pass(text: str, drawing: Drawing, prefix: str) -> str:
     for el in list(root.iter()):  # titles are inserted on the way
         _ids(el, drawing.marks, referred, prefix)
     root.attrib.pop("version", None)
-    head = (f'<svg class="{drawing.root_class()}" role="img" '
+    head = (f'<svg class="{drawing.css}" role="img" '
             f'aria-label="{html.escape(drawing.title, quote=True)}" ')
     return head + ET.tostring(root, encoding="unicode").removeprefix("<svg ")
 
@@ -287,7 +285,6 @@ def lines(spec: dict[str, Any]) -> Drawing:
     panels = spec.get("panels") or [("", spec["series"])]
     every = [s for _, series in panels for s in series]
     log = spec["log"] if spec.get("log") is not None else wants_log(every)
-    spec = {**spec, "drawn_log": log}
     n = len(panels)
     ncols = 1 if n == 1 else 2 if n <= 4 else 3
     nrows = math.ceil(n / ncols)
@@ -317,7 +314,8 @@ def lines(spec: dict[str, Any]) -> Drawing:
     _mark_legend(legend, order, index, {s["label"] for s in every if s.get("hidden")}, marks)
     fig.suptitle("\n".join(textwrap.wrap(spec["title"], 90)), fontsize=10)
     plt.close(fig)
-    return Drawing("lines", spec, fig, marks)
+    css = "chart" + (" log" if log else "") + (" log-x" if spec.get("log_x") else "")
+    return Drawing("lines", spec, fig, marks, css)
 
 
 def _axes(ax: Any, spec: dict[str, Any], title: str, left: bool, bottom: bool) -> None:
@@ -427,7 +425,7 @@ def heat(spec: dict[str, Any]) -> Drawing:
                                                  "shared": str(shared)})
     ax.set_title("\n".join(textwrap.wrap(spec["title"], 80)), fontsize=10)
     plt.close(fig)
-    return Drawing("heat", spec, fig, marks)
+    return Drawing("heat", spec, fig, marks, "heatmap")
 
 
 def _diverged(v: Sequence[Any]) -> bool:

@@ -180,6 +180,14 @@ scenario = {
     "local": {"steps": 2, "batch_size": 16, "lr": 0.2},
     "aggregator": {"name": "half_mean"},
 }
+if sys.argv[2] == "tune":  # the rule reaches Ray Tune's trial processes too
+    search = fedray.tune({**scenario, "name": "tuned", "tune": {
+        "space": {"local.lr": {"choice": [0.2]}}, "trials": 1, "scheduler": "none",
+        "parallel": 1, "metric": "test_accuracy:final"}}, tracking_uri=sys.argv[1])
+    inline = fedray.run({**scenario, "name": "inline"}, backend="inline",
+                        tracking_uri=sys.argv[1])
+    print(search.table().loc[0, "score"], inline.final().loc[0, "test_accuracy"])
+    sys.exit(0)
 address = None
 if sys.argv[2] == "cluster":  # a head without CPUs and two worker nodes of one CPU each
     from ray.cluster_utils import Cluster
@@ -198,11 +206,13 @@ if address is not None:
 '''
 
 
-@pytest.mark.parametrize("where", ["local", pytest.param("cluster", marks=pytest.mark.cluster)])
+@pytest.mark.parametrize("where", ["local", "tune",
+                                   pytest.param("cluster", marks=pytest.mark.cluster)])
 def test_a_plugin_defined_in_a_script_runs_on_ray(tmp_path, _mlflow_template, where):
     """A class of ``__main__`` reaches Ray's worker and server processes with the run's plan:
     the run on Ray (2 workers; on a cluster of two worker nodes, one ClientWorker on each)
-    gives the inline run's numbers."""
+    gives the inline run's numbers; a ``fedray.tune`` trial (its own Ray Tune process) scores
+    the inline run's final accuracy."""
     import shutil
 
     db = tmp_path / "mlflow.db"

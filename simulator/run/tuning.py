@@ -36,6 +36,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from simulator import registry
 from simulator.config import RunPoint, ScenarioError
 from simulator.config.dotted import set_path
 from simulator.config.load import LoadedScenario
@@ -136,10 +137,13 @@ class Score:
         return min(means) if self.maximize else max(means)
 
 
-def run_trial(config: dict[str, Any], raw: dict, group: dict[str, Any], tune: dict) -> None:
+def run_trial(config: dict[str, Any], raw: dict, group: dict[str, Any], tune: dict,
+              plugins: Any = None) -> None:
     """A Ray Tune trial: the points of ``config`` in lockstep on the inline backend; at each
     evaluation round, ``tune.report`` of the score, the round, and each point's rounds since
-    the last report (the driver logs them to MLflow)."""
+    the last report (the driver logs them to MLflow). ``plugins``: the driver's session
+    plugins (``registry.SessionPlugins``), registered in the trial's process by their
+    unpickling, before the points are validated."""
     from ray import tune as rt
 
     from simulator.log import to_stderr
@@ -447,7 +451,8 @@ def search_group(s: SearchRun, gi: int, group: dict[str, Any], parallel: int,
     runs = _DRIVERS[key] = TrialRuns(s, group, n_eval)
     trainable = rt.with_resources(
         rt.with_parameters(run_trial, raw=s.loaded.raw, group=group,
-                           tune=t.model_dump(mode="json")), _resources(sc, s.backend, parallel))
+                           tune=t.model_dump(mode="json"), plugins=registry.session_plugins()),
+        _resources(sc, s.backend, parallel))
     path = storage / f"search{gi}"
     try:
         if rt.Tuner.can_restore(str(path)):
