@@ -285,6 +285,9 @@ def lines(spec: dict[str, Any]) -> Drawing:
     panels = spec.get("panels") or [("", spec["series"])]
     every = [s for _, series in panels for s in series]
     log = spec["log"] if spec.get("log") is not None else wants_log(every)
+    y_label = spec["y_label"]
+    if log and any(y <= 0 for s in every for y in s["mean"] if math.isfinite(y)):
+        y_label += " (values ≤ 0 not drawn)"  # a log axis has no place for them
     n = len(panels)
     ncols = 1 if n == 1 else 2 if n <= 4 else 3
     nrows = math.ceil(n / ncols)
@@ -301,7 +304,8 @@ def lines(spec: dict[str, Any]) -> Drawing:
             continue
         title, series = panels[k]
         _draw(ax, series, log, index, k, marks)
-        _axes(ax, spec, title if n > 1 else "", left=k % ncols == 0, bottom=k + ncols >= n)
+        _axes(ax, {**spec, "y_label": y_label}, title if n > 1 else "", left=k % ncols == 0,
+              bottom=k + ncols >= n)
     handles: dict[str, Any] = {}
     for ax in axes.flat:
         for h, label in zip(*ax.get_legend_handles_labels()):

@@ -292,6 +292,11 @@ def test_log_axis_for_a_metric_that_spans_decades():
     assert ax.get_yscale() == "log"
     lo, hi = ax.get_ylim()
     assert lo <= 1e-13 and hi >= 0.2
+    assert ax.get_ylabel() == ""  # every value drawn
+    zero = lines({"title": "error", "x_label": "round", "y_label": "error",
+                  "series": [{"label": "a", "x": [0, 1, 2], "mean": [1.0, 0.0, 1e-9]}]})
+    (ax,) = zero.figure.axes
+    assert ax.get_yscale() == "log" and ax.get_ylabel() == "error (values ≤ 0 not drawn)"
     flat = lines({"title": "accuracy", "x_label": "round", "y_label": "",
                   "series": [{"label": "a", "x": [0, 1], "mean": [0.5, 0.9]}]})
     assert flat.svg().startswith('<svg class="chart"') and flat.figure.axes[0].get_yscale() == \
