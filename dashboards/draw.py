@@ -226,7 +226,8 @@ def _draw(ax: Any, series: list[dict], log: bool, index: dict[str, int], panel: 
         (line,) = ax.plot(xs, ys, color=c, linestyle=_dash(s.get("dash", "")), linewidth=1.4,
                           label=s["label"], marker="o" if markers else None, markersize=3)
         line.set_gid(gid)
-        marks[gid] = Mark(f"curve{off}", data, f"{s['label']}: final {fmt(ys[-1])}",
+        last = next(y for y in reversed(s["mean"]) if math.isfinite(y))  # drawn or not (<= 0)
+        marks[gid] = Mark(f"curve{off}", data, f"{s['label']}: final {fmt(last)}",
                           marker="marker" if markers else "")
         lo, hi = s.get("lo"), s.get("hi")
         if lo and hi and any(a != b for a, b in zip(lo, hi)):
