@@ -141,10 +141,17 @@ def _post_pass(text: str, drawing: Drawing, prefix: str) -> str:
     referred = {a or b for a, b in refs}
     for el in list(root.iter()):  # titles are inserted on the way
         _ids(el, drawing.marks, referred, prefix)
+        if el.text is not None and not el.text.strip():  # matplotlib's indentation:
+            el.text = None                                   # a tenth of the bytes
+        if el.tail is not None and not el.tail.strip():
+            el.tail = None
     root.attrib.pop("version", None)
     head = (f'<svg class="{drawing.css}" role="img" '
             f'aria-label="{html.escape(drawing.title, quote=True)}" ')
     return head + ET.tostring(root, encoding="unicode").removeprefix("<svg ")
+
+
+_DIGITS = re.compile(r"(\.\d\d)\d+")
 
 
 def _ids(el: ET.Element, marks: dict[str, Mark], referred: set[str], prefix: str) -> None:
@@ -162,6 +169,10 @@ def _ids(el: ET.Element, marks: dict[str, Mark], referred: set[str], prefix: str
         v = el.get(attr)
         if v is not None and "url(#" in v:
             el.set(attr, v.replace("url(#", f"url(#{prefix}-"))
+    for attr in ("d", "x", "y", "points"):  # 0.01 pt is finer than any screen: half the bytes
+        v = el.get(attr)
+        if v is not None:
+            el.set(attr, _DIGITS.sub(r"\1", v))
     xlink = f"{{{XLINK}}}href"
     v = el.get(xlink)
     if v is not None:  # SVG 2's plain href: no second namespace on the page
