@@ -15,6 +15,9 @@ prefixed per figure (several figures share one HTML page) or dropped where nothi
 to them; text stays text (``svg.fonttype: none``), so a page is searchable and its labels
 selectable.
 
+Figures are ``matplotlib.figure.Figure`` objects made without pyplot: no backend is chosen and
+no window can open (a report drawn from a desktop session or a thread draws the same).
+
 A figure keeps its plot at least about half of the page: the legend goes outside the plot
 (beside or below it, where it takes less room) and the figure grows by it; a chart with more
 curves than one plot reads is split into small multiples, a curve per setting in the same
@@ -292,7 +295,7 @@ def lines(spec: dict[str, Any]) -> Drawing:
     series) small multiples on shared axes, drawn instead of ``series``), ``log`` (a log y
     axis; default: ``wants_log``) and ``log_x``. The legend is outside the plots, beside or
     below them, where it takes the less room, and the figure grows by it."""
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     panels = spec.get("panels") or [("", spec["series"])]
     every = [s for _, series in panels for s in series]
@@ -308,8 +311,8 @@ def lines(spec: dict[str, Any]) -> Drawing:
     index = {e: i for i, e in enumerate(entries)}
     marks: dict[str, Mark] = {}
     where, legend_cols, fig_w, fig_h = _figure_size(entries, ncols, nrows, pw, ph)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(fig_w, fig_h), sharex=True, sharey=True,
-                             squeeze=False, layout="constrained")
+    fig = Figure(figsize=(fig_w, fig_h), layout="constrained")
+    axes = fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False)
     for k, ax in enumerate(axes.flat):
         if k >= n:
             ax.set_visible(False)
@@ -329,7 +332,6 @@ def lines(spec: dict[str, Any]) -> Drawing:
                         "outside lower center")
     _mark_legend(legend, order, index, {s["label"] for s in every if s.get("hidden")}, marks)
     fig.suptitle("\n".join(textwrap.wrap(spec["title"], 90)), fontsize=10)
-    plt.close(fig)
     css = "chart" + (" log" if log else "") + (" log-x" if spec.get("log_x") else "")
     return Drawing("lines", spec, fig, marks, css)
 
@@ -380,9 +382,10 @@ def heat(spec: dict[str, Any]) -> Drawing:
     bar is labelled at both ends of its range and says whether the range is this map's or
     shared. Cells at least 0.95 x 0.42 in and the map at least 5 x 3.4 in, so its labels,
     title and colour bar take less of the page than the map."""
-    import matplotlib.pyplot as plt
+    from matplotlib import colormaps
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
+    from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
     rows, cols, values = spec["rows"], spec["cols"], spec["values"]
@@ -391,10 +394,11 @@ def heat(spec: dict[str, Any]) -> Drawing:
     lo = float(spec["lo"]) if spec.get("lo") is not None else min(scored, default=0.0)
     hi = float(spec["hi"]) if spec.get("hi") is not None else max(scored, default=1.0)
     norm = Normalize(vmin=lo, vmax=hi if hi > lo else lo + 1e-9)
-    cmap = plt.get_cmap("viridis")
+    cmap = colormaps["viridis"]
     w, h = max(0.95 * len(cols), 5.0), max(0.42 * len(rows), 3.4)
     label_w = max((len(str(r)) for r in rows), default=0) * 0.075 + 0.5
-    fig, ax = plt.subplots(figsize=(w + label_w + 1.1, h + 1.2), layout="constrained")
+    fig = Figure(figsize=(w + label_w + 1.1, h + 1.2), layout="constrained")
+    ax = fig.subplots()
     marks: dict[str, Mark] = {}
     for i, r in enumerate(rows):
         for j, c in enumerate(cols):
@@ -440,7 +444,6 @@ def heat(spec: dict[str, Any]) -> Drawing:
     marks["fedray-colorbar"] = Mark("colorbar", {"lo": str(lo), "hi": str(hi),
                                                  "shared": str(shared)})
     ax.set_title("\n".join(textwrap.wrap(spec["title"], 80)), fontsize=10)
-    plt.close(fig)
     return Drawing("heat", spec, fig, marks, "heatmap")
 
 

@@ -233,13 +233,15 @@ class Results:
     def figures(self) -> list[Any]:
         """The figures ``fedray report`` draws of these runs (accuracy and loss curves,
         robustness heat maps, privacy curves, ...) as matplotlib figures, each with its
-        title: in a notebook ``display(fig)`` shows one inline."""
+        title, the very figures of the report's page and files: in a notebook
+        ``display(fig)`` (or a cell ending in one) shows it inline."""
         from dashboards.export import Exports
         from dashboards.report import collect, render
 
         title, _, runs = collect(str(self.parent_run_id), self.tracking_uri)
         exports = Exports()
         render(title, runs, exports)
+        _inline_display()
         return [drawing.figure for drawing in exports.figures]
 
     def report(self, out: str | Path | None = None) -> Path:
@@ -249,6 +251,27 @@ class Results:
 
         folder = Path(out) if out is not None else Path("fedray-report") / self.experiment
         return build_report(str(self.parent_run_id), folder, self.tracking_uri)
+
+
+def _inline_display() -> None:
+    """In a Jupyter kernel, a matplotlib figure shows as a PNG where it is displayed. The
+    report's figures are made without pyplot, so no backend has set that up; a session that
+    displays figures already (``%matplotlib inline``, a pyplot figure, its own formats) is
+    left as it is."""
+    from matplotlib.figure import Figure
+
+    from simulator.run.progress import in_notebook
+
+    if not in_notebook():
+        return
+    from IPython import get_ipython
+    from IPython.core.pylabtools import select_figure_formats
+
+    shell = get_ipython()
+    formatters = shell.display_formatter.formatters
+    if not any(Figure in formatters[m].type_printers for m in
+               ("image/png", "image/svg+xml", "image/jpeg", "application/pdf")):
+        select_figure_formats(shell, {"png"})
 
 
 def _logged_scenario(client: Any, run_id: str) -> Any:
