@@ -9,8 +9,8 @@ Every mark the report's script and its tests address is an artist with a ``gid``
 post-pass (``Drawing.svg``) turns each such group into the classes, ``data-*`` attributes and
 native ``<title>`` hover texts of the page: ``g.curve``, ``g.band``, ``use.marker`` (a
 ``point`` each for a scatter), ``g.legend`` and its key ``g.legend-key`` (a click on
-either shows or fades its series, in every panel), ``g.cell`` with ``data-row``/``data-col``/``data-value``/``data-diverged``,
-``g.colorbar`` with ``data-lo``/``data-hi``/``data-shared``. The ids matplotlib gives are
+either shows or fades its series, in every panel), ``g.cell`` with
+``data-row``/``data-col``/``data-value``/``data-diverged``, ``g.colorbar`` with ``data-lo``/``data-hi``/``data-shared``. The ids matplotlib gives are
 prefixed per figure (several figures share one HTML page) or dropped where nothing refers
 to them; text stays text (``svg.fonttype: none``), so a page is searchable and its labels
 selectable.
@@ -28,6 +28,7 @@ text beside the figure, never in it.
 from __future__ import annotations
 
 import html
+import io
 import math
 import re
 import textwrap
@@ -117,8 +118,6 @@ class Drawing:
     def svg(self, prefix: str = "f") -> str:
         """The figure as an SVG element to inline in an HTML page: the marks applied, ids
         prefixed with ``prefix`` (unique on the page), no XML prolog or metadata."""
-        import io
-
         import matplotlib
 
         buf = io.StringIO()
@@ -319,7 +318,7 @@ def lines(spec: dict[str, Any]) -> Drawing:
             continue
         title, series = panels[k]
         _draw(ax, series, log, index, k, marks)
-        _axes(ax, {**spec, "y_label": y_label}, title if n > 1 else "", left=k % ncols == 0,
+        _axes(ax, spec, y_label if k % ncols == 0 else "", title if n > 1 else "",
               bottom=k + ncols >= n)
     handles: dict[str, Any] = {}
     for ax in axes.flat:
@@ -336,9 +335,9 @@ def lines(spec: dict[str, Any]) -> Drawing:
     return Drawing("lines", spec, fig, marks, css)
 
 
-def _axes(ax: Any, spec: dict[str, Any], title: str, left: bool, bottom: bool) -> None:
-    """A panel's scales, title and axis labels (the y label on the left column, the x label
-    and its ticks on the bottom row)."""
+def _axes(ax: Any, spec: dict[str, Any], y_label: str, title: str, bottom: bool) -> None:
+    """A panel's scales, title and axis labels (``y_label`` given to the left column's; the
+    x label and its ticks on the bottom row)."""
     from matplotlib.ticker import MaxNLocator
 
     if spec.get("log_x"):
@@ -347,8 +346,8 @@ def _axes(ax: Any, spec: dict[str, Any], title: str, left: bool, bottom: bool) -
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if title:
         ax.set_title(title, fontsize=9)
-    if left:
-        ax.set_ylabel(spec["y_label"])
+    if y_label:
+        ax.set_ylabel(y_label)
     if bottom:
         ax.set_xlabel(spec["x_label"])
         ax.xaxis.set_tick_params(labelbottom=True)
@@ -450,7 +449,3 @@ def heat(spec: dict[str, Any]) -> Drawing:
 def _diverged(v: Sequence[Any]) -> bool:
     return len(v) > 3 and bool(v[3])
 
-
-def draw(kind: str, spec: dict[str, Any]) -> Drawing:
-    """A report's figure of ``kind`` (``lines`` or ``heat``) from its ``spec``."""
-    return lines(spec) if kind == "lines" else heat(spec)

@@ -46,7 +46,7 @@ def figure_panels(rows: list[dict[str, float]]
 # the report's chart style, inside the file: the MLflow UI shows it as an image (no page CSS)
 STYLE = ("<style>text{font-family:sans-serif}.title{font-size:13px;font-weight:600}"
          ".tick{font-size:11px;fill:#444}.axis{font-size:12px}.frame{fill:none;stroke:#999}"
-         ".grid{stroke:#eee}.curve{fill:none;stroke-width:2}.band{opacity:.15;stroke:none}"
+         ".grid{stroke:#eee}.curve{fill:none;stroke-width:2}"
          "</style>")
 GAP = 10  # px between panels
 

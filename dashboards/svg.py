@@ -83,16 +83,15 @@ def _series_svg(i: int, s: dict, sx: Any, sy: Any, legend_x: float, top: float) 
     return out
 
 
-def _ranges(pts: Sequence[tuple[float, float]], log: bool) -> tuple[float, float, float, float]:
-    """(x0, x1, y0, y1) of the points; a log axis from a power of ten to a power of ten."""
-    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
+def _y_range(pts: Sequence[tuple[float, float]], log: bool) -> tuple[float, float]:
+    """(y0, y1) of the points; a log axis from a power of ten to a power of ten."""
     y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
     if log:
         y0, y1 = 10 ** math.floor(math.log10(y0)), 10 ** math.ceil(math.log10(y1))
         y1 = y0 * 10 if y1 == y0 else y1
     elif y1 == y0:
         y0, y1 = y0 - 0.5, y1 + 0.5
-    return x0, (x0 + 1 if x1 == x0 else x1), y0, y1
+    return y0, y1
 
 
 def _scales(r: tuple[float, float, float, float], box: tuple[float, float, float, float],
@@ -127,7 +126,7 @@ def line_chart(title: str, series: Sequence[dict], x_label: str = "round", y_lab
     xs = [p[0] for p in pts]  # zeros on a log axis still span the x axis (the bottom edge)
     if log:
         pts = [p for p in pts if p[1] > 0] or [(xs[0], 1.0)]
-    _, _, y0, y1 = _ranges(pts, log)
+    y0, y1 = _y_range(pts, log)
     x0, x1 = min(xs), max(xs)
     x1 = x0 + 1 if x1 == x0 else x1
     yticks = [(t, f"1e{round(math.log10(t))}" if log and not 1e-3 <= t < 1e4 else _fmt(t))
